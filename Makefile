@@ -1,0 +1,54 @@
+# hpbroker: every target sets up what it needs first, so `make run` and `make test` work on a
+# fresh Debian machine (root, or a user with sudo).  The virtualenv lives in .venv.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+EXT := hpbroker/_core$(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
+EXT_SOURCES := hpbroker/_core.pyx hpbroker/_clib.pxd $(wildcard hpbroker/_csrc/*.c hpbroker/_csrc/*.h)
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# Debian packages the project needs at run time: ZooKeeper (its jars) and a Java runtime for it.
+DEBIAN_PACKAGES := zookeeper default-jre-headless
+PYTEST_ARGS ?=
+
+.PHONY: setup system-deps build test bench run lint clean
+
+setup: system-deps $(INSTALLED) $(EXT)
+
+system-deps:
+	@if ! command -v java >/dev/null 2>&1 || [ ! -f /usr/share/java/zookeeper.jar ]; then \
+	  echo "Installing Debian packages: $(DEBIAN_PACKAGES)"; \
+	  $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(DEBIAN_PACKAGES); \
+	fi
+
+$(INSTALLED): pyproject.toml setup.py
+	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel cython
+	$(PY) -m pip install -q --no-build-isolation -e '.[test]'
+	touch $@
+
+$(EXT): $(INSTALLED) $(EXT_SOURCES)
+	$(PY) setup.py -q build_ext --inplace
+	touch $@
+
+build: setup
+
+test: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: setup
+	mkdir -p bench/results
+	$(PY) -m pytest bench --benchmark-only --benchmark-columns=min,median,mean,ops,rounds \
+	  --benchmark-json=bench/results/storage.json -p no:cacheprovider -q $(PYTEST_ARGS)
+
+# The main job.  Until the broker server exists it is the storage benchmark.
+run: bench
+
+lint: setup
+	$(PY) -m ruff check hpbroker tests bench
+
+clean:
+	rm -rf build $(VENV) hpbroker/*.so hpbroker/_core.c .pytest_cache .benchmarks bench/results

@@ -1,0 +1,148 @@
+"""Type stub for the compiled record-batch core (``hpbroker/_core.pyx``).
+
+The byte layout is specified in ``docs/FORMAT.md``; the constants below are the only source of its
+numbers on the Python side.
+"""
+
+from array import array
+from collections.abc import Buffer, Iterator, Sequence
+
+MAGIC: int  # format version byte, 1
+CODEC_NONE: int  # 0
+CODEC_LZ4: int  # 1
+CODEC_MASK: int  # attribute bits holding the codec
+LOG_OVERHEAD: int  # 12: base_offset (8) + batch_length (4), the bytes before batch_length counts
+HEADER_SIZE: int  # 56: the fixed header, before the producer name
+CRC_START: int  # 20: the CRC covers bytes [CRC_START, end of batch)
+MAX_PRODUCER_NAME_BYTES: int  # 255
+BASE_OFFSET_POSITION: int  # 0
+LEADER_EPOCH_POSITION: int  # 12
+
+def crc32c(data: Buffer, crc: int = 0) -> int:
+    """CRC32C (Castagnoli) of ``data``, continuing from ``crc``; hardware-accelerated when the CPU can."""
+
+class BatchHeader:
+    """The fixed header of one batch, parsed (no CRC check)."""
+
+    base_offset: int
+    batch_length: int
+    leader_epoch: int
+    crc: int
+    magic: int
+    attributes: int
+    compression: int
+    last_offset_delta: int
+    record_count: int
+    first_timestamp: int
+    max_timestamp: int
+    base_sequence: int
+    producer: str
+    size: int  # LOG_OVERHEAD + batch_length: bytes the whole batch occupies
+    last_offset: int  # base_offset + last_offset_delta
+    next_offset: int  # last_offset + 1
+    records_position: int  # where the records section starts, relative to the batch
+
+def read_header(buf: Buffer, position: int = 0) -> BatchHeader:
+    """Parse the header of the batch starting at ``position``; raise CorruptRecordError on a bad magic,
+    an impossible length, or a header cut off by the end of ``buf``.  The CRC is not checked."""
+
+class ScanResult:
+    """What :func:`scan_batches` found: the longest valid prefix of a buffer of batches."""
+
+    valid_bytes: int  # length of the valid prefix, from the scan's start position
+    batch_count: int
+    record_count: int
+    next_offset: int  # last_offset + 1 of the last valid batch, or the expected offset if none
+    max_timestamp: int  # largest max_timestamp of the valid batches, -1 if none
+    incomplete: bool  # stopped because the buffer ended inside a batch (more bytes may complete it)
+    error: str | None  # why the scan stopped before the end, None if it reached the end cleanly
+    error_code: int  # 0, or the HPBrokerError code matching ``error`` (2 corrupt, 3 invalid, 4 too large)
+    # One entry per valid batch, in order; positions are absolute offsets into ``buf``.
+    positions: array  # array('q')
+    sizes: array  # array('q'): bytes of each batch
+    base_offsets: array  # array('q'): as found in the bytes (0 in a batch a producer just built)
+    last_offset_deltas: array  # array('q')
+    max_timestamps: array  # array('q')
+
+def scan_batches(
+    buf: Buffer,
+    start: int = 0,
+    *,
+    expected_offset: int = -1,
+    max_batch_bytes: int = 0x7FFFFFFF,
+    deep: bool = False,
+) -> ScanResult:
+    """Walk the concatenated batches in ``buf[start:]`` and return the longest valid prefix.
+
+    A batch is valid when its magic, lengths and CRC check out; ``deep=True`` also decodes every
+    record (decompressing lz4) and checks that record count, offset deltas and max timestamp agree
+    with the header.  With ``expected_offset >= 0`` the first batch must have that base offset and
+    each following batch must start right after its predecessor's last offset.  A batch longer than
+    ``max_batch_bytes`` stops the scan with error_code 4.  Never raises for bad data.
+    """
+
+def validate_batches(buf: Buffer, *, max_batch_bytes: int = 0x7FFFFFFF) -> ScanResult:
+    """Deep-validate that ``buf`` is one or more whole, valid batches, and nothing else.
+
+    Raises CorruptRecordError (bad CRC, framing, or bytes left over), InvalidRecordError (header
+    disagrees with records) or RecordTooLargeError (a batch over ``max_batch_bytes``).  Base offsets
+    are not checked: producers send 0 and the log stamps the real one.
+    """
+
+def stamp_batch(buf: bytearray | memoryview, position: int, base_offset: int, leader_epoch: int = 0) -> None:
+    """Write base_offset and leader_epoch into the writable batch at ``position``.  Both fields lie
+    outside the CRC, so the batch stays valid."""
+
+class Record:
+    """One decoded record.  ``sequence`` is the batch's base_sequence plus the offset delta, or -1."""
+
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+    producer: str
+    sequence: int
+
+def decode_records(buf: Buffer, *, verify_crc: bool = True) -> list[Record]:
+    """Every record of every batch in ``buf`` (whole batches only), decompressing as needed.
+    Raises CorruptRecordError on a bad CRC, truncated batch or bad framing."""
+
+def iter_records(buf: Buffer, *, verify_crc: bool = True) -> Iterator[Record]:
+    """Like :func:`decode_records`, batch by batch, for buffers too large to decode at once."""
+
+def build_batch(
+    values: Sequence[Buffer | None],
+    *,
+    keys: Sequence[Buffer | None] | None = None,
+    timestamps: int | Sequence[int] | None = None,
+    headers: Sequence[Sequence[tuple[str, Buffer | None]] | None] | None = None,
+    producer: str = "",
+    base_sequence: int = -1,
+    compression: int = 0,
+    base_offset: int = 0,
+) -> bytes:
+    """One batch holding ``values`` in order.  ``timestamps``: None for now (one clock read for the
+    whole batch), an int for all records, or one int per record, in milliseconds since the epoch."""
+
+class BatchBuilder:
+    """Accumulates records one at a time into a batch of at most ``max_bytes`` (records section,
+    before compression)."""
+
+    def __init__(
+        self, producer: str = "", compression: int = 0, max_bytes: int = 1 << 20, base_sequence: int = -1
+    ) -> None: ...
+    record_count: int
+    size_in_bytes: int  # bytes the batch would occupy uncompressed
+    def append(
+        self,
+        value: Buffer | None,
+        key: Buffer | None = None,
+        timestamp: int = -1,
+        headers: Sequence[tuple[str, Buffer | None]] | None = None,
+    ) -> bool:
+        """Add a record; False (and nothing added) if it would overflow a non-empty batch.
+        A timestamp < 0 means now."""
+    def build(self, base_sequence: int | None = None) -> bytes:
+        """The finished batch; the builder is then empty and reusable."""
+    def reset(self) -> None: ...

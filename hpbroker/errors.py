@@ -1,0 +1,128 @@
+"""Every error hpbroker raises or sends over the wire.
+
+One base class, :class:`HPBrokerError`, carries a wire ``code`` (an unsigned 16-bit number that the
+protocol transmits) and a ``retriable`` flag telling a client whether the same request may succeed
+if sent again.  :data:`ERRORS_BY_CODE` is the single table mapping codes back to classes, so a
+client can rebuild the exception a broker reported.
+
+Messages always carry the numbers involved (offset, position, file, expected versus actual), so a
+log line is enough to locate the problem.
+
+Code table (never renumber; append only):
+
+====  ===============================  =========  =====================================================
+code  class                            retriable  meaning
+====  ===============================  =========  =====================================================
+1     UnknownServerError               no         an unexpected failure inside the broker
+2     CorruptRecordError               yes        a batch failed its CRC or its framing is broken
+3     InvalidRecordError               no         a batch is well framed but its contents are inconsistent
+4     RecordTooLargeError              no         a batch exceeds ``max_message_bytes``
+5     OffsetOutOfRangeError            no         the offset is outside ``[log_start_offset, log_end_offset]``
+6     UnknownTopicOrPartitionError     yes        no such topic or partition on this broker
+7     StorageError                     yes        a disk operation failed; the log directory is offline
+8     InvalidConfigError               no         a configuration value is out of range or malformed
+====  ===============================  =========  =====================================================
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ERRORS_BY_CODE",
+    "CorruptRecordError",
+    "HPBrokerError",
+    "InvalidConfigError",
+    "InvalidRecordError",
+    "OffsetOutOfRangeError",
+    "RecordTooLargeError",
+    "StorageError",
+    "UnknownServerError",
+    "UnknownTopicOrPartitionError",
+    "error_for_code",
+]
+
+
+class HPBrokerError(Exception):
+    """Base of every hpbroker error: a wire ``code`` and a ``retriable`` flag."""
+
+    code: int = 1
+    retriable: bool = False
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message or self.__class__.__name__)
+        self.message = message or self.__class__.__name__
+
+
+class UnknownServerError(HPBrokerError):
+    code = 1
+
+
+class CorruptRecordError(HPBrokerError):
+    """A record batch failed its CRC, or its lengths, magic or varints do not parse."""
+
+    code = 2
+    retriable = True
+
+
+class InvalidRecordError(HPBrokerError):
+    """A batch is well framed and its CRC matches, but its header disagrees with its records."""
+
+    code = 3
+
+
+class RecordTooLargeError(HPBrokerError):
+    """A batch is larger than the log accepts (``max_message_bytes``)."""
+
+    code = 4
+
+
+class OffsetOutOfRangeError(HPBrokerError):
+    """A read asked for an offset outside ``[log_start_offset, log_end_offset]``.
+
+    The valid range travels with the error so a consumer can reset without another request.
+    """
+
+    code = 5
+
+    def __init__(self, message: str = "", log_start_offset: int = -1, log_end_offset: int = -1) -> None:
+        super().__init__(message)
+        self.log_start_offset = log_start_offset
+        self.log_end_offset = log_end_offset
+
+
+class UnknownTopicOrPartitionError(HPBrokerError):
+    code = 6
+    retriable = True
+
+
+class StorageError(HPBrokerError):
+    """A disk operation failed (the wrapped ``OSError`` is the ``__cause__``)."""
+
+    code = 7
+    retriable = True
+
+
+class InvalidConfigError(HPBrokerError, ValueError):
+    """A configuration field is out of range or malformed; the message names the field."""
+
+    code = 8
+
+
+ERRORS_BY_CODE: dict[int, type[HPBrokerError]] = {
+    cls.code: cls
+    for cls in (
+        UnknownServerError,
+        CorruptRecordError,
+        InvalidRecordError,
+        RecordTooLargeError,
+        OffsetOutOfRangeError,
+        UnknownTopicOrPartitionError,
+        StorageError,
+        InvalidConfigError,
+    )
+}
+
+
+def error_for_code(code: int, message: str = "") -> HPBrokerError:
+    """Rebuild the exception a peer reported; unknown codes become :class:`UnknownServerError`."""
+    cls = ERRORS_BY_CODE.get(code, UnknownServerError)
+    return cls(message or f"error code {code}")

@@ -1,0 +1,90 @@
+"""Configuration of one partition log: :class:`LogConfig`.
+
+One frozen dataclass, validated on construction; an out-of-range or mistyped field raises
+:class:`~hpbroker.errors.InvalidConfigError` whose message names the field, its allowed range and
+the value given.  Derive variants with :meth:`LogConfig.replace`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from hpbroker.errors import InvalidConfigError
+
+__all__ = ["LogConfig", "MAX_SEGMENT_BYTES", "MIN_SEGMENT_BYTES"]
+
+# Index entries store byte positions as u32 and every segment stays below its limit (a batch
+# larger than segment_bytes gets a segment of its own), so a segment never outgrows an i32.
+MAX_SEGMENT_BYTES = 2**31 - 1
+# Small enough for tests that roll every few batches, large enough to hold any batch header.
+MIN_SEGMENT_BYTES = 512
+_MAX_I32 = 2**31 - 1
+_MAX_I64 = 2**63 - 1
+_DAY_MS = 24 * 60 * 60 * 1000
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    """How one partition log rolls, indexes, flushes and retains its segments.
+
+    Invariants (checked in ``__post_init__``): every field is an ``int`` (``flush_fsync`` a
+    ``bool``) within the range documented beside it.  Instances are immutable and may be shared
+    by any number of logs.
+    """
+
+    #: bytes; roll to a new segment when the active one would grow past this.  Default 1 GiB.
+    #: Range [512, 2**31 - 1]: index entries hold positions as u32.
+    segment_bytes: int = 1 << 30
+    #: ms; roll when the active segment's first batch timestamp (its creation time while it
+    #: holds nothing) is older than this.  Default 7 days.  Range [1, 2**63 - 1].
+    segment_ms: int = 7 * _DAY_MS
+    #: ms; a closed segment whose largest timestamp is older than now minus this is deleted.
+    #: Default 7 days; -1 keeps segments forever.  Range [-1, 2**63 - 1].
+    retention_ms: int = 7 * _DAY_MS
+    #: bytes; delete the oldest closed segments while the log without them still holds at least
+    #: this much.  Default -1 (no size limit).  Range [-1, 2**63 - 1].
+    retention_bytes: int = -1
+    #: bytes; one offset index entry per this many bytes of log (0: one entry per batch).
+    #: Default 4096.  Range [0, 2**31 - 1].
+    index_interval_bytes: int = 4096
+    #: bytes; the largest batch accepted, whole (its 12-byte log overhead included).  Default
+    #: 1 MiB + 12 = 1_048_588, so a batch whose length field says 1 MiB fits.  Range [56, 2**31 - 1].
+    max_message_bytes: int = (1 << 20) + 12
+    #: records; flush once this many appended records are pending.  Default 10_000.  Range [1, 2**31 - 1].
+    flush_messages: int = 10_000
+    #: ms; flush once the oldest pending append is this old.  Default 1.  Range [0, 2**31 - 1].
+    flush_ms: int = 1
+    #: whether a flush ends with ``fdatasync`` (power-loss safe) or leaves data in the page cache
+    #: (process-crash safe only).  Default True.
+    flush_fsync: bool = True
+    #: ms; how long the file descriptors of deleted segments stay open, so a slice being sent
+    #: from one stays readable.  Default 60_000.  Range [0, 2**31 - 1].
+    file_delete_delay_ms: int = 60_000
+
+    def __post_init__(self) -> None:
+        _check_int("segment_bytes", self.segment_bytes, MIN_SEGMENT_BYTES, MAX_SEGMENT_BYTES)
+        _check_int("segment_ms", self.segment_ms, 1, _MAX_I64)
+        _check_int("retention_ms", self.retention_ms, -1, _MAX_I64)
+        _check_int("retention_bytes", self.retention_bytes, -1, _MAX_I64)
+        _check_int("index_interval_bytes", self.index_interval_bytes, 0, _MAX_I32)
+        _check_int("max_message_bytes", self.max_message_bytes, 56, _MAX_I32)
+        _check_int("flush_messages", self.flush_messages, 1, _MAX_I32)
+        _check_int("flush_ms", self.flush_ms, 0, _MAX_I32)
+        _check_int("file_delete_delay_ms", self.file_delete_delay_ms, 0, _MAX_I32)
+        if not isinstance(self.flush_fsync, bool):
+            raise InvalidConfigError(f"flush_fsync must be a bool, got {self.flush_fsync!r}")
+
+    def replace(self, **changes: object) -> LogConfig:
+        """A copy with ``changes`` applied, validated like a new instance."""
+        try:
+            return dataclasses.replace(self, **changes)
+        except TypeError as e:  # an unknown field name
+            raise InvalidConfigError(f"LogConfig.replace: {e}") from e
+
+
+def _check_int(field: str, value: object, lowest: int, highest: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidConfigError(f"{field} must be an int, got {value!r} ({type(value).__name__})")
+    if not lowest <= value <= highest:
+        raise InvalidConfigError(f"{field} must be in [{lowest}, {highest}], got {value}")

@@ -1,0 +1,25 @@
+"""Build script for the compiled core; metadata lives in pyproject.toml.
+
+``python setup.py build_ext --inplace`` (or ``pip install -e .``) cythonizes ``hpbroker/_core.pyx``
+together with the C helpers in ``hpbroker/_csrc``.
+"""
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+extensions = [
+    Extension(
+        "hpbroker._core",
+        sources=["hpbroker/_core.pyx", "hpbroker/_csrc/crc32c.c"],
+        include_dirs=["hpbroker/_csrc"],
+        extra_compile_args=["-O3", "-fno-strict-aliasing"],
+    ),
+]
+
+setup(
+    ext_modules=cythonize(
+        extensions,
+        compiler_directives={"language_level": "3", "embedsignature": True},
+        annotate=False,
+    ),
+)
