@@ -18,8 +18,13 @@ MAX_PRODUCER_NAME_BYTES: int  # 255
 BASE_OFFSET_POSITION: int  # 0
 LEADER_EPOCH_POSITION: int  # 12
 
+MAX_DECOMPRESSED_BYTES: int  # an lz4 records section may not inflate past this
+
 def crc32c(data: Buffer, crc: int = 0) -> int:
     """CRC32C (Castagnoli) of ``data``, continuing from ``crc``; hardware-accelerated when the CPU can."""
+
+def crc32c_hardware_accelerated() -> bool: ...
+def _crc32c_table(data: Buffer, crc: int = 0) -> int: ...
 
 class BatchHeader:
     """The fixed header of one batch, parsed (no CRC check)."""
@@ -36,7 +41,7 @@ class BatchHeader:
     first_timestamp: int
     max_timestamp: int
     base_sequence: int
-    producer: str
+    producer: str | None  # None when read_header's buffer ends before the name does
     size: int  # LOG_OVERHEAD + batch_length: bytes the whole batch occupies
     last_offset: int  # base_offset + last_offset_delta
     next_offset: int  # last_offset + 1
@@ -143,6 +148,6 @@ class BatchBuilder:
     ) -> bool:
         """Add a record; False (and nothing added) if it would overflow a non-empty batch.
         A timestamp < 0 means now."""
-    def build(self, base_sequence: int | None = None) -> bytes:
+    def build(self, base_sequence: int | None = None, base_offset: int = 0) -> bytes:
         """The finished batch; the builder is then empty and reusable."""
     def reset(self) -> None: ...

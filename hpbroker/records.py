@@ -8,7 +8,7 @@ extension was never built, and maps codec names to codec numbers.
 from __future__ import annotations
 
 try:
-    from hpbroker import _core
+    from hpbroker import _core  # noqa: F401  (imported first for the error below)
 except ImportError as exc:  # pragma: no cover - exercised only on a broken install
     raise ImportError(
         "hpbroker's compiled core (hpbroker/_core.pyx) is not built or does not load: "
@@ -28,6 +28,7 @@ from hpbroker._core import (
     ScanResult,
     build_batch,
     crc32c,
+    crc32c_hardware_accelerated,
     decode_records,
     iter_records,
     read_header,
@@ -49,6 +50,7 @@ __all__ = [
     "build_batch",
     "codec_for_name",
     "crc32c",
+    "crc32c_hardware_accelerated",
     "decode_records",
     "iter_records",
     "read_header",
