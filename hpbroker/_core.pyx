@@ -404,6 +404,56 @@ cdef object _records_section(const unsigned char* p, Header* h):
     return plain
 
 
+cdef inline bint _next_uvarint(const unsigned char** pp, const unsigned char* end, uint64_t* out) noexcept nogil:
+    """:func:`_read_uvarint` with the one-byte case (nearly every length here) inlined."""
+    if pp[0] < end and pp[0][0] < 0x80:
+        out[0] = pp[0][0]
+        pp[0] += 1
+        return True
+    return _read_uvarint(pp, end, out) == 0
+
+
+cdef bint _records_look_valid(const unsigned char* cur, const unsigned char* end, int32_t count,
+                              int64_t max_timestamp_delta) noexcept nogil:
+    """The check of :func:`_walk_batch` for header-less records, without building anything.
+
+    True when every rule holds; False when a rule fails *or* a record has headers, and the
+    caller then runs the full walk, which handles headers and words the error.  The next record
+    is located from the length field alone (``cur = rec_end``), so the CPU can check one
+    record's fields while it already loads the next record's length.
+    """
+    cdef const unsigned char* rec_end
+    cdef const unsigned char* q
+    cdef uint64_t length, raw = 0, offset_delta = 0, key_len = 0, value_len = 0, header_count = 0
+    cdef int64_t ts_delta, max_delta = 0
+    cdef int32_t i
+    cdef bint ok = True
+    for i in range(count):
+        if not _next_uvarint(&cur, end, &length) or length > <uint64_t>(end - cur):
+            return False
+        q = cur
+        rec_end = cur + length
+        cur = rec_end
+        ok &= (_next_uvarint(&q, rec_end, &raw) and _next_uvarint(&q, rec_end, &offset_delta)
+               and _next_uvarint(&q, rec_end, &key_len))
+        ts_delta = _unzigzag(raw)
+        ok &= offset_delta == <uint64_t>i and (i != 0 or ts_delta == 0)
+        if ts_delta > max_delta:
+            max_delta = ts_delta
+        ok &= key_len <= <uint64_t>(rec_end - q) + 1
+        if not ok:
+            return False
+        if key_len:
+            q += key_len - 1
+        ok &= _next_uvarint(&q, rec_end, &value_len) and value_len <= <uint64_t>(rec_end - q) + 1
+        if not ok:
+            return False
+        if value_len:
+            q += value_len - 1
+        ok &= _next_uvarint(&q, rec_end, &header_count) and header_count == 0 and q == rec_end
+    return ok and cur == end and max_delta == max_timestamp_delta
+
+
 cdef object _walk_batch(const unsigned char* p, Header* h, list out):
     """Decode (``out`` not None) or just check every record of a CRC-checked batch.
 
@@ -417,6 +467,7 @@ cdef object _walk_batch(const unsigned char* p, Header* h, list out):
     cdef int64_t ts_delta, max_delta = 0
     cdef int32_t i
     cdef uint64_t j
+    cdef bint fast_ok
     cdef Record rec
     cdef object key, value, headers, hkey, hvalue
     section = _records_section(p, h)
@@ -428,6 +479,11 @@ cdef object _walk_batch(const unsigned char* p, Header* h, list out):
     else:
         cur = <const unsigned char*>PyBytes_AS_STRING(section)
         end = cur + PyBytes_GET_SIZE(section)
+    if out is None:
+        with nogil:
+            fast_ok = _records_look_valid(cur, end, h.record_count, h.max_timestamp - h.first_timestamp)
+        if fast_ok:
+            return None
     producer = _producer_name(p, h) if out is not None else None
     for i in range(h.record_count):
         if _read_uvarint(&cur, end, &length) < 0 or length > <uint64_t>(end - cur):

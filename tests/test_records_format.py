@@ -111,6 +111,17 @@ def test_crc32c_hardware_and_table_paths_agree_and_chain(data, cut):
     assert crc32c(data[cut:], crc32c(data[:cut])) == crc32c(data)
 
 
+@pytest.mark.parametrize("size", [767, 768, 769, 24_575, 24_576, 24_577, 100_003, 1 << 20])
+@pytest.mark.parametrize("skew", [0, 3])
+def test_crc32c_long_buffer_paths_agree_with_the_table(size, skew):
+    import os
+
+    data = memoryview(os.urandom(size + skew))[skew:]  # unaligned start when skew > 0
+    assert crc32c(data) == _core._crc32c_table(data)
+    half = size // 2
+    assert crc32c(data[half:], crc32c(data[:half])) == crc32c(data)
+
+
 def test_header_fields_are_exposed():
     batch = build_batch([b"a", b"bb", b"ccc"], timestamps=[10, 30, 20], producer="p", base_sequence=5)
     header = read_header(batch)
