@@ -36,8 +36,9 @@ class LogConfig:
     #: bytes; roll to a new segment when the active one would grow past this.  Default 1 GiB.
     #: Range [512, 2**31 - 1]: index entries hold positions as u32.
     segment_bytes: int = 1 << 30
-    #: ms; roll when the active segment's first batch timestamp (its creation time while it
-    #: holds nothing) is older than this.  Default 7 days.  Range [1, 2**63 - 1].
+    #: ms; roll when a batch's timestamp is more than this after the active segment's first
+    #: batch timestamp (Kafka's rule; the wall clock since the segment's creation where
+    #: timestamps are missing).  Default 7 days.  Range [1, 2**63 - 1].
     segment_ms: int = 7 * _DAY_MS
     #: ms; a closed segment whose largest timestamp is older than now minus this is deleted.
     #: Default 7 days; -1 keeps segments forever.  Range [-1, 2**63 - 1].

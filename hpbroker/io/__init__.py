@@ -1,0 +1,23 @@
+"""Storage: the partition log and its segments, offset and time indexes, and checkpoint.
+
+Public API: :class:`PartitionLog` (``hpbroker.io.log``, whose docstring states the durability
+guarantees), :class:`LogConfig`, and the values they return, :class:`FileSlice` and
+:class:`AppendInfo`.  The other modules are the log's parts, one responsibility each:
+
+- ``config``      LogConfig, validated
+- ``files``       file names and raw file operations
+- ``logfile``     one ``.log`` file of batches: append, read, walk headers, scan, truncate
+- ``index``       the sparse offset index and time index of a segment
+- ``segment``     a ``.log`` plus its indexes: the indexing rule, load, recover, read
+- ``checkpoint``  the recovery-point checkpoint file, replaced atomically
+- ``loader``      opening a directory: cleanup, trusted load or recovery of each segment
+- ``log``         PartitionLog: append, group-commit flush, roll, read, retention
+
+Storage never imports networking (zmq) or coordination (kazoo) code.
+"""
+
+from hpbroker.io.config import LogConfig
+from hpbroker.io.log import AppendInfo, PartitionLog
+from hpbroker.io.logfile import FileSlice
+
+__all__ = ["AppendInfo", "FileSlice", "LogConfig", "PartitionLog"]

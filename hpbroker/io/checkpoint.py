@@ -1,0 +1,72 @@
+"""The recovery-point checkpoint of one partition directory.
+
+File ``recovery-point-offset-checkpoint``, ASCII, two lines::
+
+    0             format version
+    12345         recovery point: every batch below this offset is on disk (fsynced), with its indexes
+
+Written atomically: the content goes to ``recovery-point-offset-checkpoint.tmp``, which is
+fsynced, renamed over the old file, and the directory fsynced, so a crash leaves either the old
+or the new checkpoint, never a mix; a leftover ``.tmp`` is ignored (and removed on open by the
+log).  Single writer: the partition log.  Reading never raises for bad content: a missing or
+malformed file reads as None (recover everything), which is always safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from hpbroker.io.files import CHECKPOINT_FILE_NAME, TMP_SUFFIX, fsync_dir, write_all
+
+__all__ = ["CHECKPOINT_VERSION", "RecoveryPointCheckpoint"]
+
+CHECKPOINT_VERSION = 0  # first line of the file
+_MAX_CHECKPOINT_BYTES = 64  # two short lines; anything longer is not ours
+
+logger = logging.getLogger(__name__)
+
+
+class RecoveryPointCheckpoint:
+    """Reads and atomically replaces ``<directory>/recovery-point-offset-checkpoint``."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.path = os.path.join(directory, CHECKPOINT_FILE_NAME)
+        self.tmp_path = self.path + TMP_SUFFIX
+
+    def read(self) -> int | None:
+        """The recovery point, or None when the file is missing or malformed (logged)."""
+        try:
+            with open(self.path, "rb") as f:
+                content = f.read(_MAX_CHECKPOINT_BYTES + 1)
+        except FileNotFoundError:
+            logger.info("no checkpoint at %s", self.path)
+            return None
+        offset = _parse(content)
+        if offset is None:
+            logger.warning("ignoring malformed checkpoint %s: %r", self.path, content[:_MAX_CHECKPOINT_BYTES])
+        return offset
+
+    def write(self, recovery_point: int) -> None:
+        """Replace the checkpoint with ``recovery_point``, durably (tmp, fsync, rename, fsync dir)."""
+        if recovery_point < 0:
+            raise ValueError(f"recovery point {recovery_point} is negative")
+        content = f"{CHECKPOINT_VERSION}\n{recovery_point}\n".encode("ascii")
+        fd = os.open(self.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            write_all(fd, content)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(self.tmp_path, self.path)
+        fsync_dir(self.directory)
+
+
+def _parse(content: bytes) -> int | None:
+    if len(content) > _MAX_CHECKPOINT_BYTES or not content.endswith(b"\n"):
+        return None
+    lines = content[:-1].split(b"\n")
+    if len(lines) != 2 or lines[0] != str(CHECKPOINT_VERSION).encode() or not lines[1].isdigit():
+        return None
+    return int(lines[1])

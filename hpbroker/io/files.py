@@ -1,0 +1,129 @@
+"""File names and the few raw file operations storage needs: whole writes, whole reads, dir fsync.
+
+A partition directory holds, per segment, three files named by the segment's base offset
+written as 20 zero-padded decimal digits, plus one checkpoint::
+
+    00000000000000000000.log        the batches themselves
+    00000000000000000000.index      sparse offset index (see hpbroker.io.index)
+    00000000000000000000.timeindex  sparse time index
+    recovery-point-offset-checkpoint
+
+Any ``*.tmp`` or ``*.deleted`` file is debris from an interrupted operation and is removed on
+open.  Every function here may raise ``OSError``; the partition log turns it into
+``StorageError`` in one place.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+__all__ = [
+    "CHECKPOINT_FILE_NAME",
+    "DELETED_SUFFIX",
+    "INDEX_SUFFIX",
+    "LOG_SUFFIX",
+    "TIME_INDEX_SUFFIX",
+    "TMP_SUFFIX",
+    "fsync_dir",
+    "open_for_append",
+    "parse_segment_file_name",
+    "pread_full",
+    "segment_file_name",
+    "unlink_if_exists",
+    "write_all",
+    "writev_all",
+]
+
+LOG_SUFFIX = ".log"  # batches
+INDEX_SUFFIX = ".index"  # offset index
+TIME_INDEX_SUFFIX = ".timeindex"  # time index
+TMP_SUFFIX = ".tmp"  # a file being written, renamed into place when complete
+DELETED_SUFFIX = ".deleted"  # a file on its way out (never created by us; cleaned up if found)
+CHECKPOINT_FILE_NAME = "recovery-point-offset-checkpoint"  # see hpbroker.io.checkpoint
+_OFFSET_DIGITS = 20  # enough for any non-negative i64
+
+# Linux refuses writev with more buffers than this; sysconf knows, 1024 is the usual answer.
+IOV_MAX = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 1024
+
+
+def segment_file_name(base_offset: int, suffix: str) -> str:
+    """``00000000000000000042.log`` for base offset 42 and suffix ``.log``."""
+    return f"{base_offset:0{_OFFSET_DIGITS}d}{suffix}"
+
+
+def parse_segment_file_name(name: str) -> tuple[int, str] | None:
+    """``(base_offset, suffix)`` for a segment file name, None for anything else."""
+    stem, dot, ext = name.partition(".")
+    if not dot or len(stem) != _OFFSET_DIGITS or not stem.isdigit() or not stem.isascii():
+        return None
+    return int(stem), "." + ext
+
+
+def open_for_append(path: str, *, create: bool, exclusive: bool = False) -> int:
+    """A read-write descriptor whose writes always land at the end of the file; ``exclusive``
+    refuses (FileExistsError) to open a file that already exists."""
+    flags = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    if exclusive:
+        flags |= os.O_CREAT | os.O_EXCL
+    return os.open(path, flags, 0o644)
+
+
+def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    """Write every byte of ``data`` (``os.write`` may write less than asked)."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def writev_all(fd: int, buffers: Sequence[bytes | bytearray | memoryview]) -> int:
+    """Write ``buffers`` in order with as few ``writev`` calls as IOV_MAX allows; returns bytes."""
+    total = 0
+    for start in range(0, len(buffers), IOV_MAX):
+        chunk = list(buffers[start : start + IOV_MAX])
+        want = sum(len(b) for b in chunk)
+        written = os.writev(fd, chunk)
+        total += written
+        while written < want:  # short write: drop what went out, retry the rest
+            want -= written
+            while written >= len(chunk[0]):
+                written -= len(chunk.pop(0))
+            chunk[0] = memoryview(chunk[0])[written:]
+            written = os.writev(fd, chunk)
+            total += written
+    return total
+
+
+def pread_full(fd: int, length: int, position: int) -> bytes:
+    """Up to ``length`` bytes at ``position``; fewer only where the file ends."""
+    data = os.pread(fd, length, position)
+    if len(data) == length or not data:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < length:
+        more = os.pread(fd, length - got, position + got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
+def fsync_dir(path: str) -> None:
+    """Make the directory's entries (creations, renames, unlinks) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def unlink_if_exists(path: str) -> bool:
+    """Remove ``path``; False if it was already gone."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True

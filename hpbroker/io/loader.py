@@ -1,0 +1,117 @@
+"""Opening a partition directory: clean it, load or recover its segments, in offset order.
+
+The rule (Kafka's): the recovery point says every batch below it reached the disk with its
+indexes.  Segments wholly below the segment that holds the recovery point are *trusted*: their
+indexes are loaded and checked against the log (:meth:`Segment.load`), and rebuilt by a full
+scan if the check fails.  From the segment holding the recovery point on, every segment is
+*recovered*: scanned batch by batch (length, CRC, offsets contiguous), its indexes rebuilt, its
+``.log`` truncated at the first bad byte.  Once a segment is truncated, or a segment does not
+start where its predecessor ends, every later segment is deleted: offsets in a log are
+contiguous, and nothing after a hole can be trusted to follow it.
+
+Directory debris removed first: ``*.tmp`` and ``*.deleted`` files, and ``.index``/``.timeindex``
+files whose ``.log`` is gone.  Files that are not ours are left alone.  Called once per open by
+:class:`~hpbroker.io.log.PartitionLog`, before anything else touches the directory.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+
+from hpbroker.io.config import LogConfig
+from hpbroker.io.files import (
+    DELETED_SUFFIX,
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    TMP_SUFFIX,
+    fsync_dir,
+    parse_segment_file_name,
+    segment_file_name,
+    unlink_if_exists,
+)
+from hpbroker.io.index import IndexCorruptError
+from hpbroker.io.segment import Segment
+
+__all__ = ["load_segments"]
+
+logger = logging.getLogger(__name__)
+
+
+def load_segments(directory: str, config: LogConfig, recovery_point: int, *, now_ms: int,
+                  log_name: str) -> list[Segment]:
+    """The segments of ``directory``, loaded or recovered (see the module docstring); a new
+    empty segment at offset 0 if there are none.  Raises OSError; closes what it opened then."""
+    bases = _clean_directory(directory, log_name)
+    if not bases:
+        return [Segment(directory, 0, config, create=True, now_ms=now_ms, log_name=log_name)]
+    holding = max(0, bisect.bisect_right(bases, recovery_point) - 1)
+    segments: list[Segment] = []
+    try:
+        for i, base in enumerate(bases):
+            segment = Segment(directory, base, config, create=False, now_ms=now_ms, log_name=log_name)
+            segments.append(segment)
+            cut = _open_segment(segment, trusted=i < holding, log_name=log_name)
+            if i and base != segments[-2].next_offset:
+                logger.warning("[%s] segment %s starts at offset %d but its predecessor ends at %d",
+                               log_name, segment.path, base, segments[-2].next_offset)
+                segments.pop().close()
+                _delete_segment_files(directory, bases[i:], log_name)
+                break
+            if cut:
+                _delete_segment_files(directory, bases[i + 1 :], log_name)
+                break
+    except BaseException:
+        for segment in segments:
+            segment.close()
+        raise
+    return segments
+
+
+def _open_segment(segment: Segment, *, trusted: bool, log_name: str) -> int:
+    """Load a trusted segment, falling back to recovery; recover the others.  Bytes cut."""
+    if trusted:
+        try:
+            segment.load()
+            return 0
+        except IndexCorruptError as e:
+            logger.warning("[%s] index check failed, rebuilding from the log: %s", log_name, e)
+    return segment.recover()
+
+
+def _clean_directory(directory: str, log_name: str) -> list[int]:
+    """Remove debris; the base offsets of the ``.log`` files, ascending."""
+    logs: set[int] = set()
+    indexes: list[tuple[int, str]] = []
+    for name in os.listdir(directory):
+        if name.endswith((TMP_SUFFIX, DELETED_SUFFIX)):
+            logger.info("[%s] removing leftover %s", log_name, name)
+            unlink_if_exists(os.path.join(directory, name))
+            continue
+        parsed = parse_segment_file_name(name)
+        if parsed is None:
+            continue
+        base, suffix = parsed
+        if suffix == LOG_SUFFIX:
+            logs.add(base)
+        elif suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            indexes.append((base, name))
+    for base, name in indexes:
+        if base not in logs:
+            logger.warning("[%s] removing %s: its log file is missing", log_name, name)
+            unlink_if_exists(os.path.join(directory, name))
+    return sorted(logs)
+
+
+def _delete_segment_files(directory: str, bases: list[int], log_name: str) -> None:
+    """Unlink the segments at ``bases``, durably: were they to reappear after a power loss, new
+    appends at the same offsets would collide with them."""
+    for base in bases:
+        logger.warning("[%s] deleting segment %s: it follows a truncated or discontinuous segment",
+                       log_name, segment_file_name(base, LOG_SUFFIX))
+        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            unlink_if_exists(os.path.join(directory, segment_file_name(base, suffix)))
+    if bases:
+        fsync_dir(directory)

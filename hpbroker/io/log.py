@@ -1,0 +1,530 @@
+"""The log of one partition: :class:`PartitionLog`, its segments, flushing, reading, retention.
+
+Layout: one directory per partition (the caller picks it, e.g. ``<data_dir>/<topic>-<partition>``)
+holding the segments, each named by its base offset (``00000000000000000000.log``, ``.index``,
+``.timeindex``; formats in ``hpbroker.io.segment``), and ``recovery-point-offset-checkpoint``
+(``hpbroker.io.checkpoint``).  The first record of a partition has offset 0; offsets are
+contiguous from ``log_start_offset`` to ``log_end_offset``.
+
+Life of an append: the buffer is deep-validated, each batch is given the next offsets and goes
+into the *pending* list (an immutable producer buffer is not copied; only the 16-byte prefix
+holding ``base_offset`` and ``leader_epoch`` is, to be stamped).  A *flush* writes every pending batch to the
+active segment with one ``writev`` and, by default, ``fdatasync``\\s it: group commit.  A flush
+happens when ``flush_messages`` records are pending, when the oldest pending append is
+``flush_ms`` old (checked on append and by :meth:`PartitionLog.flush_if_due`, which an event loop
+calls at :attr:`PartitionLog.flush_deadline_ms`), on a roll, and on close.  Only flushed records
+are readable: ``high_watermark`` is the end of the flushed data.
+
+Durability, exactly:
+
+- A record is *acknowledged* once the flush that wrote it has returned (``high_watermark`` has
+  passed it).  Pending records are never acknowledged; a crash of any kind may lose them.
+- ``flush_fsync=True`` (default): acknowledged records were fdatasync'd and survive a process
+  crash (``kill -9``), an OS crash and a power loss.
+- ``flush_fsync=False``: acknowledged records are in the OS page cache.  They survive the
+  process being killed (the kernel still writes them out and the next open finds them), but an
+  OS crash or power loss may lose any of them that the kernel had not written back; segments
+  are still fsynced when rolled, checkpointed and on close.
+- After any crash, opening the log keeps the longest valid prefix (length, CRC and offsets
+  checked) of every segment written since the last checkpoint and truncates the rest
+  (hpbroker.io.loader); with ``flush_fsync=True`` that prefix holds every acknowledged record.
+  Segments below the checkpoint were fsynced when rolled and are checked cheaply (their index
+  against the end of their log), not re-read in full.
+- Index entries are written at each flush without fsync; they are fsynced on roll, checkpoint
+  and close, and always rebuilt from the log when they cannot be trusted.
+
+Errors: an ``OSError`` from any disk operation becomes :class:`~hpbroker.errors.StorageError`
+(the ``OSError`` as its cause) and takes the log *offline*: every later call raises
+StorageError; close it and reopen (recovery repairs what can be repaired).
+
+Concurrency: not thread-safe.  One owner (the worker process that owns the partition) makes
+every call; other processes may read the files, never write them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from hpbroker import _core
+from hpbroker.errors import OffsetOutOfRangeError, StorageError
+from hpbroker.io.checkpoint import RecoveryPointCheckpoint
+from hpbroker.io.config import LogConfig
+from hpbroker.io.files import pread_full
+from hpbroker.io.index import IndexCorruptError
+from hpbroker.io.loader import load_segments
+from hpbroker.io.logfile import FileSlice
+from hpbroker.io.segment import STAMP_BYTES, PendingBatch, Segment
+
+__all__ = ["MAX_PENDING_BYTES", "AppendInfo", "PartitionLog"]
+
+logger = logging.getLogger(__name__)
+
+# Flush early once this much is pending, whatever flush_messages says: bounds the producer
+# buffers a log holds on to (flushing sooner is always allowed).
+MAX_PENDING_BYTES = 64 << 20
+# Index entries hold offsets relative to the segment's base offset as u32.
+_MAX_RELATIVE_OFFSET = 2**32 - 1
+_T = TypeVar("_T")
+BytesLike = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class AppendInfo:
+    """What :meth:`PartitionLog.append` assigned: offsets ``first_offset..last_offset`` to
+    ``record_count`` records in ``batch_count`` batches."""
+
+    first_offset: int
+    last_offset: int
+    record_count: int
+    batch_count: int
+
+
+def _default_clock() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _disk_operation(method: Callable[..., _T]) -> Callable[..., _T]:
+    """The one place disk errors are handled: refuse calls on a closed or offline log, and turn
+    an ``OSError`` into StorageError, taking the log offline."""
+
+    @functools.wraps(method)
+    def guarded(self: PartitionLog, *args: object, **kwargs: object) -> _T:
+        self._check_usable()
+        try:
+            return method(self, *args, **kwargs)
+        except OSError as e:
+            raise self._go_offline(method.__name__, e) from e
+
+    return guarded
+
+
+class PartitionLog:
+    """An ordered list of segments; the last one, the *active* segment, takes appends.
+
+    Invariants: segments are sorted by base offset, each starts where its predecessor ends, and
+    only the active one grows; ``log_start_offset <= high_watermark <= log_end_offset``;
+    pending batches all belong to the active segment (a roll flushes first).  Opening runs
+    recovery (hpbroker.io.loader) before the constructor returns.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], config: LogConfig | None = None, *,
+                 clock: Callable[[], int] | None = None, name: str | None = None) -> None:
+        """Open (creating it if needed) and recover the log in ``directory``.  ``clock`` returns
+        the time in ms since the epoch (for tests); ``name`` prefixes log messages (default:
+        the directory's name, e.g. ``orders-3``)."""
+        self._directory = os.fspath(directory)
+        self._config = config if config is not None else LogConfig()
+        self._clock = clock if clock is not None else _default_clock
+        self._name = name or os.path.basename(os.path.normpath(self._directory))
+        self._offline = self._closed = False
+        self._segments: list[Segment] = []
+        self._bases: list[int] = []  # base offsets of _segments, for bisect
+        self._pending: list[PendingBatch] = []
+        self._pending_bytes = self._pending_records = 0
+        self._pending_since_ms: int | None = None
+        self._doomed: list[tuple[int, Segment]] = []  # (close at ms, deleted segment)
+        self._checkpoint = RecoveryPointCheckpoint(self._directory)
+        try:
+            self._open()
+        except OSError as e:
+            for segment in self._segments:
+                segment.close()
+            self._closed = True
+            raise StorageError(f"[{self._name}] cannot open the log in {self._directory}: {e}") from e
+
+    def _open(self) -> None:
+        started = time.monotonic()
+        os.makedirs(self._directory, exist_ok=True)
+        checkpointed = self._checkpoint.read()
+        now = self._clock()
+        self._segments = load_segments(self._directory, self._config, checkpointed or 0, now_ms=now,
+                                       log_name=self._name)
+        self._bases = [segment.base_offset for segment in self._segments]
+        for segment in self._segments:
+            segment.sync()  # recovered segments may hold what was only in the page cache
+        active = self._segments[-1]
+        self._log_end_offset = self._recovery_point = active.next_offset
+        self._active_first_timestamp = active.first_batch_timestamp  # -1: none yet
+        if checkpointed != self._recovery_point:
+            self._checkpoint.write(self._recovery_point)
+        logger.info("[%s] opened %s: %d segments, offsets [%d, %d), %d bytes, in %.3f s",
+                    self._name, self._directory, len(self._segments), self.log_start_offset,
+                    self._log_end_offset, self.size_in_bytes, time.monotonic() - started)
+
+    def __repr__(self) -> str:
+        return (f"PartitionLog({self._directory!r}, log_start_offset={self.log_start_offset}, "
+                f"high_watermark={self.high_watermark}, log_end_offset={self._log_end_offset})")
+
+    def __enter__(self) -> PartitionLog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- state ---------------------------------------------------------------------------------
+
+    @property
+    def directory(self) -> str:
+        return self._directory
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def config(self) -> LogConfig:
+        return self._config
+
+    @property
+    def log_start_offset(self) -> int:
+        """The first offset still in the log (moves up when retention deletes segments)."""
+        return self._segments[0].base_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        """The offset the next appended record gets (pending records included)."""
+        return self._log_end_offset
+
+    @property
+    def high_watermark(self) -> int:
+        """The end of the flushed, readable records."""
+        return self._segments[-1].next_offset
+
+    @property
+    def recovery_point(self) -> int:
+        """Every record below this offset is fsynced.  The checkpoint file, written on roll,
+        :meth:`checkpoint` and close (each time with the indexes of the segments below it fsynced),
+        may lag behind; recovery starts from the checkpointed value."""
+        return self._recovery_point
+
+    @property
+    def size_in_bytes(self) -> int:
+        """Bytes of flushed batches in all segments (pending batches not included)."""
+        return sum(segment.size_in_bytes for segment in self._segments)
+
+    @property
+    def segments(self) -> tuple[Segment, ...]:
+        """The segments, oldest first; the last is the active one.  Look, do not touch."""
+        return tuple(self._segments)
+
+    @property
+    def pending_records(self) -> int:
+        """Records appended but not yet flushed (so not yet readable)."""
+        return self._pending_records
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending_bytes
+
+    @property
+    def flush_deadline_ms(self) -> int | None:
+        """When the pending records must be flushed (clock ms), None if nothing is pending."""
+        if self._pending_since_ms is None:
+            return None
+        return self._pending_since_ms + self._config.flush_ms
+
+    @property
+    def offline(self) -> bool:
+        return self._offline
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # --- appending and flushing ------------------------------------------------------------
+
+    @_disk_operation
+    def append(self, buf: BytesLike) -> AppendInfo:
+        """Append the whole batches in ``buf`` (as a producer sent them); returns the offsets given.
+
+        Raises CorruptRecordError, InvalidRecordError or RecordTooLargeError (the log unchanged)
+        when ``buf`` is not one or more valid batches of at most ``max_message_bytes`` each.  The
+        records are pending until flushed.  Immutable input (``bytes``, a read-only view) is held,
+        not copied, until then; a writable buffer is copied first, since a caller changing it
+        before the flush would put batches on disk that fail their CRC.
+        """
+        view = memoryview(buf)
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+        if not view.readonly:
+            view = memoryview(view.tobytes())
+        scan = _core.validate_batches(view, max_batch_bytes=self._config.max_message_bytes)
+        now = self._clock()
+        first_offset = self._log_end_offset
+        for i in range(scan.batch_count):
+            position, size, max_timestamp = scan.positions[i], scan.sizes[i], scan.max_timestamps[i]
+            base_offset = self._log_end_offset
+            next_offset = base_offset + scan.last_offset_deltas[i] + 1
+            reason = self._roll_reason(size, base_offset, max_timestamp, now)
+            if reason is not None:
+                self._roll(now, reason)
+            if not self._pending and self._segments[-1].size_in_bytes == 0:
+                self._active_first_timestamp = max_timestamp
+            head = bytearray(view[position : position + STAMP_BYTES])
+            _core.stamp_batch(head, 0, base_offset, 0)
+            body = view[position + STAMP_BYTES : position + size]
+            self._pending.append(PendingBatch(base_offset, next_offset, max_timestamp, size, head, body))
+            self._pending_bytes += size
+            self._pending_records += next_offset - base_offset
+            self._log_end_offset = next_offset
+        if self._pending_since_ms is None:
+            self._pending_since_ms = now
+        if self._flush_due(now):
+            self._flush_pending(fsync=self._config.flush_fsync)
+        return AppendInfo(first_offset, self._log_end_offset - 1, self._log_end_offset - first_offset,
+                          scan.batch_count)
+
+    def _flush_due(self, now_ms: int) -> bool:
+        if not self._pending:
+            return False
+        return (self._pending_records >= self._config.flush_messages
+                or self._pending_bytes >= MAX_PENDING_BYTES
+                or now_ms >= self._pending_since_ms + self._config.flush_ms)
+
+    @_disk_operation
+    def flush(self) -> None:
+        """Write every pending batch now, and fdatasync unless ``flush_fsync`` is off."""
+        self._flush_pending(fsync=self._config.flush_fsync)
+
+    @_disk_operation
+    def flush_if_due(self, now_ms: int | None = None) -> bool:
+        """Flush if the pending records have reached ``flush_messages`` or their deadline
+        (:attr:`flush_deadline_ms`); True if it flushed."""
+        if not self._flush_due(self._clock() if now_ms is None else now_ms):
+            return False
+        self._flush_pending(fsync=self._config.flush_fsync)
+        return True
+
+    def _flush_pending(self, *, fsync: bool) -> None:
+        active = self._segments[-1]
+        if self._pending:
+            active.append(self._pending)
+            self._pending = []
+            self._pending_bytes = self._pending_records = 0
+            self._pending_since_ms = None
+        if fsync:
+            active.log.sync()
+            self._recovery_point = active.next_offset
+        active.write_index_entries()  # after the data, so an entry never leads past it
+
+    # --- rolling -------------------------------------------------------------------------------
+
+    def _roll_reason(self, batch_bytes: int, base_offset: int, max_timestamp: int, now_ms: int) -> str | None:
+        """Why the batch about to be appended must start a new segment, or None.
+
+        Time is measured Kafka's way: from the active segment's first batch timestamp to this
+        batch's, so producer clocks (or replayed old data) cannot roll a segment per batch; the
+        wall clock since the segment was created counts only where timestamps are missing.
+        """
+        active, config = self._segments[-1], self._config
+        active_bytes = active.size_in_bytes + self._pending_bytes
+        if active_bytes == 0:
+            return None  # never roll an empty segment: a huge batch gets one to itself
+        if active_bytes + batch_bytes > config.segment_bytes:
+            return f"{active_bytes} + {batch_bytes} bytes would exceed segment_bytes {config.segment_bytes}"
+        first = self._active_first_timestamp
+        if first >= 0 and max_timestamp >= 0:
+            if max_timestamp - first > config.segment_ms:
+                return f"timestamp {max_timestamp} is more than segment_ms {config.segment_ms} after {first}"
+        elif now_ms - active.created_ms > config.segment_ms:
+            return f"segment created at {active.created_ms} is older than segment_ms {config.segment_ms}"
+        if base_offset - active.base_offset > _MAX_RELATIVE_OFFSET:
+            return "relative offsets would overflow u32"
+        return None
+
+    @_disk_operation
+    def roll(self) -> None:
+        """Start a new active segment now (flushing pending records); no-op if the active one is
+        empty."""
+        if self._segments[-1].size_in_bytes or self._pending:
+            self._roll(self._clock(), "requested")
+
+    def _roll(self, now_ms: int, reason: str) -> None:
+        """Flush and fsync the active segment, start a new one at the log end, checkpoint."""
+        self._flush_pending(fsync=True)
+        old = self._segments[-1]
+        old.sync()
+        new = Segment(self._directory, self._log_end_offset, self._config, create=True, now_ms=now_ms,
+                      log_name=self._name)
+        self._segments.append(new)
+        self._bases.append(new.base_offset)
+        self._active_first_timestamp = -1
+        self._recovery_point = new.base_offset
+        self._checkpoint.write(self._recovery_point)
+        logger.info("[%s] rolled to segment %s at offset %d: %s", self._name, new.path, new.base_offset,
+                    reason)
+
+    # --- reading -------------------------------------------------------------------------------
+
+    def _check_offset(self, offset: int) -> None:
+        if not self.log_start_offset <= offset <= self._log_end_offset:
+            raise OffsetOutOfRangeError(
+                f"[{self._name}] offset {offset} is outside the log's range "
+                f"[{self.log_start_offset}, {self._log_end_offset}]",
+                log_start_offset=self.log_start_offset,
+                log_end_offset=self._log_end_offset,
+            )
+
+    @_disk_operation
+    def read(self, offset: int, max_bytes: int) -> FileSlice:
+        """Whole flushed batches of one segment, from the batch containing ``offset``.
+
+        The slice holds the first batch even if it is larger than ``max_bytes`` (so a consumer
+        always progresses), then as many whole batches as fit in ``max_bytes``.  An offset in
+        ``[high_watermark, log_end_offset]`` gives an empty slice (length 0); one outside
+        ``[log_start_offset, log_end_offset]`` raises OffsetOutOfRangeError carrying the range.
+        """
+        if not isinstance(max_bytes, int) or max_bytes <= 0:
+            raise ValueError(f"max_bytes must be a positive int, got {max_bytes!r}")
+        self._check_offset(offset)
+        if offset >= self.high_watermark:
+            active = self._segments[-1]
+            return FileSlice(active.log.fd, active.size_in_bytes, 0, offset, active.path)
+        i = bisect.bisect_right(self._bases, offset) - 1
+        while self._segments[i].next_offset <= offset:  # offset at the very end of a segment
+            i += 1
+        segment = self._segments[i]
+        return self._using_index(segment, lambda: segment.read(offset, max_bytes))
+
+    def read_bytes(self, offset: int, max_bytes: int) -> bytes:
+        """The bytes of :meth:`read`'s slice (for tests and tools; the broker uses sendfile)."""
+        file_slice = self.read(offset, max_bytes)
+        if not file_slice.length:
+            return b""
+        try:
+            return pread_full(file_slice.fd, file_slice.length, file_slice.position)
+        except OSError as e:
+            raise self._go_offline("read_bytes", e) from e
+
+    @_disk_operation
+    def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
+        """The earliest flushed offset whose record timestamp is >= ``timestamp_ms``; None if no
+        record is that recent.  Timestamps need not increase with offsets."""
+        for segment in self._segments:
+            if segment.max_timestamp >= timestamp_ms:
+                found = self._using_index(segment, lambda s=segment: s.offset_for_timestamp(timestamp_ms))
+                if found is not None:
+                    return found
+        return None
+
+    def _using_index(self, segment: Segment, lookup: Callable[[], _T]) -> _T:
+        """Run ``lookup``; if the segment's index turns out to disagree with its log, rebuild the
+        index from the log (never trusting it over the log) and run it again."""
+        try:
+            return lookup()
+        except IndexCorruptError as e:
+            logger.warning("[%s] %s; rebuilding the indexes of %s", self._name, e, segment.path)
+        try:
+            segment.recover(truncate=False)
+        except IndexCorruptError as e:
+            raise self._go_offline("index repair", e) from e
+        return lookup()
+
+    # --- retention -----------------------------------------------------------------------------
+
+    @_disk_operation
+    def delete_old_segments(self, now_ms: int | None = None) -> int:
+        """Apply retention to closed segments, oldest first; returns how many were deleted.
+
+        A segment goes when its largest timestamp is older than ``now - retention_ms``, or while
+        the log without it still holds ``retention_bytes``; the active segment always stays.
+        Files are unlinked at once; descriptors stay open ``file_delete_delay_ms`` longer (closed
+        by a later call) so slices handed out earlier remain readable.
+        """
+        now = self._clock() if now_ms is None else now_ms
+        self._close_doomed(now)
+        config, remaining = self._config, self.size_in_bytes
+        count = 0
+        for segment in self._segments[:-1]:
+            size = segment.size_in_bytes
+            expired = config.retention_ms >= 0 and segment.max_timestamp < now - config.retention_ms
+            oversize = config.retention_bytes >= 0 and remaining - size >= config.retention_bytes
+            if not (expired or oversize):
+                break
+            remaining -= size
+            count += 1
+        for segment in self._segments[:count]:
+            segment.delete_files()
+            self._doomed.append((now + config.file_delete_delay_ms, segment))
+            logger.info("[%s] deleted segment %s by retention: offsets [%d, %d), max timestamp %d",
+                        self._name, segment.path, segment.base_offset, segment.next_offset,
+                        segment.max_timestamp)
+        del self._segments[:count]
+        del self._bases[:count]
+        return count
+
+    def _close_doomed(self, now_ms: int) -> None:
+        keep = []
+        for close_at_ms, segment in self._doomed:
+            if close_at_ms <= now_ms:
+                segment.close()
+            else:
+                keep.append((close_at_ms, segment))
+        self._doomed = keep
+
+    # --- durability and the end ----------------------------------------------------------------
+
+    @_disk_operation
+    def checkpoint(self) -> None:
+        """fsync the flushed data and indexes and record ``high_watermark`` as the recovery
+        point, so the next open only scans what comes after it.  Pending records stay pending."""
+        self._segments[-1].sync()
+        self._recovery_point = self.high_watermark
+        self._checkpoint.write(self._recovery_point)
+
+    def close(self) -> None:
+        """Flush, fsync everything, write the checkpoint, close every descriptor.  Idempotent.
+
+        An offline log only releases its descriptors.  Slices handed out are invalid afterwards.
+        """
+        if self._closed:
+            return
+        try:
+            if not self._offline:
+                try:
+                    self._flush_pending(fsync=True)
+                    for segment in self._segments:
+                        segment.sync()
+                    self._recovery_point = self.high_watermark
+                    self._checkpoint.write(self._recovery_point)
+                except OSError as e:
+                    raise self._go_offline("close", e) from e
+        finally:
+            self._release()
+        logger.info("[%s] closed at offset %d", self._name, self._log_end_offset)
+
+    def _release(self) -> None:
+        """Close every descriptor, whatever happens: the log is unusable afterwards."""
+        self._closed = True
+        self._pending = []
+        for segment in self._segments + [segment for _close_at_ms, segment in self._doomed]:
+            try:
+                segment.close()
+            except OSError as e:
+                logger.warning("[%s] closing %s: %s", self._name, segment.path, e)
+        self._doomed = []
+
+    def _abandon(self) -> None:
+        """For crash tests only: drop every descriptor without flushing or syncing, as if the
+        process had been killed; pending records are lost."""
+        self._release()
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise ValueError(f"[{self._name}] the log in {self._directory} is closed")
+        if self._offline:
+            raise StorageError(f"[{self._name}] the log in {self._directory} is offline after a disk error")
+
+    def _go_offline(self, operation: str, error: Exception) -> StorageError:
+        """Mark the log offline and build the StorageError to raise (from ``error``)."""
+        self._offline = True
+        logger.error("[%s] %s failed in %s, taking the log offline: %s", self._name, operation,
+                     self._directory, error)
+        return StorageError(f"[{self._name}] {operation} failed in {self._directory}: {error}")

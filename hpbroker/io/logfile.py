@@ -1,0 +1,162 @@
+"""One ``.log`` file of record batches: append, read, walk headers, scan and truncate.
+
+On-disk format: whole batches back to back, exactly as ``hpbroker._core`` lays them out (its
+module docstring; base offsets stamped by the log), nothing before, between or after them.  A
+file that ends inside a batch, or holds bytes that do not parse as the next batch, is repaired by
+recovery: it scans with :meth:`LogFile.scan` and truncates at the first bad byte.
+
+Invariant: ``size`` is the number of bytes this process has written and recovery has validated;
+readers never look past it.  Single writer: the owning segment.  Any method may raise
+``OSError``; :class:`~hpbroker.errors.CorruptRecordError` comes from header walks over bytes
+that are not batches.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from hpbroker import _core
+from hpbroker.io.files import open_for_append, pread_full, unlink_if_exists, writev_all
+
+__all__ = ["SCAN_CHUNK_BYTES", "FileSlice", "LogFile", "ScanOutcome"]
+
+# Recovery reads the log this much at a time (a batch larger than this is read whole).
+SCAN_CHUNK_BYTES = 8 << 20
+# Header walks read this much at a time: one read covers the batches of an index interval.
+_HEADER_WINDOW_BYTES = 16 << 10
+
+
+@dataclass(frozen=True, slots=True)
+class FileSlice:
+    """Whole batches of one segment file, ready for ``os.sendfile(sock, fd, position, length)``.
+
+    ``first_offset`` is the base offset of the first batch in the slice (which may be below the
+    offset asked for: a slice starts with the batch containing it).  ``length`` 0 means nothing
+    to read yet; ``first_offset`` is then the offset asked for.  The descriptor belongs to the
+    log: do not close it.  It stays valid until the log is closed, or ``file_delete_delay_ms``
+    after its segment was deleted by retention.
+    """
+
+    fd: int
+    position: int
+    length: int
+    first_offset: int
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class ScanOutcome:
+    """Where a scan stopped: ``valid_end`` is the position just after the last valid batch,
+    ``next_offset`` the offset the next batch must start at, ``stop_reason`` why bytes after
+    ``valid_end`` are not valid batches (None when the scan reached the end of the file)."""
+
+    valid_end: int
+    next_offset: int
+    stop_reason: str | None
+
+
+class LogFile:
+    """The ``.log`` file of one segment (see the module docstring)."""
+
+    def __init__(self, path: str, *, create: bool) -> None:
+        """Open an existing file, or (``create``) make a new one, refusing to reuse an old one."""
+        self.path = path
+        self.fd = open_for_append(path, create=create, exclusive=create)
+        self.size = os.fstat(self.fd).st_size
+        self._unsynced = False
+
+    def append(self, buffers: Sequence[bytes | bytearray | memoryview]) -> int:
+        """Write ``buffers`` at the end of the file (no fsync); returns the bytes written."""
+        written = writev_all(self.fd, buffers)
+        self.size += written
+        self._unsynced = True
+        return written
+
+    def read(self, position: int, length: int) -> bytes:
+        """Bytes ``[position, position + length)``, cut at ``size``."""
+        length = max(0, min(length, self.size - position))
+        return pread_full(self.fd, length, position) if length else b""
+
+    def header_at(self, position: int) -> _core.BatchHeader:
+        """The header of the batch at ``position`` (CorruptRecordError if none parses there)."""
+        return _core.read_header(self.read(position, _core.HEADER_SIZE))
+
+    def headers(self, start: int, end: int) -> Iterator[tuple[int, _core.BatchHeader]]:
+        """``(position, header)`` of each batch from ``start`` (a batch boundary) up to ``end``.
+
+        Reads a window at a time, so walking the small batches of an index interval costs one
+        ``pread``; jumps over large batches re-read at the next header.  CorruptRecordError when
+        the bytes at a position are not a batch header.
+        """
+        window, window_position = b"", start
+        position = start
+        while position < end:
+            relative = position - window_position
+            if relative + _core.HEADER_SIZE > len(window) and window_position + len(window) < end:
+                window = pread_full(self.fd, min(_HEADER_WINDOW_BYTES, end - position), position)
+                window_position, relative = position, 0
+            header = _core.read_header(window, relative)
+            yield position, header
+            position += header.size
+
+    def scan(
+        self,
+        start: int,
+        expected_offset: int,
+        on_batches: Callable[[int, _core.ScanResult], None],
+        *,
+        chunk_bytes: int = SCAN_CHUNK_BYTES,
+    ) -> ScanOutcome:
+        """Validate the batches from ``start`` to the end of the file (framing, CRC, offsets
+        contiguous from ``expected_offset``), in chunks; ``on_batches(chunk_position, result)``
+        receives each chunk's valid batches (their positions relative to ``chunk_position``).
+        Reads the whole file as it is on disk, not just ``size``.  Never raises for bad data."""
+        file_size = os.fstat(self.fd).st_size
+        position, next_offset, want = start, expected_offset, chunk_bytes
+        while position < file_size:
+            chunk = pread_full(self.fd, min(want, file_size - position), position)
+            result = _core.scan_batches(chunk, 0, expected_offset=next_offset)
+            if result.batch_count:
+                on_batches(position, result)
+                position += result.valid_bytes
+                next_offset = result.next_offset
+            want = chunk_bytes
+            if result.error is None:
+                continue
+            if not result.incomplete:
+                return ScanOutcome(position, next_offset, result.error)
+            if position + (len(chunk) - result.valid_bytes) >= file_size:
+                return ScanOutcome(
+                    position, next_offset, f"the file ends inside a batch ({file_size - position} bytes left)"
+                )
+            if result.batch_count == 0:  # one batch larger than a chunk: read it whole
+                header_fits = len(chunk) >= _core.HEADER_SIZE
+                want = _core.read_header(chunk).size if header_fits else _core.HEADER_SIZE
+        return ScanOutcome(position, next_offset, None)
+
+    def truncate_to(self, position: int) -> None:
+        """Cut the file to ``position`` bytes, durably (fdatasync)."""
+        os.ftruncate(self.fd, position)
+        os.fdatasync(self.fd)
+        self.size = position
+        self._unsynced = False
+
+    def sync(self) -> None:
+        """fdatasync, if anything was written since the last one."""
+        if self._unsynced:
+            os.fdatasync(self.fd)
+            self._unsynced = False
+
+    def mark_unsynced(self) -> None:
+        """Recovery does not know whether the page cache it read was ever flushed to disk."""
+        self._unsynced = True
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
+
+    def unlink(self) -> None:
+        unlink_if_exists(self.path)

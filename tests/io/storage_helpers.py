@@ -1,0 +1,78 @@
+"""Helpers shared by the storage tests: a settable clock, a small config, batch builders, readers."""
+
+from __future__ import annotations
+
+import os
+
+from hpbroker import _core
+from hpbroker.io import LogConfig, PartitionLog
+
+START_MS = 1_700_000_000_000
+
+
+class Clock:
+    """A clock in ms that moves only when told to."""
+
+    def __init__(self, now_ms: int = START_MS) -> None:
+        self.now_ms = now_ms
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+    def advance(self, ms: int) -> None:
+        self.now_ms += ms
+
+
+# Small segments and indexes so a few batches roll and index; flushes only when asked (or on roll).
+TEST_CONFIG = LogConfig(
+    segment_bytes=4096,
+    index_interval_bytes=256,
+    flush_messages=1_000_000,
+    flush_ms=1_000_000,
+    flush_fsync=False,
+)
+
+
+def make_batch(record_count: int = 1, *, value_bytes: int = 20, timestamp: int | None = None,
+               compression: int = _core.CODEC_NONE, tag: int = 0) -> bytes:
+    """A batch of ``record_count`` records whose values say which batch and record they are."""
+    timestamp = START_MS if timestamp is None else timestamp
+    values = [(f"{tag}:{i}:".encode() + b"x" * value_bytes)[: max(value_bytes, 1)]
+              for i in range(record_count)]
+    return _core.build_batch(values, timestamps=timestamp, compression=compression)
+
+
+def stamped(batch: bytes, base_offset: int) -> bytes:
+    """``batch`` as the log stores it at ``base_offset``."""
+    copy = bytearray(batch)
+    _core.stamp_batch(copy, 0, base_offset)
+    return bytes(copy)
+
+
+def split_batches(data: bytes) -> list[tuple[int, bytes]]:
+    """``(base_offset, bytes)`` of each batch in ``data``, which must be whole valid batches."""
+    scan = _core.scan_batches(data)
+    assert scan.error is None, scan.error
+    return [(scan.base_offsets[i], data[scan.positions[i] : scan.positions[i] + scan.sizes[i]])
+            for i in range(scan.batch_count)]
+
+
+def read_all(log: PartitionLog, max_bytes: int = 1 << 20) -> list[tuple[int, bytes]]:
+    """Every flushed batch from ``log_start_offset``, read slice by slice."""
+    out: list[tuple[int, bytes]] = []
+    offset = log.log_start_offset
+    while offset < log.high_watermark:
+        batches = split_batches(log.read_bytes(offset, max_bytes))
+        assert batches, f"empty read at {offset} below the high watermark {log.high_watermark}"
+        out.extend(batches)
+        offset = _core.read_header(batches[-1][1]).next_offset
+    return out
+
+
+def files_of(directory: str) -> dict[str, bytes]:
+    """Name -> content of every file in ``directory``."""
+    out = {}
+    for name in sorted(os.listdir(directory)):
+        with open(os.path.join(directory, name), "rb") as f:
+            out[name] = f.read()
+    return out

@@ -1,0 +1,339 @@
+"""Opening a log after a crash or damage: truncation at the first bad byte, index rebuilding,
+directory cleanup, the recovery-point checkpoint, and what survives a kill -9."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from storage_helpers import START_MS, files_of, make_batch, read_all, stamped
+
+from hpbroker import _core
+
+CHECKPOINT = "recovery-point-offset-checkpoint"
+
+
+def _segment_file(log_dir: str, base_offset: int, suffix: str) -> str:
+    return os.path.join(log_dir, f"{base_offset:020d}{suffix}")
+
+
+def _write(open_log, count: int, **changes) -> list[tuple[int, bytes]]:
+    """``count`` two-record batches of varying sizes, closed cleanly; the batches as stored."""
+    log = open_log(**changes)
+    for i in range(count):
+        log.append(make_batch(2, value_bytes=30 + 11 * (i % 7), tag=i, timestamp=START_MS + i))
+    log.close()
+    log = open_log(**changes)
+    stored = read_all(log)
+    log.close()
+    return stored
+
+
+def _append_to(path: str, data: bytes) -> None:
+    with open(path, "ab") as f:
+        f.write(data)
+
+
+def _cut(path: str, size: int) -> None:
+    os.truncate(path, size)
+
+
+def _warnings(caplog) -> str:
+    return "\n".join(r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
+
+
+# --- the tail of the active segment ----------------------------------------------------------
+
+
+def test_recover_truncates_a_torn_tail(open_log, log_dir, caplog):
+    stored = _write(open_log, 20, segment_bytes=1 << 20)
+    path = _segment_file(log_dir, 0, ".log")
+    full = os.path.getsize(path)
+    _cut(path, full - 10)
+    log = open_log(segment_bytes=1 << 20)
+    assert read_all(log) == stored[:-1]
+    assert log.log_end_offset == log.high_watermark == stored[-1][0]
+    assert os.path.getsize(path) == full - len(stored[-1][1])
+    warning = _warnings(caplog)
+    assert f"truncating {path} at position {full - len(stored[-1][1])}" in warning
+    assert f"cutting {len(stored[-1][1]) - 10} bytes" in warning
+    log.append(make_batch(1))
+    log.flush()
+    assert read_all(log)[-1][0] == stored[-1][0], "the next append reuses the lost offsets"
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        pytest.param(os.urandom(333), id="garbage"),
+        pytest.param(b"\0" * 4096, id="zeros"),
+        pytest.param(stamped(make_batch(1), 40)[:30], id="header-cut-after-30-bytes"),
+        pytest.param(stamped(make_batch(1), 40)[:5], id="header-cut-after-5-bytes"),
+        pytest.param(stamped(make_batch(1), 41), id="valid-batch-with-wrong-offset"),
+        pytest.param(stamped(make_batch(1), 40)[:-1], id="whole-header-torn-records"),
+    ],
+)
+def test_recover_cuts_bytes_after_the_last_valid_batch(open_log, log_dir, tail, caplog):
+    stored = _write(open_log, 20, segment_bytes=1 << 20)
+    path = _segment_file(log_dir, 0, ".log")
+    size = os.path.getsize(path)
+    _append_to(path, tail)
+    log = open_log(segment_bytes=1 << 20)
+    assert read_all(log) == stored
+    assert log.log_end_offset == 40
+    assert os.path.getsize(path) == size
+    assert f"cutting {len(tail)} bytes" in _warnings(caplog)
+
+
+def test_recover_keeps_an_active_segment_truncated_to_nothing(open_log, log_dir):
+    stored = _write(open_log, 30)
+    last_base = max(int(n[:20]) for n in os.listdir(log_dir) if n.endswith(".log"))
+    _cut(_segment_file(log_dir, last_base, ".log"), 0)
+    log = open_log()
+    assert log.log_end_offset == last_base
+    assert read_all(log) == [b for b in stored if b[0] < last_base]
+
+
+def test_second_open_after_recovery_changes_nothing(open_log, log_dir):
+    _write(open_log, 40)
+    last_base = max(int(n[:20]) for n in os.listdir(log_dir) if n.endswith(".log"))
+    _append_to(_segment_file(log_dir, last_base, ".log"), os.urandom(100))
+    os.unlink(_segment_file(log_dir, 0, ".index"))
+    open_log().close()
+    after_first = files_of(log_dir)
+    open_log().close()
+    assert files_of(log_dir) == after_first
+    open_log()._abandon()  # not even a close is needed for nothing to change
+    assert files_of(log_dir) == after_first
+
+
+# --- indexes ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("suffix", [".index", ".timeindex"])
+@pytest.mark.parametrize("base_index", [0, -1], ids=["closed-segment", "active-segment"])
+def test_recover_rebuilds_a_deleted_index(open_log, log_dir, suffix, base_index):
+    stored = _write(open_log, 40)
+    before = files_of(log_dir)
+    base = sorted(int(n[:20]) for n in before if n.endswith(".log"))[base_index]
+    os.unlink(_segment_file(log_dir, base, suffix))
+    log = open_log()
+    assert read_all(log) == stored
+    log.close()
+    assert files_of(log_dir) == before
+
+
+def _corrupt_index(log_dir: str, kind: str) -> None:
+    index = _segment_file(log_dir, 0, ".index")
+    with open(index, "rb") as f:
+        original = f.read()
+    entries = len(original) // 8
+    if kind == "random-bytes":
+        damaged = os.urandom(len(original))
+    elif kind == "cut-mid-entry":
+        damaged = original[:-3]
+    elif kind == "another-segments-index":
+        with open(_segment_file(log_dir, 20, ".index"), "rb") as f:
+            damaged = f.read()
+    elif kind == "last-entry-at-the-wrong-batch":
+        last_position = int.from_bytes(original[-4:], "little")
+        damaged = original[:-4] + (last_position + 1).to_bytes(4, "little")
+    elif kind == "last-entry-past-the-end":
+        damaged = original[:-4] + (1 << 30).to_bytes(4, "little")
+    elif kind == "entries-missing-at-the-end":
+        damaged = original[: 8 * (entries // 2)]
+    elif kind == "empty":
+        damaged = b""
+    else:
+        raise AssertionError(kind)
+    assert damaged != original
+    with open(index, "wb") as f:
+        f.write(damaged)
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["random-bytes", "cut-mid-entry", "another-segments-index", "last-entry-at-the-wrong-batch",
+     "last-entry-past-the-end", "entries-missing-at-the-end", "empty"],
+)
+def test_recover_rebuilds_a_corrupt_index_of_a_closed_segment(open_log, log_dir, kind):
+    stored = _write(open_log, 40, segment_bytes=1024, index_interval_bytes=100)
+    assert os.path.exists(_segment_file(log_dir, 20, ".index")), "the test needs several segments"
+    before = files_of(log_dir)
+    _corrupt_index(log_dir, kind)
+    log = open_log(segment_bytes=1024, index_interval_bytes=100)
+    assert read_all(log, max_bytes=150) == stored
+    log.close()
+    assert files_of(log_dir) == before
+
+
+def test_recover_rebuilds_a_corrupt_time_index_of_a_closed_segment(open_log, log_dir):
+    stored = _write(open_log, 40, segment_bytes=1024, index_interval_bytes=100)
+    before = files_of(log_dir)
+    time_index = _segment_file(log_dir, 0, ".timeindex")
+    with open(time_index, "wb") as f:
+        f.write(os.urandom(len(before[os.path.basename(time_index)])))
+    log = open_log(segment_bytes=1024, index_interval_bytes=100)
+    assert read_all(log) == stored
+    assert log.offset_for_timestamp(START_MS + 5) == 10
+    log.close()
+    assert files_of(log_dir) == before
+
+
+def test_read_repairs_a_plausible_index_entry_that_points_at_the_wrong_batch(open_log, log_dir, caplog):
+    stored = _write(open_log, 40, segment_bytes=1024, index_interval_bytes=0)
+    before = files_of(log_dir)
+    index = _segment_file(log_dir, 0, ".index")
+    damaged = bytearray(before[os.path.basename(index)])
+    position = int.from_bytes(damaged[8 * 3 + 4 : 8 * 4], "little")
+    damaged[8 * 3 + 4 : 8 * 4] = (position + 1).to_bytes(4, "little")  # entry 3 now points inside a batch
+    with open(index, "wb") as f:
+        f.write(damaged)
+    log = open_log(segment_bytes=1024, index_interval_bytes=0)  # the cheap checks at open pass
+    assert read_all(log, max_bytes=1) == stored
+    assert "rebuilding the indexes" in _warnings(caplog)
+    log.close()
+    assert files_of(log_dir) == before
+
+
+# --- damage inside the log ---------------------------------------------------------------------
+
+
+def test_corrupt_batch_in_a_closed_segment_truncates_there_and_drops_later_ones(open_log, log_dir, caplog):
+    stored = _write(open_log, 40, segment_bytes=1024)
+    bases = sorted(int(n[:20]) for n in os.listdir(log_dir) if n.endswith(".log"))
+    assert len(bases) >= 3
+    victim = [b for b in stored if b[0] < bases[1]][3]  # the fourth batch of the first segment
+    position = sum(len(b) for off, b in stored if off < victim[0])
+    with open(_segment_file(log_dir, 0, ".log"), "r+b") as f:
+        f.seek(position + len(victim[1]) - 3)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x55]))
+    os.unlink(os.path.join(log_dir, CHECKPOINT))  # a crash before any checkpoint: recover everything
+    log = open_log(segment_bytes=1024)
+    assert read_all(log) == [b for b in stored if b[0] < victim[0]]
+    assert log.log_end_offset == victim[0]
+    assert sorted(n for n in os.listdir(log_dir) if n.endswith(".log")) == [f"{0:020d}.log"]
+    warning = _warnings(caplog)
+    assert f"at position {position}" in warning and "CRC mismatch" in warning
+    for base in bases[1:]:
+        assert f"deleting segment {base:020d}.log" in warning
+
+
+def test_segment_that_does_not_continue_its_predecessor_is_dropped_with_the_rest(open_log, log_dir, caplog):
+    stored = _write(open_log, 40, segment_bytes=1024)
+    bases = sorted(int(n[:20]) for n in os.listdir(log_dir) if n.endswith(".log"))
+    for suffix in (".log", ".index", ".timeindex"):
+        os.unlink(_segment_file(log_dir, bases[1], suffix))
+    log = open_log(segment_bytes=1024)
+    assert read_all(log) == [b for b in stored if b[0] < bases[1]]
+    assert [s.base_offset for s in log.segments] == [0]
+    assert f"starts at offset {bases[2]} but its predecessor ends at {bases[1]}" in _warnings(caplog)
+
+
+# --- directory debris and the checkpoint --------------------------------------------------------
+
+
+def test_open_removes_stray_indexes_and_leftover_files(open_log, log_dir):
+    stored = _write(open_log, 5)
+    debris = [f"{99:020d}.index", f"{99:020d}.timeindex", f"{0:020d}.log.deleted", "x.tmp",
+              CHECKPOINT + ".tmp"]
+    for name in debris + ["notes.txt"]:
+        with open(os.path.join(log_dir, name), "w") as f:
+            f.write("0\n999\n")
+    log = open_log()
+    assert read_all(log) == stored
+    remaining = set(os.listdir(log_dir))
+    assert not remaining & set(debris)
+    assert "notes.txt" in remaining, "files that are not ours are left alone"
+
+
+def test_leftover_checkpoint_tmp_is_ignored(open_log, log_dir):
+    _write(open_log, 5)
+    with open(os.path.join(log_dir, CHECKPOINT + ".tmp"), "w") as f:
+        f.write("0\n999\n")  # an interrupted write of a checkpoint: never renamed into place
+    log = open_log()
+    assert log.recovery_point == 10
+    with open(os.path.join(log_dir, CHECKPOINT)) as f:
+        assert f.read() == "0\n10\n"
+
+
+@pytest.mark.parametrize("content", [b"", b"garbage", b"1\n5\n", b"0\n-5\n", b"0\n5", b"\xff" * 100])
+def test_malformed_checkpoint_means_full_recovery(open_log, log_dir, caplog, content):
+    stored = _write(open_log, 30)
+    with open(os.path.join(log_dir, CHECKPOINT), "wb") as f:
+        f.write(content)
+    log = open_log()
+    assert read_all(log) == stored
+    assert "malformed checkpoint" in _warnings(caplog)
+    assert log.recovery_point == 60
+
+
+def test_checkpoint_records_the_recovery_point_on_close(open_log, log_dir):
+    log = open_log()
+    log.append(make_batch(7))
+    log.close()
+    with open(os.path.join(log_dir, CHECKPOINT)) as f:
+        assert f.read() == "0\n7\n"
+
+
+# --- crashes -----------------------------------------------------------------------------------
+
+
+def test_flushed_records_survive_an_abandoned_log_and_pending_ones_are_lost(open_log):
+    log = open_log(flush_fsync=False)
+    for i in range(10):
+        log.append(make_batch(1, tag=i))
+    log.flush()
+    log.append(make_batch(1, tag=99))  # pending, never flushed
+    expected = read_all(log)
+    log._abandon()  # like kill -9: no flush, no close, no checkpoint
+    log = open_log(flush_fsync=False)
+    assert log.log_end_offset == 10
+    assert read_all(log) == expected
+
+
+def test_abandoned_log_right_after_a_roll_reopens(open_log):
+    log = open_log()
+    log.append(make_batch(3))
+    log.roll()
+    log.append(make_batch(1))  # pending in the new, still empty, segment
+    log._abandon()
+    log = open_log()
+    assert ([s.base_offset for s in log.segments], log.log_end_offset) == ([0, 3], 3)
+
+
+def test_flushed_records_without_fsync_survive_kill_9(log_dir, tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        from hpbroker import _core
+        from hpbroker.io import LogConfig, PartitionLog
+        log = PartitionLog({log_dir!r}, LogConfig(flush_fsync=False, flush_messages=10**6, flush_ms=10**6,
+                                                  segment_bytes=4096))
+        for i in range(100):
+            log.append(_core.build_batch([b"record %d" % i], timestamps={START_MS} + i))
+        log.flush()
+        log.append(_core.build_batch([b"pending"], timestamps={START_MS}))
+        print(log.high_watermark, log.recovery_point, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    high_watermark, recovery_point = map(int, done.stdout.split())
+    assert high_watermark == 100 and recovery_point < 100, "some acknowledged records were never fsynced"
+    from storage_helpers import TEST_CONFIG
+
+    from hpbroker.io import PartitionLog
+
+    with PartitionLog(log_dir, TEST_CONFIG) as log:
+        assert log.log_end_offset == 100
+        records = _core.decode_records(b"".join(batch for _, batch in read_all(log)))
+        assert [r.value for r in records] == [b"record %d" % i for i in range(100)]
