@@ -5,7 +5,9 @@ numbers on the Python side.
 """
 
 from array import array
-from collections.abc import Buffer, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+
+Buffer = bytes | bytearray | memoryview  # any object with the buffer protocol
 
 MAGIC: int  # format version byte, 1
 CODEC_NONE: int  # 0
@@ -42,6 +44,7 @@ class BatchHeader:
     max_timestamp: int
     base_sequence: int
     producer: str | None  # None when read_header's buffer ends before the name does
+    producer_length: int  # bytes of the producer name as stored
     size: int  # LOG_OVERHEAD + batch_length: bytes the whole batch occupies
     last_offset: int  # base_offset + last_offset_delta
     next_offset: int  # last_offset + 1
@@ -61,7 +64,9 @@ class ScanResult:
     max_timestamp: int  # largest max_timestamp of the valid batches, -1 if none
     incomplete: bool  # stopped because the buffer ended inside a batch (more bytes may complete it)
     error: str | None  # why the scan stopped before the end, None if it reached the end cleanly
-    error_code: int  # 0, or the HPBrokerError code matching ``error`` (2 corrupt, 3 invalid, 4 too large)
+    error_code: int  # 0, or the HPBrokerError code matching ``error``: 2 corrupt (also when the
+    # buffer ends inside a batch, with ``incomplete`` set), 3 invalid, 4 too large (checked from
+    # the length field before the batch's bytes need to be present)
     # One entry per valid batch, in order; positions are absolute offsets into ``buf``.
     positions: array  # array('q')
     sizes: array  # array('q'): bytes of each batch
@@ -96,7 +101,8 @@ def validate_batches(buf: Buffer, *, max_batch_bytes: int = 0x7FFFFFFF) -> ScanR
 
 def stamp_batch(buf: bytearray | memoryview, position: int, base_offset: int, leader_epoch: int = 0) -> None:
     """Write base_offset and leader_epoch into the writable batch at ``position``.  Both fields lie
-    outside the CRC, so the batch stays valid."""
+    outside the CRC, so the batch stays valid.  Only the first 16 bytes of the batch need to be in
+    ``buf`` (the log stamps a copy of just that prefix)."""
 
 class Record:
     """One decoded record.  ``sequence`` is the batch's base_sequence plus the offset delta, or -1."""

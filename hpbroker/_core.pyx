@@ -273,7 +273,7 @@ cdef class BatchHeader:
 
     cdef readonly int64_t base_offset, leader_epoch, crc, first_timestamp, max_timestamp, base_sequence
     cdef readonly int64_t batch_length, last_offset_delta, record_count, size
-    cdef readonly int magic, attributes
+    cdef readonly int magic, attributes, producer_length
     cdef readonly object producer
 
     @property
@@ -290,7 +290,7 @@ cdef class BatchHeader:
 
     @property
     def records_position(self):
-        return C_HEADER_SIZE + (len(self.producer.encode("utf-8")) if self.producer is not None else 0)
+        return C_HEADER_SIZE + self.producer_length
 
     def __repr__(self):
         return (f"BatchHeader(base_offset={self.base_offset}, record_count={self.record_count}, "
@@ -307,6 +307,7 @@ cdef BatchHeader _header_object(const unsigned char* p, Py_ssize_t avail, Header
     out.crc = h.crc
     out.magic = h.magic
     out.attributes = h.attributes
+    out.producer_length = h.producer_len
     out.last_offset_delta = h.last_offset_delta
     out.record_count = h.record_count
     out.first_timestamp = h.first_timestamp
@@ -343,7 +344,7 @@ def stamp_batch(buf, Py_ssize_t position, int64_t base_offset, int32_t leader_ep
     Both fields lie outside the CRC, so the batch stays valid without recomputing it.
     """
     cdef unsigned char[::1] view = buf
-    if position < 0 or position + C_LOG_OVERHEAD + 4 > view.shape[0]:
+    if position < 0 or position + P_CRC > view.shape[0]:
         raise ValueError(f"no batch header at position {position} of a {view.shape[0]}-byte buffer")
     store_i64le(&view[0] + position + P_BASE_OFFSET, base_offset)
     store_i32le(&view[0] + position + P_LEADER_EPOCH, leader_epoch)

@@ -356,3 +356,19 @@ def test_records_pickle_and_compare():
     (record,) = decode_records(build_batch([b"v"], keys=[b"k"], timestamps=3, producer="p"))
     assert pickle.loads(pickle.dumps(record)) == record
     assert "value=b'v'" in repr(record)
+
+
+def test_records_position_counts_the_stored_name_bytes_even_when_cut_off():
+    batch = build_batch([b"x"], producer="producer-\u00e9")
+    full = read_header(batch)
+    cut = read_header(batch[:HEADER_SIZE])
+    assert full.producer_length == len("producer-\u00e9".encode()) == cut.producer_length
+    assert full.records_position == cut.records_position == HEADER_SIZE + full.producer_length
+
+
+def test_stamping_needs_only_the_sixteen_byte_prefix():
+    prefix = bytearray(build_batch([b"x"])[:16])
+    stamp_batch(prefix, 0, 99)
+    assert int.from_bytes(prefix[:8], "little") == 99
+    with pytest.raises(ValueError, match="no batch header"):
+        stamp_batch(bytearray(15), 0, 1)

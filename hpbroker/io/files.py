@@ -15,6 +15,7 @@ open.  Every function here may raise ``OSError``; the partition log turns it int
 
 from __future__ import annotations
 
+import fcntl
 import os
 from collections.abc import Sequence
 
@@ -25,7 +26,10 @@ __all__ = [
     "LOG_SUFFIX",
     "TIME_INDEX_SUFFIX",
     "TMP_SUFFIX",
+    "LOCK_FILE_NAME",
+    "DirectoryLockedError",
     "fsync_dir",
+    "lock_directory",
     "open_for_append",
     "parse_segment_file_name",
     "pread_full",
@@ -41,6 +45,7 @@ TIME_INDEX_SUFFIX = ".timeindex"  # time index
 TMP_SUFFIX = ".tmp"  # a file being written, renamed into place when complete
 DELETED_SUFFIX = ".deleted"  # a file on its way out (never created by us; cleaned up if found)
 CHECKPOINT_FILE_NAME = "recovery-point-offset-checkpoint"  # see hpbroker.io.checkpoint
+LOCK_FILE_NAME = ".lock"  # flock'ed by the one log that has the directory open; holds its pid
 _OFFSET_DIGITS = 20  # enough for any non-negative i64
 
 # Linux refuses writev with more buffers than this; sysconf knows, 1024 is the usual answer.
@@ -127,3 +132,32 @@ def unlink_if_exists(path: str) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+class DirectoryLockedError(OSError):
+    """Another open log (in this or another process) holds the partition directory's lock."""
+
+
+def lock_directory(directory: str) -> int:
+    """Take the directory's exclusive lock and return its descriptor (closing it releases it).
+
+    ``flock`` locks belong to the open file, so a second open in the same process conflicts too,
+    and the kernel drops the lock when its holder dies, even by ``kill -9``: no stale locks.
+    The holder's pid is written into the file for the error message of whoever is refused.
+    """
+    path = os.path.join(directory, LOCK_FILE_NAME)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+        os.close(fd)
+        raise DirectoryLockedError(
+            f"{directory} is already open for writing by process {holder} (one writer per partition)"
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+    return fd

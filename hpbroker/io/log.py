@@ -38,7 +38,9 @@ Errors: an ``OSError`` from any disk operation becomes :class:`~hpbroker.errors.
 StorageError; close it and reopen (recovery repairs what can be repaired).
 
 Concurrency: not thread-safe.  One owner (the worker process that owns the partition) makes
-every call; other processes may read the files, never write them.
+every call; other processes may read the files, never write them.  One writer per directory is
+enforced: an open log holds an exclusive ``flock`` on the directory's ``.lock`` file, and a second
+open, in any process, fails with StorageError until the first is closed or its process dies.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from hpbroker import _core
 from hpbroker.errors import OffsetOutOfRangeError, StorageError
 from hpbroker.io.checkpoint import RecoveryPointCheckpoint
 from hpbroker.io.config import LogConfig
-from hpbroker.io.files import pread_full
+from hpbroker.io.files import lock_directory, pread_full
 from hpbroker.io.index import IndexCorruptError
 from hpbroker.io.loader import load_segments
 from hpbroker.io.logfile import FileSlice
@@ -131,17 +133,17 @@ class PartitionLog:
         self._pending_since_ms: int | None = None
         self._doomed: list[tuple[int, Segment]] = []  # (close at ms, deleted segment)
         self._checkpoint = RecoveryPointCheckpoint(self._directory)
+        self._lock_fd = -1
         try:
             self._open()
         except OSError as e:
-            for segment in self._segments:
-                segment.close()
-            self._closed = True
+            self._release()
             raise StorageError(f"[{self._name}] cannot open the log in {self._directory}: {e}") from e
 
     def _open(self) -> None:
         started = time.monotonic()
         os.makedirs(self._directory, exist_ok=True)
+        self._lock_fd = lock_directory(self._directory)
         checkpointed = self._checkpoint.read()
         now = self._clock()
         self._segments = load_segments(self._directory, self._config, checkpointed or 0, now_ms=now,
@@ -159,6 +161,8 @@ class PartitionLog:
                     self._log_end_offset, self.size_in_bytes, time.monotonic() - started)
 
     def __repr__(self) -> str:
+        if not self._segments:
+            return f"PartitionLog({self._directory!r}, not open)"
         return (f"PartitionLog({self._directory!r}, log_start_offset={self.log_start_offset}, "
                 f"high_watermark={self.high_watermark}, log_end_offset={self._log_end_offset})")
 
@@ -510,6 +514,9 @@ class PartitionLog:
             except OSError as e:
                 logger.warning("[%s] closing %s: %s", self._name, segment.path, e)
         self._doomed = []
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # releases the directory lock
+            self._lock_fd = -1
 
     def _abandon(self) -> None:
         """For crash tests only: drop every descriptor without flushing or syncing, as if the

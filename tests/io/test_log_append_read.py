@@ -426,6 +426,7 @@ def test_max_message_bytes_counts_the_whole_batch(open_log):
     batch = make_batch(1, value_bytes=1000)
     log = open_log(max_message_bytes=len(batch))
     log.append(batch)
+    log.close()
     with pytest.raises(RecordTooLargeError, match=f"exceeds the limit of {len(batch) - 1}"):
         open_log(max_message_bytes=len(batch) - 1).append(batch)
 
