@@ -15,6 +15,13 @@ happens when ``flush_messages`` records are pending, when the oldest pending app
 calls at :attr:`PartitionLog.flush_deadline_ms`), on a roll, and on close.  Only flushed records
 are readable: ``high_watermark`` is the end of the flushed data.
 
+Pipelined group commit: with ``flush_on_append=False`` the owner starts each flush itself
+(:meth:`PartitionLog.begin_flush`), runs the returned :class:`FlushJob` on a flusher thread, and
+applies it with :meth:`PartitionLog.complete_flush` when the job is done.  ``writev`` and
+``fdatasync`` release the GIL, so validating and appending the next requests overlaps the disk
+write of the previous group.  One job is in flight per log at a time; rolls, ``flush()`` and
+``close()`` first wait for it.
+
 Durability, exactly:
 
 - A record is *acknowledged* once the flush that wrote it has returned (``high_watermark`` has
@@ -49,9 +56,10 @@ import bisect
 import functools
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from hpbroker import _core
@@ -64,7 +72,7 @@ from hpbroker.io.loader import load_segments
 from hpbroker.io.logfile import FileSlice
 from hpbroker.io.segment import STAMP_BYTES, PendingBatch, Segment
 
-__all__ = ["MAX_PENDING_BYTES", "AppendInfo", "PartitionLog"]
+__all__ = ["MAX_PENDING_BYTES", "AppendInfo", "FlushJob", "PartitionLog"]
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +94,42 @@ class AppendInfo:
     last_offset: int
     record_count: int
     batch_count: int
+
+
+@dataclass(eq=False, slots=True)
+class FlushJob:
+    """One group commit in flight: the batches pending when :meth:`PartitionLog.begin_flush` was
+    called, to be written by :meth:`run` on any thread.
+
+    :meth:`run` does only I/O on the active segment's ``.log`` (one ``writev``, then
+    ``fdatasync`` when ``fsync``) and touches no state of the log; ``writev`` and ``fdatasync``
+    release the GIL, so the owner goes on validating and appending meanwhile.  The owner applies
+    the result with :meth:`PartitionLog.complete_flush`.  ``on_done(job)``, if given, is called
+    by the thread that ran the job once it has finished, e.g. to wake an event loop.
+    """
+
+    segment: Segment
+    batches: list[PendingBatch]
+    fsync: bool
+    records: int
+    size: int
+    on_done: Callable[[FlushJob], None] | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    written: int = 0
+    error: OSError | None = None
+    applied: bool = False  # set by the log once it has taken the result in
+
+    def run(self) -> None:
+        try:
+            self.written = self.segment.write(self.batches)
+            if self.fsync:
+                os.fdatasync(self.segment.log.fd)
+        except OSError as e:
+            self.error = e
+        finally:
+            self.done.set()
+            if self.on_done is not None:
+                self.on_done(self)
 
 
 def _default_clock() -> int:
@@ -117,10 +161,13 @@ class PartitionLog:
     """
 
     def __init__(self, directory: str | os.PathLike[str], config: LogConfig | None = None, *,
-                 clock: Callable[[], int] | None = None, name: str | None = None) -> None:
+                 clock: Callable[[], int] | None = None, name: str | None = None,
+                 flush_on_append: bool = True) -> None:
         """Open (creating it if needed) and recover the log in ``directory``.  ``clock`` returns
         the time in ms since the epoch (for tests); ``name`` prefixes log messages (default:
-        the directory's name, e.g. ``orders-3``)."""
+        the directory's name, e.g. ``orders-3``).  ``flush_on_append=False`` hands flushing to
+        the owner: append never writes (except to roll), and the owner runs group commits with
+        :meth:`flush_due`, :meth:`begin_flush` and :meth:`complete_flush`."""
         self._directory = os.fspath(directory)
         self._config = config if config is not None else LogConfig()
         self._clock = clock if clock is not None else _default_clock
@@ -131,6 +178,8 @@ class PartitionLog:
         self._pending: list[PendingBatch] = []
         self._pending_bytes = self._pending_records = 0
         self._pending_since_ms: int | None = None
+        self._flush_on_append = flush_on_append
+        self._in_flight: FlushJob | None = None
         self._doomed: list[tuple[int, Segment]] = []  # (close at ms, deleted segment)
         self._checkpoint = RecoveryPointCheckpoint(self._directory)
         self._lock_fd = -1
@@ -220,12 +269,17 @@ class PartitionLog:
 
     @property
     def pending_records(self) -> int:
-        """Records appended but not yet flushed (so not yet readable)."""
-        return self._pending_records
+        """Records appended but not yet flushed (so not yet readable), in flight included."""
+        return self._pending_records + (self._in_flight.records if self._in_flight else 0)
 
     @property
     def pending_bytes(self) -> int:
-        return self._pending_bytes
+        return self._pending_bytes + (self._in_flight.size if self._in_flight else 0)
+
+    @property
+    def flush_in_flight(self) -> FlushJob | None:
+        """The group commit begun and not yet completed, if any."""
+        return self._in_flight
 
     @property
     def flush_deadline_ms(self) -> int | None:
@@ -269,7 +323,7 @@ class PartitionLog:
             reason = self._roll_reason(size, base_offset, max_timestamp, now)
             if reason is not None:
                 self._roll(now, reason)
-            if not self._pending and self._segments[-1].size_in_bytes == 0:
+            if not self._pending and not self._in_flight and self._segments[-1].size_in_bytes == 0:
                 self._active_first_timestamp = max_timestamp
             head = bytearray(view[position : position + STAMP_BYTES])
             _core.stamp_batch(head, 0, base_offset, 0)
@@ -280,7 +334,7 @@ class PartitionLog:
             self._log_end_offset = next_offset
         if self._pending_since_ms is None:
             self._pending_since_ms = now
-        if self._flush_due(now):
+        if self._flush_on_append and self._flush_due(now):
             self._flush_pending(fsync=self._config.flush_fsync)
         return AppendInfo(first_offset, self._log_end_offset - 1, self._log_end_offset - first_offset,
                           scan.batch_count)
@@ -292,9 +346,15 @@ class PartitionLog:
                 or self._pending_bytes >= MAX_PENDING_BYTES
                 or now_ms >= self._pending_since_ms + self._config.flush_ms)
 
+    def flush_due(self, now_ms: int | None = None) -> bool:
+        """Whether the records pending (not in flight) have reached ``flush_messages`` or their
+        deadline (:attr:`flush_deadline_ms`)."""
+        return self._flush_due(self._clock() if now_ms is None else now_ms)
+
     @_disk_operation
     def flush(self) -> None:
-        """Write every pending batch now, and fdatasync unless ``flush_fsync`` is off."""
+        """Write every pending batch now, and fdatasync unless ``flush_fsync`` is off (waiting
+        for a flush in flight first)."""
         self._flush_pending(fsync=self._config.flush_fsync)
 
     @_disk_operation
@@ -306,7 +366,50 @@ class PartitionLog:
         self._flush_pending(fsync=self._config.flush_fsync)
         return True
 
+    @_disk_operation
+    def begin_flush(self, on_done: Callable[[FlushJob], None] | None = None) -> FlushJob | None:
+        """Hand the pending batches to a :class:`FlushJob` for another thread to :meth:`~FlushJob.run`;
+        None when nothing is pending or a flush is already in flight (one at a time, in order).
+        Until :meth:`complete_flush` the job's records are neither pending nor readable."""
+        if self._in_flight is not None or not self._pending:
+            return None
+        job = FlushJob(self._segments[-1], self._pending, self._config.flush_fsync, self._pending_records,
+                       self._pending_bytes, on_done)
+        self._pending = []
+        self._pending_bytes = self._pending_records = 0
+        self._pending_since_ms = None
+        self._in_flight = job
+        return job
+
+    @_disk_operation
+    def complete_flush(self, job: FlushJob) -> None:
+        """Wait for ``job`` to finish and apply it: its records become readable (the high watermark
+        moves past them) and, if it synced, durable.  A failed job takes the log offline.  A
+        job the log already applied itself (a roll, :meth:`flush` or :meth:`close` waits for the
+        job in flight and applies it) is a no-op."""
+        if job.applied:
+            return
+        if job is not self._in_flight:
+            raise ValueError(f"[{self._name}] that flush job is not this log's flush in flight")
+        self._apply(job)
+
+    def _apply(self, job: FlushJob) -> None:
+        job.done.wait()
+        self._in_flight = None
+        job.applied = True
+        if job.error is not None:
+            raise job.error  # an OSError: _disk_operation takes the log offline
+        segment = job.segment
+        segment.commit(job.batches, job.written)
+        if job.fsync:
+            segment.log.mark_synced()
+            self._recovery_point = segment.next_offset
+        segment.write_index_entries()  # after the data, so an entry never leads past it
+
     def _flush_pending(self, *, fsync: bool) -> None:
+        """Synchronously: complete the flush in flight, then write (and sync) what is pending."""
+        if self._in_flight is not None:
+            self._apply(self._in_flight)
         active = self._segments[-1]
         if self._pending:
             active.append(self._pending)
@@ -328,7 +431,7 @@ class PartitionLog:
         wall clock since the segment was created counts only where timestamps are missing.
         """
         active, config = self._segments[-1], self._config
-        active_bytes = active.size_in_bytes + self._pending_bytes
+        active_bytes = active.size_in_bytes + self.pending_bytes
         if active_bytes == 0:
             return None  # never roll an empty segment: a huge batch gets one to itself
         if active_bytes + batch_bytes > config.segment_bytes:
@@ -506,6 +609,9 @@ class PartitionLog:
 
     def _release(self) -> None:
         """Close every descriptor, whatever happens: the log is unusable afterwards."""
+        if self._in_flight is not None:
+            self._in_flight.done.wait()  # never close a descriptor another thread is writing to
+            self._in_flight = None
         self._closed = True
         self._pending = []
         for segment in self._segments + [segment for _close_at_ms, segment in self._doomed]:

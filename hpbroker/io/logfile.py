@@ -74,6 +74,15 @@ class LogFile:
         self._unsynced = True
         return written
 
+    def grew(self, written: int) -> None:
+        """Someone appended ``written`` bytes through :attr:`fd` (see ``Segment.write``)."""
+        self.size += written
+        self._unsynced = True
+
+    def mark_synced(self) -> None:
+        """Everything written so far was fdatasync'd through :attr:`fd` by the one who wrote it."""
+        self._unsynced = False
+
     def read(self, position: int, length: int) -> bytes:
         """Bytes ``[position, position + length)``, cut at ``size``."""
         length = max(0, min(length, self.size - position))

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from hpbroker import _core
 from hpbroker.errors import HPBrokerError
 from hpbroker.io.config import LogConfig
-from hpbroker.io.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, segment_file_name
+from hpbroker.io.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, segment_file_name, writev_all
 from hpbroker.io.index import IndexCorruptError, OffsetIndex, TimeIndex
 from hpbroker.io.logfile import FileSlice, LogFile
 
@@ -127,14 +127,29 @@ class Segment:
         """Write ``batches`` (offsets continuing ``next_offset``) at the end of the ``.log`` in
         one ``writev`` and index them in memory.  No fsync; index files are written by
         :meth:`write_index_entries`."""
+        self.commit(batches, self.write(batches))
+
+    def write(self, batches: Sequence[PendingBatch]) -> int:
+        """The I/O half of :meth:`append`: one ``writev`` at the end of the ``.log``; returns the
+        bytes written.  Touches no state, so it may run on another thread while the owner goes
+        on (the owner must not write this file or call :meth:`commit` meanwhile)."""
+        buffers = []
+        for batch in batches:
+            buffers.append(batch.head)
+            buffers.append(batch.body)
+        return writev_all(self.log.fd, buffers)
+
+    def commit(self, batches: Sequence[PendingBatch], written: int) -> None:
+        """The state half of :meth:`append`, on the owner's thread once :meth:`write` returned:
+        the ``.log`` grew by ``written`` bytes holding ``batches``; index them in memory."""
         position = self.log.size
-        positions, buffers = [], []
+        positions = []
         for batch in batches:
             positions.append(position)
             position += batch.size
-            buffers.append(batch.head)
-            buffers.append(batch.body)
-        self.log.append(buffers)
+        if position - self.log.size != written:
+            raise OSError(f"{self.path}: wrote {written} bytes for batches of {position - self.log.size}")
+        self.log.grew(written)
         base_offsets = [batch.base_offset for batch in batches]
         self._index_batches(0, positions, base_offsets, [batch.max_timestamp for batch in batches])
         self.next_offset = batches[-1].next_offset

@@ -1,0 +1,141 @@
+"""Pipelined group commit: the owner appends while a flusher thread writes the previous group."""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from storage_helpers import TEST_CONFIG, make_batch, read_all, stamped
+
+from hpbroker.errors import StorageError
+from hpbroker.io import PartitionLog
+
+
+@pytest.fixture
+def pipelined(log_dir, clock):
+    opened = []
+
+    def open_pipelined(**changes):
+        log = PartitionLog(log_dir, TEST_CONFIG.replace(**changes), clock=clock, flush_on_append=False)
+        opened.append(log)
+        return log
+
+    yield open_pipelined
+    for log in opened:
+        log.close()
+
+
+def test_append_never_flushes_by_itself_when_the_owner_drives_flushes(pipelined):
+    log = pipelined(flush_messages=1)
+    log.append(make_batch(3))
+    assert log.flush_due() and log.pending_records == 3 and log.high_watermark == 0
+
+
+def test_records_in_flight_are_unreadable_until_the_flush_completes(pipelined):
+    log = pipelined()
+    first = make_batch(2, tag=1)
+    log.append(first)
+    job = log.begin_flush()
+    assert job is not None and log.flush_in_flight is job
+    assert log.begin_flush() is None, "one flush in flight at a time"
+    second = make_batch(1, tag=2)
+    log.append(second)
+    assert log.pending_records == 3 and log.high_watermark == 0
+    job.run()
+    assert log.high_watermark == 0, "applying the job is the owner's step"
+    log.complete_flush(job)
+    assert log.high_watermark == 2 and log.pending_records == 1
+    assert read_all(log) == [(0, stamped(first, 0))]
+    log.flush()
+    assert read_all(log) == [(0, stamped(first, 0)), (2, stamped(second, 2))]
+
+
+def test_a_flusher_thread_writes_exactly_what_a_synchronous_log_writes(tmp_path, pipelined, clock):
+    batches = [make_batch(1 + i % 5, value_bytes=40 + i, tag=i) for i in range(300)]
+    log = pipelined(segment_bytes=16_384)
+    done = threading.Event()
+    with ThreadPoolExecutor(1) as flusher:
+        job = None
+        for batch in batches:
+            log.append(batch)
+            if job is not None and job.done.is_set():
+                log.complete_flush(job)
+                job = None
+            if job is None:
+                job = log.begin_flush(on_done=lambda _job: done.set())
+                flusher.submit(job.run)
+        log.complete_flush(job)
+        assert done.is_set()
+    log.flush()
+    with PartitionLog(os.path.join(tmp_path, "sync"), TEST_CONFIG.replace(segment_bytes=16_384),
+                      clock=clock) as reference:
+        for batch in batches:
+            reference.append(batch)
+        reference.flush()
+        assert read_all(log) == read_all(reference)
+        assert [s.base_offset for s in log.segments] == [s.base_offset for s in reference.segments]
+    log.close()
+    with PartitionLog(log.directory, TEST_CONFIG) as reopened:
+        assert reopened.high_watermark == sum(1 + i % 5 for i in range(300))
+
+
+def test_a_roll_waits_for_the_flush_in_flight(pipelined):
+    log = pipelined(segment_bytes=600)
+    log.append(make_batch(1, value_bytes=300, tag=1))
+    job = log.begin_flush()
+    threading.Timer(0.05, job.run).start()
+    log.append(make_batch(1, value_bytes=400, tag=2))  # must roll: waits for the job, applies it
+    assert log.flush_in_flight is None and len(log.segments) == 2
+    assert log.high_watermark == 1
+    log.flush()
+    assert [offset for offset, _ in read_all(log)] == [0, 1]
+
+
+def test_close_waits_for_and_keeps_the_flush_in_flight(log_dir, pipelined):
+    log = pipelined()
+    log.append(make_batch(4))
+    job = log.begin_flush()
+    threading.Timer(0.05, job.run).start()
+    log.close()
+    with PartitionLog(log_dir, TEST_CONFIG) as reopened:
+        assert reopened.high_watermark == 4
+
+
+def test_a_failed_flush_takes_the_log_offline(pipelined):
+    log = pipelined()
+    log.append(make_batch(1))
+    job = log.begin_flush()
+    os.close(log.segments[-1].log.fd)  # the disk goes away under the flusher
+    job.run()
+    assert isinstance(job.error, OSError)
+    with pytest.raises(StorageError, match="complete_flush failed"):
+        log.complete_flush(job)
+    assert log.offline
+    with pytest.raises(StorageError, match="offline"):
+        log.append(make_batch(1))
+    log.segments[-1].log.fd = -1  # already closed above; keep teardown from closing a reused fd
+
+
+def test_a_job_the_log_already_applied_completes_as_a_no_op(pipelined):
+    log = pipelined()
+    log.append(make_batch(1))
+    job = log.begin_flush()
+    job.run()
+    log.flush()  # applies the job in flight itself
+    assert job.applied and log.high_watermark == 1
+    log.complete_flush(job)
+    assert log.high_watermark == 1
+
+
+def test_completing_another_logs_job_is_refused(pipelined, tmp_path, clock):
+    log = pipelined()
+    other_dir = os.path.join(tmp_path, "other")
+    with PartitionLog(other_dir, TEST_CONFIG, clock=clock, flush_on_append=False) as other:
+        other.append(make_batch(1))
+        foreign = other.begin_flush()
+        foreign.run()
+        with pytest.raises(ValueError, match="not this log's flush in flight"):
+            log.complete_flush(foreign)
+        other.complete_flush(foreign)
