@@ -250,6 +250,8 @@ cdef object _check_batch(const unsigned char* p, Py_ssize_t avail, Header* h, in
         return f"record_count {h.record_count} must be at least 1"
     if h.last_offset_delta != h.record_count - 1:
         return f"last_offset_delta {h.last_offset_delta} does not match record_count {h.record_count}"
+    if h.first_timestamp < 0:
+        return f"first_timestamp {h.first_timestamp} is negative: every record carries a timestamp"
     if h.max_timestamp < h.first_timestamp:
         return f"max_timestamp {h.max_timestamp} is below first_timestamp {h.first_timestamp}"
     if deep:
@@ -415,7 +417,7 @@ cdef inline bint _next_uvarint(const unsigned char** pp, const unsigned char* en
 
 
 cdef bint _records_look_valid(const unsigned char* cur, const unsigned char* end, int32_t count,
-                              int64_t max_timestamp_delta) noexcept nogil:
+                              int64_t min_timestamp_delta, int64_t max_timestamp_delta) noexcept nogil:
     """The check of :func:`_walk_batch` for header-less records, without building anything.
 
     True when every rule holds; False when a rule fails *or* a record has headers, and the
@@ -438,7 +440,7 @@ cdef bint _records_look_valid(const unsigned char* cur, const unsigned char* end
         ok &= (_next_uvarint(&q, rec_end, &raw) and _next_uvarint(&q, rec_end, &offset_delta)
                and _next_uvarint(&q, rec_end, &key_len))
         ts_delta = _unzigzag(raw)
-        ok &= offset_delta == <uint64_t>i and (i != 0 or ts_delta == 0)
+        ok &= offset_delta == <uint64_t>i and (i != 0 or ts_delta == 0) and ts_delta >= min_timestamp_delta
         if ts_delta > max_delta:
             max_delta = ts_delta
         ok &= key_len <= <uint64_t>(rec_end - q) + 1
@@ -482,7 +484,8 @@ cdef object _walk_batch(const unsigned char* p, Header* h, list out):
         end = cur + PyBytes_GET_SIZE(section)
     if out is None:
         with nogil:
-            fast_ok = _records_look_valid(cur, end, h.record_count, h.max_timestamp - h.first_timestamp)
+            fast_ok = _records_look_valid(cur, end, h.record_count, -h.first_timestamp,
+                                          h.max_timestamp - h.first_timestamp)
         if fast_ok:
             return None
     producer = _producer_name(p, h) if out is not None else None
@@ -494,6 +497,8 @@ cdef object _walk_batch(const unsigned char* p, Header* h, list out):
                 or _read_uvarint(&cur, rec_end, &key_len) < 0):
             return f"record {i}: bad varint in its prefix"
         ts_delta = _unzigzag(ts_raw)
+        if h.first_timestamp + ts_delta < 0:
+            return f"header: record {i} has a negative timestamp {h.first_timestamp + ts_delta}"
         if offset_delta != <uint64_t>i:
             return f"header: record {i} has offset_delta {offset_delta}"
         if i == 0 and ts_delta != 0:

@@ -372,3 +372,21 @@ def test_stamping_needs_only_the_sixteen_byte_prefix():
     assert int.from_bytes(prefix[:8], "little") == 99
     with pytest.raises(ValueError, match="no batch header"):
         stamp_batch(bytearray(15), 0, 1)
+
+
+def test_negative_timestamps_are_invalid():
+    batch = bytearray(build_batch([b"a"], timestamps=1000))
+    struct.pack_into("<qq", batch, 32, -1, -1)
+    with pytest.raises(InvalidRecordError, match="first_timestamp -1 is negative"):
+        validate_batches(_recrc(batch))
+    # A later record reaching below zero through a negative delta is refused too.
+    builder = BatchBuilder()
+    builder.append(b"a", timestamp=5)
+    builder.append(b"b", timestamp=0)
+    late = bytearray(builder.build())
+    validate_batches(late)
+    record1 = HEADER_SIZE + 1 + 6  # second record: length byte, then its zigzag timestamp delta
+    assert late[record1 + 1] == 9  # zigzag(-5)
+    late[record1 + 1] = 11  # zigzag(-6): timestamp -1
+    with pytest.raises(InvalidRecordError, match="negative timestamp -1"):
+        validate_batches(_recrc(late))
