@@ -21,6 +21,12 @@ code  class                            retriable  meaning
 6     UnknownTopicOrPartitionError     yes        no such topic or partition on this broker
 7     StorageError                     yes        a disk operation failed; the log directory is offline
 8     InvalidConfigError               no         a configuration value is out of range or malformed
+9     UnsupportedVersionError          no         the request's API key or version is not served here
+10    InvalidRequestError              no         a request is malformed: truncated, bad lengths, bad values
+11    TopicAlreadyExistsError          no         create was asked for a topic that exists
+12    RequestTimedOutError             yes        the broker could not finish the request in time
+13    InvalidTopicError                no         a topic name is empty, too long or has bad characters
+14    InvalidPartitionsError           no         a partition count is out of range
 ====  ===============================  =========  =====================================================
 """
 
@@ -31,12 +37,18 @@ __all__ = [
     "CorruptRecordError",
     "HPBrokerError",
     "InvalidConfigError",
+    "InvalidPartitionsError",
     "InvalidRecordError",
+    "InvalidRequestError",
+    "InvalidTopicError",
     "OffsetOutOfRangeError",
     "RecordTooLargeError",
+    "RequestTimedOutError",
     "StorageError",
+    "TopicAlreadyExistsError",
     "UnknownServerError",
     "UnknownTopicOrPartitionError",
+    "UnsupportedVersionError",
     "error_for_code",
 ]
 
@@ -107,6 +119,35 @@ class InvalidConfigError(HPBrokerError, ValueError):
     code = 8
 
 
+class UnsupportedVersionError(HPBrokerError):
+    """The API key or version is not served; the message names the supported range."""
+
+    code = 9
+
+
+class InvalidRequestError(HPBrokerError):
+    """A request does not parse: truncated, lengths that disagree, or values out of range."""
+
+    code = 10
+
+
+class TopicAlreadyExistsError(HPBrokerError):
+    code = 11
+
+
+class RequestTimedOutError(HPBrokerError):
+    code = 12
+    retriable = True
+
+
+class InvalidTopicError(HPBrokerError):
+    code = 13
+
+
+class InvalidPartitionsError(HPBrokerError):
+    code = 14
+
+
 ERRORS_BY_CODE: dict[int, type[HPBrokerError]] = {
     cls.code: cls
     for cls in (
@@ -118,6 +159,12 @@ ERRORS_BY_CODE: dict[int, type[HPBrokerError]] = {
         UnknownTopicOrPartitionError,
         StorageError,
         InvalidConfigError,
+        UnsupportedVersionError,
+        InvalidRequestError,
+        TopicAlreadyExistsError,
+        RequestTimedOutError,
+        InvalidTopicError,
+        InvalidPartitionsError,
     )
 }
 

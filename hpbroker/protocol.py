@@ -1,0 +1,605 @@
+"""The wire protocol, sans I/O: every request and response as bytes in, objects out, and back.
+
+No sockets here.  The broker and every client share this module; ``docs/PROTOCOL.md`` is the
+same specification in prose, precise enough to write a client in another language.
+
+A *message* is a header, a body, and a *payload* (raw record batches, possibly empty).  The body
+of every message ends with ``payload_length`` (u32).  Two framings carry messages:
+
+- **ZeroMQ** (DEALER client to the broker's ROUTER): frame 0 is header + body; frame 1, present
+  exactly when ``payload_length > 0``, is the payload.  Keeping record batches in their own frame
+  lets both sides hand them on without copying.
+- **TCP** (the fetch data port): ``head_length`` u32 and ``payload_length`` u32, then the head
+  (header + body) and the payload, back to back.
+
+Integers are little-endian.  ``string`` is a u16 byte length and UTF-8 bytes; ``array<T>`` is a
+u32 count and that many ``T``.  Schemas are declared once, in :data:`REQUEST_TYPES` and
+:data:`RESPONSE_TYPES`, and drive both the codec and the protocol document.
+
+Decoding never trusts a length: every count and size is checked against the bytes present and
+against :data:`MAX_MESSAGE_BYTES`, and any mismatch raises
+:class:`~hpbroker.errors.InvalidRequestError` (or UnsupportedVersionError for an unknown API key
+or version), which the broker turns into an error response.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+from hpbroker.errors import InvalidRequestError, UnsupportedVersionError
+
+__all__ = [
+    "EARLIEST_TIMESTAMP",
+    "LATEST_TIMESTAMP",
+    "MAX_MESSAGE_BYTES",
+    "REQUEST_TYPES",
+    "RESPONSE_TYPES",
+    "ApiKey",
+    "BrokerInfo",
+    "CreateTopicRequest",
+    "CreateTopicResponse",
+    "DeleteTopicRequest",
+    "DeleteTopicResponse",
+    "FetchRequest",
+    "FetchResponse",
+    "ListOffsetsRequest",
+    "ListOffsetsResponse",
+    "Message",
+    "MetadataRequest",
+    "MetadataResponse",
+    "PartitionMetadata",
+    "ProduceRequest",
+    "ProduceResponse",
+    "RequestHeader",
+    "ResponseHeader",
+    "TcpFrameDecoder",
+    "TopicConfigEntry",
+    "TopicMetadata",
+    "decode_request",
+    "decode_response",
+    "encode_request",
+    "encode_response",
+    "frame_tcp",
+]
+
+# The largest message either framing accepts (header, body and payload): a 64 MiB produce is
+# already far beyond a sane batch, and a bound keeps a hostile length from costing memory.
+MAX_MESSAGE_BYTES = 64 << 20
+# ListOffsets timestamps with a special meaning.
+LATEST_TIMESTAMP = -1  # the high watermark: the offset the next flushed record will get
+EARLIEST_TIMESTAMP = -2  # the log start offset
+
+
+class ApiKey:
+    """Request types (u16 on the wire).  Never renumber; append only."""
+
+    PRODUCE = 0
+    FETCH = 1
+    LIST_OFFSETS = 2
+    METADATA = 3
+    CREATE_TOPIC = 4
+    DELETE_TOPIC = 5
+
+
+# --- field types -----------------------------------------------------------------------------
+
+
+class _Scalar:
+    def __init__(self, name: str, fmt: str) -> None:
+        self.name = name
+        self.struct = struct.Struct("<" + fmt)
+
+    def encode(self, value: Any, out: bytearray) -> None:
+        try:
+            out += self.struct.pack(value)
+        except struct.error as e:
+            raise InvalidRequestError(f"value {value!r} does not fit {self.name}: {e}") from None
+
+    def decode(self, reader: _Reader) -> Any:
+        return reader.unpack(self.struct, self.name)[0]
+
+    def min_size(self) -> int:
+        return self.struct.size
+
+
+class _String:
+    name = "string"
+
+    def encode(self, value: str, out: bytearray) -> None:
+        data = value.encode("utf-8")
+        if len(data) > 0xFFFF:
+            raise InvalidRequestError(f"string of {len(data)} bytes exceeds 65535")
+        out += _U16.pack(len(data))
+        out += data
+
+    def decode(self, reader: _Reader) -> str:
+        (length,) = reader.unpack(_U16, "string length")
+        raw = reader.take(length, "string")
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            where = reader.position - length
+            raise InvalidRequestError(f"string at byte {where} is not UTF-8: {e}") from None
+
+    def min_size(self) -> int:
+        return 2
+
+
+class _Array:
+    def __init__(self, element: Any) -> None:
+        self.element = element
+        self.name = f"array<{element.name}>"
+
+    def encode(self, value: Sequence[Any], out: bytearray) -> None:
+        out += _U32.pack(len(value))
+        for item in value:
+            self.element.encode(item, out)
+
+    def decode(self, reader: _Reader) -> list[Any]:
+        (count,) = reader.unpack(_U32, "array count")
+        if count * self.element.min_size() > reader.remaining:
+            raise InvalidRequestError(
+                f"array of {count} {self.element.name} at byte {reader.position - 4} needs at least "
+                f"{count * self.element.min_size()} bytes, {reader.remaining} remain"
+            )
+        return [self.element.decode(reader) for _ in range(count)]
+
+    def min_size(self) -> int:
+        return 4
+
+
+class _StructType:
+    """A nested record type: decodes to an instance of a dataclass with a ``SCHEMA``."""
+
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+        self.name = cls.__name__
+
+    def encode(self, value: Any, out: bytearray) -> None:
+        _encode_fields(value, out)
+
+    def decode(self, reader: _Reader) -> Any:
+        return _decode_fields(self.cls, reader)
+
+    def min_size(self) -> int:
+        return sum(kind.min_size() for _, kind in self.cls.SCHEMA)
+
+
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+I8 = _Scalar("i8", "b")
+U16 = _Scalar("u16", "H")
+U32 = _Scalar("u32", "I")
+I64 = _Scalar("i64", "q")
+STRING = _String()
+
+
+class _Reader:
+    """A cursor over a buffer; every read is bounds-checked."""
+
+    def __init__(self, data: bytes | memoryview) -> None:
+        self.data = memoryview(data)
+        self.position = 0
+
+    @property
+    def remaining(self) -> int:
+        return len(self.data) - self.position
+
+    def unpack(self, fmt: struct.Struct, what: str) -> tuple[Any, ...]:
+        if fmt.size > self.remaining:
+            raise InvalidRequestError(
+                f"truncated message: {what} at byte {self.position} needs {fmt.size} bytes, "
+                f"{self.remaining} remain"
+            )
+        values = fmt.unpack_from(self.data, self.position)
+        self.position += fmt.size
+        return values
+
+    def take(self, length: int, what: str) -> bytes:
+        if length > self.remaining:
+            raise InvalidRequestError(
+                f"truncated message: {what} at byte {self.position} needs {length} bytes, "
+                f"{self.remaining} remain"
+            )
+        chunk = self.data[self.position : self.position + length].tobytes()
+        self.position += length
+        return chunk
+
+
+def _encode_fields(obj: Any, out: bytearray) -> None:
+    for name, kind in obj.SCHEMA:
+        kind.encode(getattr(obj, name), out)
+
+
+def _decode_fields(cls: type, reader: _Reader) -> Any:
+    return cls(**{name: kind.decode(reader) for name, kind in cls.SCHEMA})
+
+
+# --- headers -----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class RequestHeader:
+    """Starts every request: ``api_key`` u16, ``api_version`` u16, ``correlation_id`` u32 (echoed
+    in the response; a client picks them, unique among its requests in flight), ``client_id``."""
+
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str = ""
+    SCHEMA: ClassVar = (("api_key", U16), ("api_version", U16), ("correlation_id", U32),
+                        ("client_id", STRING))
+
+
+@dataclass(slots=True)
+class ResponseHeader:
+    """Starts every response: the request's ``correlation_id``, then ``error_code`` (0 = none,
+    else a code of hpbroker.errors) and ``error_message`` (empty when none).  The body follows
+    complete even on error, with -1 in the numbers it could not fill."""
+
+    correlation_id: int
+    error_code: int = 0
+    error_message: str = ""
+    SCHEMA: ClassVar = (("correlation_id", U32), ("error_code", U16), ("error_message", STRING))
+
+
+# --- messages ----------------------------------------------------------------------------------
+
+
+class Message:
+    """Base of every request and response body; ``payload`` is raw record batches (or b"")."""
+
+    API_KEY: ClassVar[int]
+    VERSION: ClassVar[int] = 0
+    SCHEMA: ClassVar[tuple[tuple[str, Any], ...]] = ()
+    payload: bytes | memoryview
+
+
+@dataclass(slots=True)
+class ProduceRequest(Message):
+    """Append the record batches in ``payload`` to one partition.  ``acks``: 1 = respond once the
+    records are flushed (durable per the topic's flush policy), 0 = send no response at all."""
+
+    topic: str
+    partition: int
+    acks: int = 1
+    timeout_ms: int = 30_000
+    payload: bytes | memoryview = b""
+    API_KEY: ClassVar = ApiKey.PRODUCE
+    SCHEMA: ClassVar = (("topic", STRING), ("partition", U32), ("acks", I8), ("timeout_ms", U32))
+
+
+@dataclass(slots=True)
+class ProduceResponse(Message):
+    """``base_offset`` of the first record appended (-1 on error); ``log_start_offset``."""
+
+    base_offset: int = -1
+    log_start_offset: int = -1
+    payload: bytes | memoryview = b""
+    API_KEY: ClassVar = ApiKey.PRODUCE
+    SCHEMA: ClassVar = (("base_offset", I64), ("log_start_offset", I64))
+
+
+@dataclass(slots=True)
+class FetchRequest(Message):
+    """Read from ``offset``: whole batches, at most ``max_bytes`` (but always the first batch, so a
+    consumer progresses).  With nothing new, wait up to ``max_wait_ms`` for at least
+    ``min_bytes`` of new flushed data (long polling)."""
+
+    topic: str
+    partition: int
+    offset: int
+    max_bytes: int = 1 << 20
+    max_wait_ms: int = 500
+    min_bytes: int = 1
+    payload: bytes | memoryview = b""
+    API_KEY: ClassVar = ApiKey.FETCH
+    SCHEMA: ClassVar = (("topic", STRING), ("partition", U32), ("offset", I64), ("max_bytes", U32),
+                        ("max_wait_ms", U32), ("min_bytes", U32))
+
+
+@dataclass(slots=True)
+class FetchResponse(Message):
+    """``payload``: whole record batches, the first one holding the requested offset (it may start
+    before it: skip records below the offset asked for).  ``high_watermark``: the end of the
+    flushed records; ``log_start_offset``: the first offset still stored."""
+
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    payload: bytes | memoryview = b""
+    API_KEY: ClassVar = ApiKey.FETCH
+    SCHEMA: ClassVar = (("high_watermark", I64), ("log_start_offset", I64))
+
+
+@dataclass(slots=True)
+class ListOffsetsRequest(Message):
+    """The earliest offset whose record timestamp is >= ``timestamp`` (ms), or the log end
+    (``LATEST_TIMESTAMP``, -1) or start (``EARLIEST_TIMESTAMP``, -2)."""
+
+    topic: str
+    partition: int
+    timestamp: int = LATEST_TIMESTAMP
+    payload: bytes | memoryview = b""
+    API_KEY: ClassVar = ApiKey.LIST_OFFSETS
+    SCHEMA: ClassVar = (("topic", STRING), ("partition", U32), ("timestamp", I64))
+
+
+@dataclass(slots=True)
+class ListOffsetsResponse(Message):
+    """``offset``: -1 when no record is that recent."""
+
+    offset: int = -1
+    payload: bytes | memoryview = b""
+    API_KEY: ClassVar = ApiKey.LIST_OFFSETS
+    SCHEMA: ClassVar = (("offset", I64),)
+
+
+@dataclass(slots=True)
+class TopicConfigEntry:
+    key: str
+    value: str
+    SCHEMA: ClassVar = (("key", STRING), ("value", STRING))
+
+
+@dataclass(slots=True)
+class BrokerInfo:
+    broker_id: int
+    host: str
+    port: int  # the ZeroMQ front-end
+    fetch_port: int  # the TCP data port
+    SCHEMA: ClassVar = (("broker_id", U32), ("host", STRING), ("port", U16), ("fetch_port", U16))
+
+
+@dataclass(slots=True)
+class PartitionMetadata:
+    partition: int
+    error_code: int = 0
+    leader: int = -1  # broker_id, -1 if none
+    log_start_offset: int = -1
+    high_watermark: int = -1
+    SCHEMA: ClassVar = (("partition", U32), ("error_code", U16), ("leader", I64), ("log_start_offset", I64),
+                        ("high_watermark", I64))
+
+
+@dataclass(slots=True)
+class TopicMetadata:
+    name: str
+    error_code: int = 0
+    partitions: list[PartitionMetadata] = field(default_factory=list)
+    configs: list[TopicConfigEntry] = field(default_factory=list)
+    SCHEMA: ClassVar = (("name", STRING), ("error_code", U16),
+                        ("partitions", _Array(_StructType(PartitionMetadata))),
+                        ("configs", _Array(_StructType(TopicConfigEntry))))
+
+
+@dataclass(slots=True)
+class MetadataRequest(Message):
+    """``topics``: the names to describe; empty means every topic."""
+
+    topics: list[str] = field(default_factory=list)
+    payload: bytes | memoryview = b""
+    API_KEY: ClassVar = ApiKey.METADATA
+    SCHEMA: ClassVar = (("topics", _Array(STRING)),)
+
+
+@dataclass(slots=True)
+class MetadataResponse(Message):
+    """The brokers, and each topic asked for (an unknown one with its error code set)."""
+
+    brokers: list[BrokerInfo] = field(default_factory=list)
+    topics: list[TopicMetadata] = field(default_factory=list)
+    payload: bytes | memoryview = b""
+    API_KEY: ClassVar = ApiKey.METADATA
+    SCHEMA: ClassVar = (("brokers", _Array(_StructType(BrokerInfo))),
+                        ("topics", _Array(_StructType(TopicMetadata))))
+
+
+@dataclass(slots=True)
+class CreateTopicRequest(Message):
+    """Create ``name`` with ``partitions`` partitions and per-topic settings (log config field
+    names, values as strings, e.g. ``("retention_ms", "86400000")``)."""
+
+    name: str
+    partitions: int
+    configs: list[TopicConfigEntry] = field(default_factory=list)
+    payload: bytes | memoryview = b""
+    API_KEY: ClassVar = ApiKey.CREATE_TOPIC
+    SCHEMA: ClassVar = (("name", STRING), ("partitions", U32),
+                        ("configs", _Array(_StructType(TopicConfigEntry))))
+
+
+@dataclass(slots=True)
+class CreateTopicResponse(Message):
+    payload: bytes | memoryview = b""
+    API_KEY: ClassVar = ApiKey.CREATE_TOPIC
+
+
+@dataclass(slots=True)
+class DeleteTopicRequest(Message):
+    name: str
+    payload: bytes | memoryview = b""
+    API_KEY: ClassVar = ApiKey.DELETE_TOPIC
+    SCHEMA: ClassVar = (("name", STRING),)
+
+
+@dataclass(slots=True)
+class DeleteTopicResponse(Message):
+    payload: bytes | memoryview = b""
+    API_KEY: ClassVar = ApiKey.DELETE_TOPIC
+
+
+REQUEST_TYPES: dict[int, type[Message]] = {
+    cls.API_KEY: cls
+    for cls in (ProduceRequest, FetchRequest, ListOffsetsRequest, MetadataRequest, CreateTopicRequest,
+                DeleteTopicRequest)
+}
+RESPONSE_TYPES: dict[int, type[Message]] = {
+    cls.API_KEY: cls
+    for cls in (ProduceResponse, FetchResponse, ListOffsetsResponse, MetadataResponse, CreateTopicResponse,
+                DeleteTopicResponse)
+}
+# Every payload-less message still ends its body with payload_length 0.
+assert all({f.name for f in fields(cls)} >= {"payload"} for cls in (*REQUEST_TYPES.values(),
+                                                                       *RESPONSE_TYPES.values()))
+
+
+# --- encoding and decoding ----------------------------------------------------------------------
+
+
+def _encode(header: Any, message: Message) -> list[bytes | memoryview]:
+    out = bytearray()
+    _encode_fields(header, out)
+    _encode_fields(message, out)
+    payload = message.payload
+    payload_length = memoryview(payload).nbytes
+    out += _U32.pack(payload_length)
+    if len(out) + payload_length > MAX_MESSAGE_BYTES:
+        raise InvalidRequestError(f"message of {len(out) + payload_length} bytes exceeds {MAX_MESSAGE_BYTES}")
+    return [bytes(out), payload] if payload_length else [bytes(out)]
+
+
+def encode_request(message: Message, correlation_id: int, client_id: str = "") -> list[bytes | memoryview]:
+    """ZeroMQ frames of a request: header + body, then the payload frame if any."""
+    header = RequestHeader(message.API_KEY, message.VERSION, correlation_id, client_id)
+    return _encode(header, message)
+
+
+def encode_response(message: Message, correlation_id: int, error_code: int = 0,
+                    error_message: str = "") -> list[bytes | memoryview]:
+    """ZeroMQ frames of a response: header + body, then the payload frame if any."""
+    return _encode(ResponseHeader(correlation_id, error_code, error_message), message)
+
+
+def _split(frames: Sequence[bytes | memoryview]) -> tuple[_Reader, memoryview]:
+    if not 1 <= len(frames) <= 2:
+        raise InvalidRequestError(f"a message has 1 or 2 frames, got {len(frames)}")
+    total = sum(memoryview(f).nbytes for f in frames)
+    if total > MAX_MESSAGE_BYTES:
+        raise InvalidRequestError(f"message of {total} bytes exceeds {MAX_MESSAGE_BYTES}")
+    payload = memoryview(frames[1]).cast("B") if len(frames) == 2 else memoryview(b"")
+    return _Reader(frames[0]), payload
+
+
+def _finish(reader: _Reader, message_type: type[Message], payload: memoryview) -> Message:
+    values = {name: kind.decode(reader) for name, kind in message_type.SCHEMA}
+    (payload_length,) = reader.unpack(_U32, "payload_length")
+    if reader.remaining:
+        raise InvalidRequestError(
+            f"{reader.remaining} unexpected bytes after the body of {message_type.__name__}"
+        )
+    if payload_length != payload.nbytes:
+        raise InvalidRequestError(
+            f"payload_length says {payload_length} bytes, the payload frame has {payload.nbytes}"
+        )
+    return message_type(**values, payload=payload)
+
+
+def decode_request(frames: Sequence[bytes | memoryview]) -> tuple[RequestHeader, Message]:
+    """Parse a request from its frames.  When the header parses but the rest does not, the
+    InvalidRequestError or UnsupportedVersionError raised carries it as ``.header``, so the broker
+    can still answer with the correlation id; without a header there is nobody to answer."""
+    reader, payload = _split(frames)
+    header = _decode_fields(RequestHeader, reader)
+    try:
+        message_type = REQUEST_TYPES.get(header.api_key)
+        if message_type is None:
+            raise UnsupportedVersionError(
+                f"unknown api_key {header.api_key}; this broker serves {sorted(REQUEST_TYPES)}"
+            )
+        if header.api_version != message_type.VERSION:
+            raise UnsupportedVersionError(
+                f"{message_type.__name__} version {header.api_version} is not served; "
+                f"versions {message_type.VERSION}..{message_type.VERSION} are"
+            )
+        return header, _finish(reader, message_type, payload)
+    except (InvalidRequestError, UnsupportedVersionError) as e:
+        e.header = header  # type: ignore[attr-defined]
+        raise
+
+
+def decode_response(api_key: int, frames: Sequence[bytes | memoryview]) -> tuple[ResponseHeader, Message]:
+    """Parse the response to a request of ``api_key`` (the client knows what it asked)."""
+    message_type = RESPONSE_TYPES.get(api_key)
+    if message_type is None:
+        raise UnsupportedVersionError(f"unknown api_key {api_key}")
+    reader, payload = _split(frames)
+    header = _decode_fields(ResponseHeader, reader)
+    return header, _finish(reader, message_type, payload)
+
+
+# --- TCP framing --------------------------------------------------------------------------------
+
+_TCP_PREFIX = struct.Struct("<II")  # head_length, payload_length
+
+
+def frame_tcp(frames: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
+    """The TCP form of a message given as ZeroMQ frames: ``head_length`` u32, ``payload_length``
+    u32, then the head (header + body) and the payload.  A sender may write the prefix and head
+    and then ``sendfile`` the payload straight from a segment file."""
+    head = frames[0]
+    payload_length = memoryview(frames[1]).nbytes if len(frames) > 1 else 0
+    return [_TCP_PREFIX.pack(memoryview(head).nbytes, payload_length), *frames]
+
+
+class TcpFrameDecoder:
+    """Splits a TCP byte stream into messages; feed it what ``recv`` returned.
+
+    Each complete message comes out as ZeroMQ-style frames (``[head]`` or ``[head, payload]``),
+    so :func:`decode_request` and :func:`decode_response` parse both transports alike.  A message
+    over ``max_message_bytes`` raises InvalidRequestError: the stream cannot be trusted after it,
+    so the caller closes the connection.
+    """
+
+    def __init__(self, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+        self._buffer = bytearray()
+        self._max = max_message_bytes
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self._buffer)
+
+    def feed(self, data: bytes | memoryview) -> list[list[bytes]]:
+        self._buffer += data
+        messages = []
+        while len(self._buffer) >= _TCP_PREFIX.size:
+            head_length, payload_length = _TCP_PREFIX.unpack_from(self._buffer, 0)
+            total = head_length + payload_length
+            if total > self._max or head_length == 0:
+                raise InvalidRequestError(
+                    f"message of {head_length} + {payload_length} bytes: the head must be non-empty and "
+                    f"the whole at most {self._max} bytes"
+                )
+            if len(self._buffer) < _TCP_PREFIX.size + total:
+                break
+            start = _TCP_PREFIX.size
+            head = bytes(self._buffer[start : start + head_length])
+            payload = bytes(self._buffer[start + head_length : start + total])
+            del self._buffer[: start + total]
+            messages.append([head, payload] if payload_length else [head])
+        return messages
+
+
+# --- the document's field tables ------------------------------------------------------------------
+
+
+def schema_table(cls: type) -> str:
+    """The markdown table of ``cls``'s fields as docs/PROTOCOL.md shows it (a test keeps the two
+    equal).  Messages end with ``payload_length``."""
+    rows = ["| field | type |", "|---|---|"]
+    rows += [f"| `{name}` | `{kind.name}` |" for name, kind in cls.SCHEMA]
+    if isinstance(cls, type) and issubclass(cls, Message):
+        rows.append("| `payload_length` | `u32` |")
+    return "\n".join(rows)
+
+
+def _main() -> None:  # pragma: no cover - a documentation helper
+    nested = (RequestHeader, ResponseHeader, BrokerInfo, TopicMetadata, PartitionMetadata, TopicConfigEntry)
+    for cls in (*nested, *REQUEST_TYPES.values(), *RESPONSE_TYPES.values()):
+        print(f"### {cls.__name__}\n\n{schema_table(cls)}\n")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    _main()

@@ -1,0 +1,191 @@
+"""The sans-I/O wire protocol: round trips, pinned bytes, the document, and hostile input."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import struct
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hpbroker import protocol as p
+from hpbroker.errors import InvalidRequestError, UnsupportedVersionError
+from hpbroker.records import build_batch
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "PROTOCOL.md"
+NESTED = (p.RequestHeader, p.ResponseHeader, p.BrokerInfo, p.TopicMetadata, p.PartitionMetadata,
+          p.TopicConfigEntry)
+
+u16 = st.integers(0, 0xFFFF)
+u32 = st.integers(0, 0xFFFFFFFF)
+i64 = st.integers(-(2**63), 2**63 - 1)
+text = st.text(max_size=30)
+configs = st.lists(st.builds(p.TopicConfigEntry, text, text), max_size=3)
+partitions = st.lists(st.builds(p.PartitionMetadata, u32, u16, i64, i64, i64), max_size=4)
+payloads = st.one_of(st.just(b""), st.binary(min_size=1, max_size=300))
+
+REQUESTS = st.one_of(
+    st.builds(p.ProduceRequest, text, u32, st.integers(-128, 127), u32, payloads),
+    st.builds(p.FetchRequest, text, u32, i64, u32, u32, u32),
+    st.builds(p.ListOffsetsRequest, text, u32, i64),
+    st.builds(p.MetadataRequest, st.lists(text, max_size=4)),
+    st.builds(p.CreateTopicRequest, text, u32, configs),
+    st.builds(p.DeleteTopicRequest, text),
+)
+RESPONSES = st.one_of(
+    st.builds(p.ProduceResponse, i64, i64),
+    st.builds(p.FetchResponse, i64, i64, payloads),
+    st.builds(p.ListOffsetsResponse, i64),
+    st.builds(p.MetadataResponse,
+              st.lists(st.builds(p.BrokerInfo, u32, text, u16, u16), max_size=3),
+              st.lists(st.builds(p.TopicMetadata, text, u16, partitions, configs), max_size=3)),
+    st.builds(p.CreateTopicResponse),
+    st.builds(p.DeleteTopicResponse),
+)
+
+
+def _fields(message):
+    """A message's field values with the payload as bytes, for comparisons."""
+    values = {name: getattr(message, name) for name, _ in message.SCHEMA}
+    values["payload"] = bytes(message.payload)
+    return values
+
+
+@given(REQUESTS, u32, text)
+def test_every_request_round_trips_over_both_transports(request, correlation_id, client_id):
+    frames = p.encode_request(request, correlation_id, client_id)
+    assert len(frames) == (2 if bytes(request.payload) else 1)
+    header, decoded = p.decode_request(frames)
+    assert (header.api_key, header.correlation_id, header.client_id) == (
+        request.API_KEY, correlation_id, client_id)
+    assert type(decoded) is type(request) and _fields(decoded) == _fields(request)
+    stream = b"".join(bytes(f) for f in p.frame_tcp(frames))
+    decoder = p.TcpFrameDecoder()
+    received = [m for i in range(0, len(stream), 7) for m in decoder.feed(stream[i : i + 7])]
+    assert len(received) == 1 and decoder.buffered_bytes == 0
+    assert _fields(p.decode_request(received[0])[1]) == _fields(request)
+
+
+@given(RESPONSES, u32, u16, text)
+def test_every_response_round_trips(response, correlation_id, error_code, message):
+    frames = p.encode_response(response, correlation_id, error_code, message)
+    header, decoded = p.decode_response(response.API_KEY, frames)
+    assert (header.correlation_id, header.error_code) == (correlation_id, error_code)
+    assert header.error_message == message
+    assert _fields(decoded) == _fields(response)
+
+
+def test_produce_request_bytes_match_the_worked_example():
+    batch = build_batch([b"hello"], timestamps=1_700_000_000_000, producer="p")
+    request = p.ProduceRequest("orders", 3, acks=1, timeout_ms=30_000, payload=batch)
+    frames = p.encode_request(request, 7, "cli")
+    assert frames[0].hex(" ") == (
+        "00 00 00 00 07 00 00 00 03 00 63 6c 69 06 00 6f 72 64 65 72 73 "
+        "03 00 00 00 01 30 75 00 00 44 00 00 00"
+    )
+    assert frames[1] is batch, "the payload travels as its own frame, uncopied"
+    assert bytes(p.frame_tcp(frames)[0]).hex(" ") == "22 00 00 00 44 00 00 00"
+    response = p.encode_response(p.ProduceResponse(base_offset=1234, log_start_offset=0), 7)
+    assert response[0].hex(" ") == (
+        "07 00 00 00 00 00 00 00 d2 04 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00"
+    )
+
+
+def _doc_table(name: str) -> list[tuple[str, str]]:
+    """(field, type) rows of the table under '### name' in PROTOCOL.md."""
+    section = DOC.read_text().split(f"### {name}\n", 1)[1]
+    rows = re.findall(r"^\| `([a-z_]+)` \| `([^`]+)` \|", section.split("\n### ", 1)[0], flags=re.M)
+    return rows
+
+
+@pytest.mark.parametrize("cls", [*NESTED, *p.REQUEST_TYPES.values(), *p.RESPONSE_TYPES.values()],
+                         ids=lambda cls: cls.__name__)
+def test_the_protocol_document_lists_every_field_in_order(cls):
+    expected = [(name, kind.name) for name, kind in cls.SCHEMA]
+    if issubclass(cls, p.Message):
+        expected.append(("payload_length", "u32"))
+    assert _doc_table(cls.__name__) == expected
+
+
+def test_unknown_api_keys_and_versions_are_refused_with_the_header_kept():
+    frames = p.encode_request(p.DeleteTopicRequest("t"), 5)
+    head = bytearray(frames[0])
+    struct.pack_into("<H", head, 0, 99)
+    with pytest.raises(UnsupportedVersionError, match="unknown api_key 99") as info:
+        p.decode_request([bytes(head)])
+    assert info.value.header.correlation_id == 5
+    struct.pack_into("<HH", head, 0, p.ApiKey.DELETE_TOPIC, 3)
+    with pytest.raises(UnsupportedVersionError, match="version 3 is not served; versions 0..0"):
+        p.decode_request([bytes(head)])
+
+
+def test_every_truncation_of_a_request_is_an_invalid_request():
+    request = p.CreateTopicRequest("orders", 12, [p.TopicConfigEntry("retention_ms", "5")])
+    frames = p.encode_request(request, 1)
+    head = frames[0]
+    for cut in range(len(head)):
+        with pytest.raises(InvalidRequestError):
+            p.decode_request([head[:cut]])
+    with pytest.raises(InvalidRequestError, match="unexpected bytes after the body"):
+        p.decode_request([head + b"\x00"])
+
+
+def test_payload_length_must_match_the_payload_frame():
+    frames = p.encode_request(p.ProduceRequest("t", 0, payload=b"x" * 10), 1)
+    with pytest.raises(InvalidRequestError, match="payload_length says 10 bytes, the payload frame has 9"):
+        p.decode_request([frames[0], b"x" * 9])
+    with pytest.raises(InvalidRequestError, match="1 or 2 frames"):
+        p.decode_request([frames[0], frames[1], b""])
+
+
+def test_a_huge_array_count_is_refused_before_allocating():
+    head = bytearray(p.encode_request(p.MetadataRequest(["a"]), 1)[0])
+    count_at = len(head) - 4 - 3 - 4  # count, then one string of 1 byte (2 + 1), then payload_length
+    struct.pack_into("<I", head, count_at, 0xFFFFFFFF)
+    with pytest.raises(InvalidRequestError, match="array of 4294967295 string"):
+        p.decode_request([bytes(head)])
+
+
+def test_bad_values_are_refused_when_encoding():
+    with pytest.raises(InvalidRequestError, match="does not fit u32"):
+        p.encode_request(p.FetchRequest("t", -1, 0), 1)
+    with pytest.raises(InvalidRequestError, match="exceeds 65535"):
+        p.encode_request(p.DeleteTopicRequest("x" * 70_000), 1)
+
+
+def test_non_utf8_strings_are_invalid():
+    head = bytearray(p.encode_request(p.DeleteTopicRequest("ab"), 1)[0])
+    head[-6] = 0xFF  # first byte of the topic name
+    with pytest.raises(InvalidRequestError, match="not UTF-8"):
+        p.decode_request([bytes(head)])
+
+
+def test_the_tcp_decoder_refuses_oversize_and_empty_heads():
+    with pytest.raises(InvalidRequestError, match="at most 100 bytes"):
+        p.TcpFrameDecoder(max_message_bytes=100).feed(struct.pack("<II", 90, 20))
+    with pytest.raises(InvalidRequestError, match="head must be non-empty"):
+        p.TcpFrameDecoder().feed(struct.pack("<II", 0, 0))
+
+
+@settings(max_examples=300)
+@given(st.lists(st.binary(max_size=80), min_size=1, max_size=3))
+def test_garbage_frames_only_ever_raise_protocol_errors(frames):
+    with contextlib.suppress(InvalidRequestError, UnsupportedVersionError):
+        p.decode_request(frames)
+    for api_key in p.RESPONSE_TYPES:
+        with contextlib.suppress(InvalidRequestError, UnsupportedVersionError):
+            p.decode_response(api_key, frames)
+
+
+@given(st.binary(max_size=200))
+def test_garbage_tcp_streams_only_ever_raise_protocol_errors(data):
+    decoder = p.TcpFrameDecoder(max_message_bytes=1 << 16)
+    try:
+        for message in decoder.feed(data):
+            with contextlib.suppress(InvalidRequestError, UnsupportedVersionError):
+                p.decode_request(message)
+    except InvalidRequestError:
+        pass
