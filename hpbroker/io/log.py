@@ -132,6 +132,15 @@ class FlushJob:
                 self.on_done(self)
 
 
+def _backed_by_bytes(view: memoryview) -> bool:
+    """Whether the memory under ``view`` is a ``bytes`` object, the one exporter whose bytes
+    cannot change (views of views are followed down to the object that owns the memory)."""
+    owner = view.obj
+    while isinstance(owner, memoryview):
+        owner = owner.obj
+    return type(owner) is bytes
+
+
 def _default_clock() -> int:
     return time.time_ns() // 1_000_000
 
@@ -304,14 +313,16 @@ class PartitionLog:
 
         Raises CorruptRecordError, InvalidRecordError or RecordTooLargeError (the log unchanged)
         when ``buf`` is not one or more valid batches of at most ``max_message_bytes`` each.  The
-        records are pending until flushed.  Immutable input (``bytes``, a read-only view) is held,
-        not copied, until then; a writable buffer is copied first, since a caller changing it
-        before the flush would put batches on disk that fail their CRC.
+        records are pending until flushed.  A ``bytes`` object, or a view of one, is held, not
+        copied, until then; anything else is copied first (a bytearray, an mmap, and also a
+        read-only view of one: read-only says only that the view cannot change the bytes, not that
+        nobody can), since a caller changing it before the flush would put batches on disk that
+        fail their CRC.
         """
         view = memoryview(buf)
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")
-        if not view.readonly:
+        if not _backed_by_bytes(view):
             view = memoryview(view.tobytes())
         scan = _core.validate_batches(view, max_batch_bytes=self._config.max_message_bytes)
         now = self._clock()

@@ -61,6 +61,38 @@ def test_changing_a_writable_buffer_after_append_does_not_reach_the_disk(open_lo
     assert read_all(log) == [(0, stamped(batch, 0))]
 
 
+@pytest.mark.parametrize(
+    "wrap",
+    [
+        pytest.param(lambda buf: memoryview(buf).toreadonly(), id="read-only-view"),
+        pytest.param(lambda buf: memoryview(memoryview(buf).toreadonly())[0:], id="view-of-a-read-only-view"),
+        pytest.param(lambda buf: memoryview(buf).toreadonly().cast("B"), id="cast-read-only-view"),
+    ],
+)
+def test_changing_the_buffer_under_a_read_only_view_does_not_reach_the_disk(open_log, log_dir, wrap):
+    log = open_log(segment_bytes=1 << 20)
+    log.append(make_batch(1, tag=0))
+    batch = make_batch(1, tag=1)
+    buf = bytearray(batch)
+    log.append(wrap(buf))  # read-only, yet mutable underneath: the producer reuses its buffer
+    buf[-1] ^= 0xFF
+    for i in range(2, 10):
+        log.append(make_batch(1, tag=i))
+    log.flush()
+    assert read_all(log)[1] == (1, stamped(batch, 1))
+    log.close()
+    assert open_log(segment_bytes=1 << 20).high_watermark == 10, "the acknowledged records survive a reopen"
+
+
+def test_a_bytes_buffer_is_held_without_a_copy_until_the_flush(open_log):
+    log = open_log()
+    batch = make_batch(1, value_bytes=500)
+    log.append(memoryview(batch)[0:])  # a view of bytes: immutable, so borrowed
+    assert log._pending[0].body.obj is batch
+    log.flush()
+    assert read_all(log) == [(0, stamped(batch, 0))]
+
+
 # --- flushing --------------------------------------------------------------------------------
 
 
