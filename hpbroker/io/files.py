@@ -30,6 +30,7 @@ __all__ = [
     "DirectoryLockedError",
     "fsync_dir",
     "lock_directory",
+    "make_directory",
     "open_for_append",
     "parse_segment_file_name",
     "pread_full",
@@ -123,6 +124,25 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def make_directory(path: str) -> None:
+    """``os.makedirs(path, exist_ok=True)``, durably: the parent of every directory it creates is
+    fsynced before it returns, so that a power loss cannot take away a new partition directory
+    (and the acknowledged records later written into it) with its entry in the parent."""
+    path = os.path.abspath(path)
+    if os.path.isdir(path):
+        return
+    parent = os.path.dirname(path)
+    if parent != path:
+        make_directory(parent)
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise
+        # Created by someone else meanwhile, who may not have synced it: sync it anyway.
+    fsync_dir(parent)
 
 
 def unlink_if_exists(path: str) -> bool:

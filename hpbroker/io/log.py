@@ -66,7 +66,7 @@ from hpbroker import _core
 from hpbroker.errors import OffsetOutOfRangeError, StorageError
 from hpbroker.io.checkpoint import RecoveryPointCheckpoint
 from hpbroker.io.config import LogConfig
-from hpbroker.io.files import lock_directory, pread_full
+from hpbroker.io.files import lock_directory, make_directory, pread_full
 from hpbroker.io.index import IndexCorruptError
 from hpbroker.io.loader import load_segments
 from hpbroker.io.logfile import FileSlice
@@ -172,7 +172,8 @@ class PartitionLog:
     def __init__(self, directory: str | os.PathLike[str], config: LogConfig | None = None, *,
                  clock: Callable[[], int] | None = None, name: str | None = None,
                  flush_on_append: bool = True) -> None:
-        """Open (creating it if needed) and recover the log in ``directory``.  ``clock`` returns
+        """Open (creating it and its missing parents if needed, durably: each new directory's
+        parent is fsynced) and recover the log in ``directory``.  ``clock`` returns
         the time in ms since the epoch (for tests); ``name`` prefixes log messages (default:
         the directory's name, e.g. ``orders-3``).  ``flush_on_append=False`` hands flushing to
         the owner: append never writes (except to roll), and the owner runs group commits with
@@ -200,7 +201,7 @@ class PartitionLog:
 
     def _open(self) -> None:
         started = time.monotonic()
-        os.makedirs(self._directory, exist_ok=True)
+        make_directory(self._directory)
         self._lock_fd = lock_directory(self._directory)
         checkpointed = self._checkpoint.read()
         now = self._clock()

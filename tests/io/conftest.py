@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from storage_helpers import TEST_CONFIG, Clock
+from storage_helpers import TEST_CONFIG, Clock, DiskEvents
 
 from hpbroker.io import PartitionLog
 
@@ -13,6 +13,12 @@ from hpbroker.io import PartitionLog
 @pytest.fixture
 def clock() -> Clock:
     return Clock()
+
+
+@pytest.fixture
+def disk_events(monkeypatch) -> DiskEvents:
+    """Every write, sync, rename, unlink and mkdir storage makes from now on, in order."""
+    return DiskEvents().install(monkeypatch)
 
 
 @pytest.fixture

@@ -76,3 +76,55 @@ def files_of(directory: str) -> dict[str, bytes]:
         with open(os.path.join(directory, name), "rb") as f:
             out[name] = f.read()
     return out
+
+
+def fd_path(fd: int) -> str:
+    """The path a descriptor was opened on (Linux: its /proc/self/fd link)."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return f"<fd {fd}>"
+
+
+class DiskEvents:
+    """Records, in order, what storage does to the disk through ``os``: ``(op, path, probe())``.
+
+    ``op`` is the ``os`` function (``write``, ``writev``, ``fdatasync``, ``fsync``, ``replace``,
+    ``unlink``, ``mkdir``...), ``path`` the file or directory it touched (for ``replace``, the
+    destination), ``probe`` whatever the test wants sampled at that moment (None by default).
+    Each call is recorded once it has returned, so an event means "done".  Install with
+    :meth:`install` (a pytest monkeypatch undoes it).
+    """
+
+    _BY_FD = ("write", "writev", "pwrite", "ftruncate", "fsync", "fdatasync")
+    _BY_PATH = ("unlink", "mkdir")
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, object]] = []
+        self.probe = lambda: None
+
+    def install(self, monkeypatch) -> DiskEvents:
+        for name in self._BY_FD:
+            monkeypatch.setattr(os, name, self._wrap(name, getattr(os, name), by_fd=True))
+        for name in self._BY_PATH:
+            monkeypatch.setattr(os, name, self._wrap(name, getattr(os, name), by_fd=False))
+        original_replace = os.replace
+
+        def replace(src, dst, *args, **kwargs):
+            original_replace(src, dst, *args, **kwargs)
+            self.events.append(("replace", os.fspath(dst), self.probe()))
+
+        monkeypatch.setattr(os, "replace", replace)
+        return self
+
+    def _wrap(self, name, original, *, by_fd: bool):
+        def recorded(target, *args, **kwargs):
+            path = fd_path(target) if by_fd else os.fspath(target)
+            result = original(target, *args, **kwargs)
+            self.events.append((name, path, self.probe()))
+            return result
+
+        return recorded
+
+    def of(self, *ops: str) -> list[tuple[str, str, object]]:
+        return [event for event in self.events if event[0] in ops]

@@ -11,9 +11,10 @@ import sys
 import textwrap
 
 import pytest
-from storage_helpers import START_MS, files_of, make_batch, read_all, stamped
+from storage_helpers import START_MS, TEST_CONFIG, files_of, make_batch, read_all, stamped
 
 from hpbroker import _core
+from hpbroker.io import PartitionLog
 
 CHECKPOINT = "recovery-point-offset-checkpoint"
 
@@ -254,6 +255,27 @@ def test_open_removes_stray_indexes_and_leftover_files(open_log, log_dir):
     assert "notes.txt" in remaining, "files that are not ours are left alone"
 
 
+def test_open_makes_a_new_partition_directory_and_its_ancestors_durable(tmp_path, disk_events):
+    data = tmp_path / "data"
+    created = [str(data), str(data / "topics"), str(data / "topics" / "t-0")]
+    with PartitionLog(created[-1], TEST_CONFIG) as log:
+        opened_at = len(disk_events.events)
+        log.append(make_batch(1))
+        log.flush()
+    events = [(op, path) for op, path, _ in disk_events.events[:opened_at]]
+    for directory in created:  # each new directory's entry in its parent is fsynced before open returns
+        made = events.index(("mkdir", directory))
+        assert ("fsync", os.path.dirname(directory)) in events[made:], directory
+    assert ("fsync", created[-1]) in events, "and the new directory's own entries (segment, checkpoint)"
+
+
+def test_open_of_an_existing_directory_syncs_no_parent(log_dir, open_log, disk_events):
+    open_log().close()
+    disk_events.events.clear()
+    open_log()
+    assert not [e for e in disk_events.of("fsync") if e[1] == os.path.dirname(log_dir)]
+
+
 def test_leftover_checkpoint_tmp_is_ignored(open_log, log_dir):
     _write(open_log, 5)
     with open(os.path.join(log_dir, CHECKPOINT + ".tmp"), "w") as f:
@@ -329,10 +351,6 @@ def test_flushed_records_without_fsync_survive_kill_9(log_dir, tmp_path):
     assert done.returncode == -signal.SIGKILL, done.stderr
     high_watermark, recovery_point = map(int, done.stdout.split())
     assert high_watermark == 100 and recovery_point < 100, "some acknowledged records were never fsynced"
-    from storage_helpers import TEST_CONFIG
-
-    from hpbroker.io import PartitionLog
-
     with PartitionLog(log_dir, TEST_CONFIG) as log:
         assert log.log_end_offset == 100
         records = _core.decode_records(b"".join(batch for _, batch in read_all(log)))
