@@ -172,9 +172,13 @@ class Segment:
 
         Checks: whole, strictly increasing entries; a non-empty log's indexes start at offset 0,
         position 0; every time index entry has an offset index entry; the batch at the last
-        entry's position has the entry's offset; and the batches after it scan cleanly to the
-        end of the file (which also yields ``next_offset``).  IndexCorruptError otherwise: the
-        caller then falls back to :meth:`recover`.  Reads only the tail, not the whole log.
+        entry's position has the entry's offset; and the batches from the one the last *time*
+        index entry names to the end of the file scan cleanly (which also yields ``next_offset``),
+        none of them up to the last offset index entry raising the largest timestamp above that
+        time index entry's (else the time index lost entries at its end, and ``max_timestamp``
+        would be too low).  IndexCorruptError otherwise: the caller then falls back to
+        :meth:`recover`.  Reads only the tail, not the whole log (the tail starts where the
+        largest timestamp was last reached: the whole log only if that was its first batch).
         """
         oi, ti = self.offset_index, self.time_index
         oi.load()
@@ -184,6 +188,39 @@ class Segment:
             if len(oi) or len(ti):
                 raise IndexCorruptError(f"{oi.path}: entries for an empty log")
             return
+        self._check_loaded_entries(size)
+        last_position = oi.positions[-1]
+        tail_offset = self.base_offset + ti.relative_offsets[-1]
+        tail_position = oi.positions[oi.find(ti.relative_offsets[-1])]
+        self.max_timestamp = ti.timestamps[-1]
+        indexed_max = [self.max_timestamp]  # largest timestamp up to the last indexed batch
+        reached = [False]
+
+        def index_tail(chunk_position: int, result: _core.ScanResult) -> None:
+            # Batches up to the last indexed one are in the offset index already: only their
+            # timestamps count; the ones after it are indexed by the rule.
+            first = bisect.bisect_right(result.positions, last_position - chunk_position)
+            if first:
+                indexed_max[0] = max(indexed_max[0], max(result.max_timestamps[:first]))
+                reached[0] = reached[0] or chunk_position + result.positions[first - 1] == last_position
+            self._index_batches(chunk_position, result.positions, result.base_offsets, result.max_timestamps,
+                                first)
+
+        outcome = self.log.scan(tail_position, tail_offset, index_tail)
+        if outcome.stop_reason is not None or outcome.valid_end != size or not reached[0]:
+            raise IndexCorruptError(f"{self.path}: from the last time index entry (position {tail_position}) "
+                                    f"to the end: {outcome.stop_reason or 'the last entry is not a batch'}")
+        if indexed_max[0] != ti.timestamps[-1]:
+            raise IndexCorruptError(
+                f"{ti.path}: ends at timestamp {ti.timestamps[-1]}, but the batches up to the last offset "
+                f"index entry reach {indexed_max[0]}: entries are missing at its end"
+            )
+        self.next_offset = outcome.next_offset
+        self.write_index_entries()  # entries the tail was missing, if any
+
+    def _check_loaded_entries(self, size: int) -> None:
+        """The checks of :meth:`load` that read at most two batch headers."""
+        oi, ti = self.offset_index, self.time_index
         if not len(oi) or oi.relative_offsets[0] != 0 or oi.positions[0] != 0:
             raise IndexCorruptError(f"{oi.path}: does not start with relative offset 0 at position 0")
         if not len(ti) or ti.relative_offsets[0] != 0 or any(oi.find(r) < 0 for r in ti.relative_offsets):
@@ -202,19 +239,6 @@ class Segment:
                 f"the batch there has base offset {last_header.base_offset}"
             )
         self.first_batch_timestamp = first_header.max_timestamp
-        self.max_timestamp = ti.timestamps[-1]
-
-        def index_tail(chunk_position: int, result: _core.ScanResult) -> None:
-            # The tail starts with the last indexed batch: already counted, skip it.
-            first = 1 if chunk_position == last_position else 0
-            self._index_batches(chunk_position, result.positions, result.base_offsets, result.max_timestamps,
-                                first)
-
-        outcome = self.log.scan(last_position, last_offset, index_tail)
-        if outcome.stop_reason is not None or outcome.valid_end != size:
-            raise IndexCorruptError(f"{self.path}: after the last index entry: {outcome.stop_reason}")
-        self.next_offset = outcome.next_offset
-        self.write_index_entries()  # entries the tail was missing, if any
 
     def recover(self, *, truncate: bool = True) -> int:
         """Rebuild both indexes by scanning the whole ``.log`` (length, CRC, offsets contiguous

@@ -186,6 +186,24 @@ def test_recover_rebuilds_a_corrupt_time_index_of_a_closed_segment(open_log, log
     assert files_of(log_dir) == before
 
 
+@pytest.mark.parametrize("lost", [1, 2])
+def test_time_index_that_lost_its_last_entries_is_rebuilt_on_open(open_log, log_dir, clock, lost):
+    log = open_log(segment_bytes=1024, index_interval_bytes=0)
+    for i in range(12):
+        log.append(make_batch(1, value_bytes=200, timestamp=START_MS + 1000 * i))
+    log.close()
+    before = files_of(log_dir)
+    time_index = _segment_file(log_dir, 0, ".timeindex")
+    assert len(before[os.path.basename(time_index)]) == 3 * 12, "one entry per batch of the closed segment"
+    _cut(time_index, 12 * (3 - lost))  # still well formed, every entry true: only the tail is gone
+    log = open_log(segment_bytes=1024, index_interval_bytes=0)
+    assert log.segments[0].max_timestamp == START_MS + 2000
+    assert log.offset_for_timestamp(START_MS + 2000) == 2
+    assert log.offset_for_timestamp(START_MS + 1001) == 2
+    log.close()
+    assert files_of(log_dir) == before
+
+
 def test_read_repairs_a_plausible_index_entry_that_points_at_the_wrong_batch(open_log, log_dir, caplog):
     stored = _write(open_log, 40, segment_bytes=1024, index_interval_bytes=0)
     before = files_of(log_dir)
