@@ -40,7 +40,8 @@ class LogConfig:
     #: batch timestamp (Kafka's rule; the wall clock since the segment's creation where
     #: timestamps are missing).  Default 7 days.  Range [1, 2**63 - 1].
     segment_ms: int = 7 * _DAY_MS
-    #: ms; a closed segment whose largest timestamp is older than now minus this is deleted.
+    #: ms; a closed segment whose largest timestamp (or, holding none, its file's modification
+    #: time) is older than now minus this is deleted.
     #: Default 7 days; -1 keeps segments forever.  Range [-1, 2**63 - 1].
     retention_ms: int = 7 * _DAY_MS
     #: bytes; delete the oldest closed segments while the log without them still holds at least

@@ -552,7 +552,8 @@ class PartitionLog:
     def delete_old_segments(self, now_ms: int | None = None) -> int:
         """Apply retention to closed segments, oldest first; returns how many were deleted.
 
-        A segment goes when its largest timestamp is older than ``now - retention_ms``, or while
+        A segment goes when its largest timestamp (for a segment without one, the modification
+        time of its ``.log``) is older than ``now - retention_ms``, or while
         the log without it still holds ``retention_bytes``; the active segment always stays.
         Files are unlinked at once; descriptors stay open ``file_delete_delay_ms`` longer (closed
         by a later call) so slices handed out earlier remain readable.
@@ -563,7 +564,7 @@ class PartitionLog:
         count = 0
         for segment in self._segments[:-1]:
             size = segment.size_in_bytes
-            expired = config.retention_ms >= 0 and segment.max_timestamp < now - config.retention_ms
+            expired = config.retention_ms >= 0 and segment.retention_time_ms() < now - config.retention_ms
             oversize = config.retention_bytes >= 0 and remaining - size >= config.retention_bytes
             if not (expired or oversize):
                 break

@@ -342,6 +342,14 @@ class Segment:
                         return record.offset
         return None
 
+    def retention_time_ms(self) -> int:
+        """The time retention ages this segment by: its largest record timestamp, or, when it
+        has none (``max_timestamp`` -1), the modification time of its ``.log`` (Kafka's rule),
+        never -1, which would make any segment look ancient."""
+        if self.max_timestamp >= 0:
+            return self.max_timestamp
+        return os.fstat(self.log.fd).st_mtime_ns // 1_000_000
+
     # --- the end -----------------------------------------------------------------------------
 
     def close(self) -> None:

@@ -46,6 +46,26 @@ def test_time_retention_stops_at_the_first_segment_to_keep(open_log, clock):
     assert log.log_start_offset == 0
 
 
+def test_a_segment_without_timestamps_is_aged_by_its_file_modification_time(open_log, clock):
+    log = open_log(segment_bytes=1024, retention_ms=10 * HOUR_MS)
+    _fill(log, clock, 7)  # segments [0,3) [3,6) [6,7)
+    first = log.segments[0]
+    first.max_timestamp = -1  # what a segment holding no timestamp reports
+    now_ms = START_MS + 100 * HOUR_MS  # the other closed segment is long expired
+
+    def modified(ms_before_now: int) -> None:
+        modified_ns = (now_ms - ms_before_now) * 1_000_000
+        os.utime(first.path, ns=(modified_ns, modified_ns))
+
+    modified(HOUR_MS)
+    assert log.delete_old_segments(now_ms=now_ms) == 0, "-1 is not a time: never expire on it"
+    modified(10 * HOUR_MS)
+    assert log.delete_old_segments(now_ms=now_ms) == 0
+    modified(10 * HOUR_MS + 1)
+    assert log.delete_old_segments(now_ms=now_ms) == 2
+    assert log.log_start_offset == 6
+
+
 def test_oldest_segments_are_deleted_while_the_rest_still_holds_retention_bytes(open_log, clock):
     log = open_log(segment_bytes=1024)
     _fill(log, clock, 10)
