@@ -20,7 +20,8 @@ Pipelined group commit: with ``flush_on_append=False`` the owner starts each flu
 applies it with :meth:`PartitionLog.complete_flush` when the job is done.  ``writev`` and
 ``fdatasync`` release the GIL, so validating and appending the next requests overlaps the disk
 write of the previous group.  One job is in flight per log at a time; rolls, ``flush()`` and
-``close()`` first wait for it.
+``close()`` first complete it: they wait for it if a flusher thread is running it, and run it
+themselves if none has started it (a job runs at most once, see :class:`FlushJob`).
 
 Durability, exactly:
 
@@ -53,6 +54,7 @@ open, in any process, fails with StorageError until the first is closed or its p
 from __future__ import annotations
 
 import bisect
+import errno
 import functools
 import logging
 import os
@@ -104,8 +106,15 @@ class FlushJob:
     :meth:`run` does only I/O on the active segment's ``.log`` (one ``writev``, then
     ``fdatasync`` when ``fsync``) and touches no state of the log; ``writev`` and ``fdatasync``
     release the GIL, so the owner goes on validating and appending meanwhile.  The owner applies
-    the result with :meth:`PartitionLog.complete_flush`.  ``on_done(job)``, if given, is called
-    by the thread that ran the job once it has finished, e.g. to wake an event loop.
+    the result with :meth:`PartitionLog.complete_flush`.
+
+    A job runs at most once: whoever calls :meth:`run` first *claims* it (pending -> running ->
+    done); a later call does nothing.  The owner never waits for a job nobody has claimed: when
+    it needs the result (a roll, :meth:`PartitionLog.flush`, close) it runs the job itself,
+    and it waits only for a job some thread is actually running.  So a job handed to a flusher
+    that is gone (an executor shut down) costs nothing but the pipelining.  ``on_done(job)``, if
+    given, is called once, by the thread that ran the job (the owner's, if it did), e.g. to wake
+    an event loop; a job cancelled by closing an abandoned or offline log is never run.
     """
 
     segment: Segment
@@ -118,8 +127,12 @@ class FlushJob:
     written: int = 0
     error: OSError | None = None
     applied: bool = False  # set by the log once it has taken the result in
+    _claim: threading.Lock = field(default_factory=threading.Lock)  # held forever by the claimer
 
     def run(self) -> None:
+        """Write (and sync) the batches, unless the job was already claimed: then do nothing."""
+        if not self._claim.acquire(blocking=False):
+            return
         try:
             self.written = self.segment.write(self.batches)
             if self.fsync:
@@ -130,6 +143,14 @@ class FlushJob:
             self.done.set()
             if self.on_done is not None:
                 self.on_done(self)
+
+    def cancel(self) -> None:
+        """Make sure the job never runs (its descriptor is about to be closed), unless it was
+        claimed already; either way it is done once this returns."""
+        if self._claim.acquire(blocking=False):
+            self.error = OSError(errno.ECANCELED, "flush cancelled: the log was closed before it ran")
+            self.done.set()
+        self.done.wait()  # a job already running: never close a descriptor it is writing to
 
 
 def _backed_by_bytes(view: memoryview) -> bool:
@@ -395,7 +416,8 @@ class PartitionLog:
 
     @_disk_operation
     def complete_flush(self, job: FlushJob) -> None:
-        """Wait for ``job`` to finish and apply it: its records become readable (the high watermark
+        """Finish ``job`` (wait for the flusher running it, or run it here if none has started
+        it) and apply it: its records become readable (the high watermark
         moves past them) and, if it synced, durable.  A failed job takes the log offline.  A
         job the log already applied itself (a roll, :meth:`flush` or :meth:`close` waits for the
         job in flight and applies it) is a no-op."""
@@ -406,6 +428,7 @@ class PartitionLog:
         self._apply(job)
 
     def _apply(self, job: FlushJob) -> None:
+        job.run()  # here and now, unless a flusher has claimed it: then wait for that
         job.done.wait()
         self._in_flight = None
         job.applied = True
@@ -623,7 +646,7 @@ class PartitionLog:
     def _release(self) -> None:
         """Close every descriptor, whatever happens: the log is unusable afterwards."""
         if self._in_flight is not None:
-            self._in_flight.done.wait()  # never close a descriptor another thread is writing to
+            self._in_flight.cancel()
             self._in_flight = None
         self._closed = True
         self._pending = []

@@ -103,6 +103,85 @@ def test_close_waits_for_and_keeps_the_flush_in_flight(log_dir, pipelined):
         assert reopened.high_watermark == 4
 
 
+def _in_thread(call, timeout_s: float = 5.0) -> bool:
+    """Run ``call`` on a daemon thread; True if it returned within ``timeout_s``."""
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return not thread.is_alive()
+
+
+def test_close_runs_a_flush_job_that_no_flusher_ever_ran(log_dir, pipelined):
+    log = pipelined()
+    log.append(make_batch(3))
+    job = log.begin_flush()
+    with ThreadPoolExecutor(1) as gone:
+        pass
+    with pytest.raises(RuntimeError):
+        gone.submit(job.run)  # the flusher is gone (the broker is shutting down)
+    assert _in_thread(log.close), "close() must not wait for a job nobody will run"
+    assert job.done.is_set() and job.applied
+    with PartitionLog(log_dir, TEST_CONFIG) as reopened:
+        assert reopened.high_watermark == 3, "the job's records were written, not dropped"
+
+
+@pytest.mark.parametrize(("call", "high_watermark"), [("flush", 3), ("roll", 3), ("complete_flush", 2)])
+def test_the_owner_runs_a_job_nobody_claimed(pipelined, call, high_watermark):
+    log = pipelined()
+    first, second = make_batch(2, tag=1), make_batch(1, tag=2)
+    log.append(first)
+    done_by = []
+    job = log.begin_flush(on_done=done_by.append)
+    log.append(second)
+    args = (job,) if call == "complete_flush" else ()
+    assert _in_thread(lambda: getattr(log, call)(*args)), f"{call} waited for a job nobody runs"
+    assert (log.high_watermark, log.flush_in_flight, done_by) == (high_watermark, None, [job])
+    job.run()  # the flusher turns up late: the job is done already
+    assert done_by == [job], "on_done is called once, by whoever ran the job"
+    log.flush()
+    assert read_all(log) == [(0, stamped(first, 0)), (2, stamped(second, 2))], "each batch written once"
+
+
+def test_the_owner_waits_for_a_job_a_flusher_is_running_and_does_not_run_it_again(pipelined, monkeypatch):
+    log = pipelined()
+    batch = make_batch(2)
+    log.append(batch)
+    job = log.begin_flush()
+    segment = log.segments[-1]
+    started, release = threading.Event(), threading.Event()
+    write = segment.write
+
+    def slow_write(batches):
+        started.set()
+        release.wait(5)
+        return write(batches)
+
+    monkeypatch.setattr(segment, "write", slow_write)
+    flusher = threading.Thread(target=job.run)
+    flusher.start()
+    assert started.wait(5)
+    threading.Timer(0.05, release.set).start()
+    log.flush()  # waits for the job being written, applies it
+    flusher.join(5)
+    assert read_all(log) == [(0, stamped(batch, 0))]
+    assert os.path.getsize(segment.path) == len(batch), "written once"
+
+
+def test_a_job_cut_off_by_an_abandoned_log_never_writes(log_dir, pipelined):
+    log = pipelined()
+    log.append(make_batch(1))
+    job = log.begin_flush()
+    path = log.segments[-1].path
+    assert _in_thread(log._abandon)
+    reused = os.open(os.devnull, os.O_RDWR)  # the descriptor numbers are free for anyone now
+    try:
+        job.run()  # the flusher turns up late
+    finally:
+        os.close(reused)
+    assert job.done.is_set() and job.written == 0
+    assert os.path.getsize(path) == 0
+
+
 def test_a_failed_flush_takes_the_log_offline(pipelined):
     log = pipelined()
     log.append(make_batch(1))
