@@ -116,13 +116,15 @@ class LogFile:
         expected_offset: int,
         on_batches: Callable[[int, _core.ScanResult], None],
         *,
+        end: int | None = None,
         chunk_bytes: int = SCAN_CHUNK_BYTES,
     ) -> ScanOutcome:
-        """Validate the batches from ``start`` to the end of the file (framing, CRC, offsets
-        contiguous from ``expected_offset``), in chunks; ``on_batches(chunk_position, result)``
-        receives each chunk's valid batches (their positions relative to ``chunk_position``).
-        Reads the whole file as it is on disk, not just ``size``.  Never raises for bad data."""
-        file_size = os.fstat(self.fd).st_size
+        """Validate the batches from ``start`` to ``end`` (framing, CRC, offsets contiguous from
+        ``expected_offset``), in chunks; ``on_batches(chunk_position, result)`` receives each
+        chunk's valid batches (their positions relative to ``chunk_position``).  ``end`` None:
+        the end of the file as it is on disk, not just ``size`` (recovery).  Never raises for
+        bad data."""
+        file_size = os.fstat(self.fd).st_size if end is None else end
         position, next_offset, want = start, expected_offset, chunk_bytes
         while position < file_size:
             chunk = pread_full(self.fd, min(want, file_size - position), position)

@@ -244,14 +244,16 @@ class Segment:
         """Rebuild both indexes by scanning the whole ``.log`` (length, CRC, offsets contiguous
         from ``base_offset``) and truncate it at the first bad byte; returns the bytes cut.
 
-        ``truncate=False`` (repairing an index while the log is in use) changes no log byte:
-        IndexCorruptError if the log is not exactly ``size_in_bytes`` of valid batches.
+        ``truncate=False`` (repairing an index while the log is in use) changes no log byte and
+        reads only the first ``size_in_bytes`` (what follows may be a flush in flight that the
+        owner has not applied): IndexCorruptError if they are not exactly valid batches.
         """
         self.offset_index.clear()
         self.time_index.clear()
         self.max_timestamp = self.first_batch_timestamp = -1
-        outcome = self.log.scan(0, self.base_offset, self._index_scanned)
-        file_size = os.fstat(self.log.fd).st_size
+        end = None if truncate else self.log.size
+        outcome = self.log.scan(0, self.base_offset, self._index_scanned, end=end)
+        file_size = os.fstat(self.log.fd).st_size if truncate else self.log.size
         cut = file_size - outcome.valid_end
         as_expected = outcome.valid_end == self.log.size and outcome.next_offset == self.next_offset
         if not truncate and (cut or not as_expected):

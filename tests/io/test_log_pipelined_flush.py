@@ -182,6 +182,23 @@ def test_a_job_cut_off_by_an_abandoned_log_never_writes(log_dir, pipelined):
     assert os.path.getsize(path) == 0
 
 
+def test_index_repair_during_a_flush_in_flight_scans_only_the_applied_bytes(pipelined, caplog):
+    log = pipelined(segment_bytes=1 << 20, index_interval_bytes=0)
+    batches = [make_batch(1, tag=i) for i in range(10)]
+    for batch in batches:
+        log.append(batch)
+    log.flush()
+    log.append(make_batch(1, tag=10))
+    job = log.begin_flush()
+    job.run()  # the flusher has written the batch; the owner has not applied it yet
+    log.segments[-1].offset_index.positions[3] += 1  # the index disagrees with the log: a read repairs it
+    assert log.read_bytes(3, 1) == stamped(batches[3], 3)
+    assert "rebuilding the indexes" in caplog.text
+    assert not log.offline
+    log.complete_flush(job)
+    assert [offset for offset, _ in read_all(log)] == list(range(11))
+
+
 def test_a_failed_flush_takes_the_log_offline(pipelined):
     log = pipelined()
     log.append(make_batch(1))
