@@ -192,8 +192,8 @@ class Segment:
         last_position = oi.positions[-1]
         tail_offset = self.base_offset + ti.relative_offsets[-1]
         tail_position = oi.positions[oi.find(ti.relative_offsets[-1])]
-        self.max_timestamp = ti.timestamps[-1]
-        indexed_max = [self.max_timestamp]  # largest timestamp up to the last indexed batch
+        self.max_timestamp = last_time = ti.timestamps[-1]  # the tail may add entries: keep it
+        indexed_max = [last_time]  # largest timestamp up to the last indexed batch
         reached = [False]
 
         def index_tail(chunk_position: int, result: _core.ScanResult) -> None:
@@ -210,9 +210,9 @@ class Segment:
         if outcome.stop_reason is not None or outcome.valid_end != size or not reached[0]:
             raise IndexCorruptError(f"{self.path}: from the last time index entry (position {tail_position}) "
                                     f"to the end: {outcome.stop_reason or 'the last entry is not a batch'}")
-        if indexed_max[0] != ti.timestamps[-1]:
+        if indexed_max[0] != last_time:
             raise IndexCorruptError(
-                f"{ti.path}: ends at timestamp {ti.timestamps[-1]}, but the batches up to the last offset "
+                f"{ti.path}: ends at timestamp {last_time}, but the batches up to the last offset "
                 f"index entry reach {indexed_max[0]}: entries are missing at its end"
             )
         self.next_offset = outcome.next_offset

@@ -204,6 +204,17 @@ def test_time_index_that_lost_its_last_entries_is_rebuilt_on_open(open_log, log_
     assert files_of(log_dir) == before
 
 
+def test_a_trusted_segment_indexed_more_densely_after_a_config_change_is_not_rebuilt(open_log, caplog):
+    log = open_log(segment_bytes=1024, index_interval_bytes=1000)
+    for i in range(12):
+        log.append(make_batch(1, value_bytes=200, timestamp=START_MS + 1000 * i))
+    log.close()
+    log = open_log(segment_bytes=1024, index_interval_bytes=0)  # the tail gets entries of its own now
+    assert "index check failed" not in _warnings(caplog)
+    assert log.segments[0].max_timestamp == START_MS + 2000
+    assert [log.offset_for_timestamp(START_MS + 1000 * i) for i in range(12)] == list(range(12))
+
+
 def test_read_repairs_a_plausible_index_entry_that_points_at_the_wrong_batch(open_log, log_dir, caplog):
     stored = _write(open_log, 40, segment_bytes=1024, index_interval_bytes=0)
     before = files_of(log_dir)
