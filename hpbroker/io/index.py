@@ -50,6 +50,7 @@ class _IndexFile:
     """The file half of an index: a descriptor, entries not yet written, and a dirty flag."""
 
     entry_bytes = 0
+    _columns: tuple[str, ...] = ()  # the names of the in-memory columns
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -68,6 +69,16 @@ class _IndexFile:
 
     def to_bytes(self) -> bytes:  # pragma: no cover - overridden
         raise NotImplementedError
+
+    def snapshot(self) -> tuple:
+        """The in-memory entries, to :meth:`restore` after a rebuild that failed (``clear``
+        replaces the columns rather than emptying them, so the snapshot needs no copy)."""
+        return tuple(getattr(self, name) for name in self._columns) + (bytes(self._unwritten),)
+
+    def restore(self, snapshot: tuple) -> None:
+        for name, column in zip(self._columns, snapshot, strict=False):
+            setattr(self, name, column)
+        self._unwritten = bytearray(snapshot[-1])
 
     def write_out(self) -> None:
         """Append the buffered entries to the file (no fsync)."""
@@ -111,6 +122,7 @@ class OffsetIndex(_IndexFile):
     """relative offset -> position of the batch with that base offset (see the module docstring)."""
 
     entry_bytes = OFFSET_ENTRY_BYTES
+    _columns = ("relative_offsets", "positions")
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
@@ -168,6 +180,7 @@ class TimeIndex(_IndexFile):
     """largest timestamp so far -> relative base offset of the batch where it was reached."""
 
     entry_bytes = TIME_ENTRY_BYTES
+    _columns = ("timestamps", "relative_offsets")
 
     def __init__(self, path: str) -> None:
         super().__init__(path)

@@ -45,6 +45,16 @@ Errors: an ``OSError`` from any disk operation becomes :class:`~hpbroker.errors.
 (the ``OSError`` as its cause) and takes the log *offline*: every later call raises
 StorageError; close it and reopen (recovery repairs what can be repaired).
 
+Damaged data met while reading (flushed bytes that do not parse as the batch the index or the
+previous batch says starts there, a batch running past the end of its segment, records that fail
+their CRC when ``offset_for_timestamp`` decodes them) is not a disk error: that read raises
+:class:`~hpbroker.errors.CorruptRecordError` naming the segment file and the position of the
+damage in it, and the log stays *online*: appends, and reads that do not reach the damage, go
+on.  Reading never changes a ``.log``: an index that disagrees with its log is rebuilt from the
+log, but damage in the log itself stays until retention deletes the segment, or until an open
+that scans the segment in full (recovery, see hpbroker.io.loader) truncates it there.  Reads hand
+out slices for sendfile without checking CRCs: consumers check them.
+
 Concurrency: not thread-safe.  One owner (the worker process that owns the partition) makes
 every call; other processes may read the files, never write them.  One writer per directory is
 enforced: an open log holds an exclusive ``flock`` on the directory's ``.lock`` file, and a second
@@ -65,7 +75,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from hpbroker import _core
-from hpbroker.errors import OffsetOutOfRangeError, StorageError
+from hpbroker.errors import CorruptRecordError, OffsetOutOfRangeError, StorageError
 from hpbroker.io.checkpoint import RecoveryPointCheckpoint
 from hpbroker.io.config import LogConfig
 from hpbroker.io.files import lock_directory, make_directory, pread_full
@@ -558,15 +568,23 @@ class PartitionLog:
 
     def _using_index(self, segment: Segment, lookup: Callable[[], _T]) -> _T:
         """Run ``lookup``; if the segment's index turns out to disagree with its log, rebuild the
-        index from the log (never trusting it over the log) and run it again."""
+        index from the log (never trusting it over the log) and run it again.
+
+        When the rebuild finds the log itself damaged, CorruptRecordError says where and the log
+        stays online (see the module docstring); the segment remembers, so later reads that
+        meet the damage fail at once instead of scanning the segment again.
+        """
         try:
             return lookup()
         except IndexCorruptError as e:
+            if segment.damage is not None:
+                raise CorruptRecordError(segment.damage) from None
             logger.warning("[%s] %s; rebuilding the indexes of %s", self._name, e, segment.path)
         try:
-            segment.recover(truncate=False)
-        except IndexCorruptError as e:
-            raise self._go_offline("index repair", e) from e
+            segment.rebuild_indexes()
+        except CorruptRecordError as e:
+            logger.error("[%s] reads that reach the damage will fail: %s", self._name, e)
+            raise
         return lookup()
 
     # --- retention -----------------------------------------------------------------------------

@@ -8,7 +8,7 @@ recovery: it scans with :meth:`LogFile.scan` and truncates at the first bad byte
 Invariant: ``size`` is the number of bytes this process has written and recovery has validated;
 readers never look past it.  Single writer: the owning segment.  Any method may raise
 ``OSError``; :class:`~hpbroker.errors.CorruptRecordError` comes from header walks over bytes
-that are not batches.
+that are not batches, its message naming the file and the position in it.
 """
 
 from __future__ import annotations
@@ -18,14 +18,29 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from hpbroker import _core
+from hpbroker.errors import CorruptRecordError
 from hpbroker.io.files import open_for_append, pread_full, unlink_if_exists, writev_all
 
-__all__ = ["SCAN_CHUNK_BYTES", "FileSlice", "LogFile", "ScanOutcome"]
+__all__ = ["SCAN_CHUNK_BYTES", "FileSlice", "LogFile", "ScanOutcome", "at_position", "core_detail"]
 
 # Recovery reads the log this much at a time (a batch larger than this is read whole).
 SCAN_CHUNK_BYTES = 8 << 20
 # Header walks read this much at a time: one read covers the batches of an index interval.
 _HEADER_WINDOW_BYTES = 16 << 10
+
+
+_CORE_POSITION_PREFIX = "batch at position "  # how _core's messages start
+
+
+def core_detail(message: str) -> str:
+    """A ``_core`` message about a batch without its ``batch at position N (...): `` start, which
+    names a position in the buffer ``_core`` was given (a chunk, a window), not in the file."""
+    return message.partition(": ")[2] if message.startswith(_CORE_POSITION_PREFIX) else message
+
+
+def at_position(message: str, position: int) -> str:
+    """A ``_core`` message about a batch, naming ``position``, where the batch is in the file."""
+    return f"{_CORE_POSITION_PREFIX}{position}: {core_detail(message)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +111,9 @@ class LogFile:
         """``(position, header)`` of each batch from ``start`` (a batch boundary) up to ``end``.
 
         Reads a window at a time, so walking the small batches of an index interval costs one
-        ``pread``; jumps over large batches re-read at the next header.  CorruptRecordError when
-        the bytes at a position are not a batch header.
+        ``pread``; jumps over large batches re-read at the next header.  CorruptRecordError (naming
+        this file and the position) when the bytes at a position are not a batch header, or the
+        batch would run past ``end``.
         """
         window, window_position = b"", start
         position = start
@@ -106,7 +122,13 @@ class LogFile:
             if relative + _core.HEADER_SIZE > len(window) and window_position + len(window) < end:
                 window = pread_full(self.fd, min(_HEADER_WINDOW_BYTES, end - position), position)
                 window_position, relative = position, 0
-            header = _core.read_header(window, relative)
+            try:
+                header = _core.read_header(window, relative)
+            except CorruptRecordError as e:
+                raise CorruptRecordError(f"{self.path}: {at_position(e.message, position)}") from None
+            if position + header.size > end:
+                raise CorruptRecordError(f"{self.path}: {_CORE_POSITION_PREFIX}{position}: its {header.size} "
+                                         f"bytes run past the end of the batches at {end}")
             yield position, header
             position += header.size
 
@@ -137,7 +159,7 @@ class LogFile:
             if result.error is None:
                 continue
             if not result.incomplete:
-                return ScanOutcome(position, next_offset, result.error)
+                return ScanOutcome(position, next_offset, at_position(result.error, position))
             if position + (len(chunk) - result.valid_bytes) >= file_size:
                 return ScanOutcome(
                     position, next_offset, f"the file ends inside a batch ({file_size - position} bytes left)"

@@ -27,11 +27,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hpbroker import _core
-from hpbroker.errors import HPBrokerError
+from hpbroker.errors import CorruptRecordError, HPBrokerError
 from hpbroker.io.config import LogConfig
 from hpbroker.io.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, segment_file_name, writev_all
 from hpbroker.io.index import IndexCorruptError, OffsetIndex, TimeIndex
-from hpbroker.io.logfile import FileSlice, LogFile
+from hpbroker.io.logfile import FileSlice, LogFile, core_detail
 
 __all__ = ["PendingBatch", "Segment"]
 
@@ -70,6 +70,7 @@ class Segment:
         self.next_offset = base_offset
         self.max_timestamp = -1
         self.first_batch_timestamp = -1
+        self.damage: str | None = None  # where rebuild_indexes found the .log itself damaged
         self._index_interval = config.index_interval_bytes
         self._name = log_name
         path = os.path.join(directory, segment_file_name(base_offset, ""))
@@ -240,27 +241,13 @@ class Segment:
             )
         self.first_batch_timestamp = first_header.max_timestamp
 
-    def recover(self, *, truncate: bool = True) -> int:
+    def recover(self) -> int:
         """Rebuild both indexes by scanning the whole ``.log`` (length, CRC, offsets contiguous
-        from ``base_offset``) and truncate it at the first bad byte; returns the bytes cut.
-
-        ``truncate=False`` (repairing an index while the log is in use) changes no log byte and
-        reads only the first ``size_in_bytes`` (what follows may be a flush in flight that the
-        owner has not applied): IndexCorruptError if they are not exactly valid batches.
-        """
-        self.offset_index.clear()
-        self.time_index.clear()
-        self.max_timestamp = self.first_batch_timestamp = -1
-        end = None if truncate else self.log.size
-        outcome = self.log.scan(0, self.base_offset, self._index_scanned, end=end)
-        file_size = os.fstat(self.log.fd).st_size if truncate else self.log.size
-        cut = file_size - outcome.valid_end
-        as_expected = outcome.valid_end == self.log.size and outcome.next_offset == self.next_offset
-        if not truncate and (cut or not as_expected):
-            raise IndexCorruptError(
-                f"{self.path}: valid up to position {outcome.valid_end} (offset {outcome.next_offset}), "
-                f"expected {self.log.size} (offset {self.next_offset}): {outcome.stop_reason}"
-            )
+        from ``base_offset``) and truncate it at the first bad byte; returns the bytes cut.  For
+        opening only: :meth:`rebuild_indexes` repairs a segment in use."""
+        self._clear_indexes()
+        outcome = self.log.scan(0, self.base_offset, self._index_scanned)
+        cut = os.fstat(self.log.fd).st_size - outcome.valid_end
         self.next_offset = outcome.next_offset
         if cut:
             logger.warning("[%s] truncating %s at position %d, cutting %d bytes: %s",
@@ -271,11 +258,42 @@ class Segment:
         self.log.mark_unsynced()
         self.offset_index.mark_unsynced()
         self.time_index.mark_unsynced()
+        self._rewrite_indexes()
+        return cut
+
+    def rebuild_indexes(self) -> None:
+        """Rebuild both indexes from the ``.log`` while the segment is in use (an index was found
+        to disagree with it), reading only its first ``size_in_bytes``: what follows may be a
+        flush in flight that the owner has not applied.  Changes no byte of the ``.log``.
+
+        When those bytes are not exactly valid batches up to ``next_offset``, the log itself is
+        damaged: the indexes stay as they were, :attr:`damage` says where, and
+        CorruptRecordError (naming the file and position) is raised.
+        """
+        saved = (self.offset_index.snapshot(), self.time_index.snapshot(), self.max_timestamp,
+                 self.first_batch_timestamp)
+        self._clear_indexes()
+        outcome = self.log.scan(0, self.base_offset, self._index_scanned, end=self.log.size)
+        if outcome.valid_end != self.log.size or outcome.next_offset != self.next_offset:
+            self.offset_index.restore(saved[0])
+            self.time_index.restore(saved[1])
+            self.max_timestamp, self.first_batch_timestamp = saved[2], saved[3]
+            reason = outcome.stop_reason or f"batch at position {outcome.valid_end}: offsets end early"
+            self.damage = (f"{self.path}: {reason} (valid up to offset {outcome.next_offset} of "
+                           f"{self.next_offset}, position {outcome.valid_end} of {self.log.size})")
+            raise CorruptRecordError(self.damage)
+        self._rewrite_indexes()
+
+    def _clear_indexes(self) -> None:
+        self.offset_index.clear()
+        self.time_index.clear()
+        self.max_timestamp = self.first_batch_timestamp = -1
+
+    def _rewrite_indexes(self) -> None:
         rewritten = self.offset_index.rewrite_if_changed()
         rewritten = self.time_index.rewrite_if_changed() or rewritten
         if rewritten:
             logger.info("[%s] rebuilt the indexes of %s", self._name, self.path)
-        return cut
 
     def _index_scanned(self, chunk_position: int, result: _core.ScanResult) -> None:
         self._index_batches(chunk_position, result.positions, result.base_offsets, result.max_timestamps)
@@ -339,7 +357,14 @@ class Segment:
             raise IndexCorruptError(f"{self.time_index.path}: entry {entry} has no offset index entry")
         for position, header in self._checked_headers(offset_entry, self.log.size):
             if header.max_timestamp >= timestamp_ms:
-                for record in _core.decode_records(self.log.read(position, header.size)):
+                try:
+                    records = _core.decode_records(self.log.read(position, header.size))
+                except CorruptRecordError as e:
+                    raise CorruptRecordError(
+                        f"{self.path}: batch at position {position} (offset {header.base_offset}): "
+                        f"{core_detail(e.message)}"
+                    ) from None
+                for record in records:
                     if record.timestamp >= timestamp_ms:
                         return record.offset
         return None

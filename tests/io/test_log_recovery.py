@@ -14,6 +14,7 @@ import pytest
 from storage_helpers import START_MS, TEST_CONFIG, files_of, make_batch, read_all, stamped
 
 from hpbroker import _core
+from hpbroker.errors import CorruptRecordError
 from hpbroker.io import PartitionLog
 
 CHECKPOINT = "recovery-point-offset-checkpoint"
@@ -254,6 +255,73 @@ def test_corrupt_batch_in_a_closed_segment_truncates_there_and_drops_later_ones(
     assert f"at position {position}" in warning and "CRC mismatch" in warning
     for base in bases[1:]:
         assert f"deleting segment {base:020d}.log" in warning
+
+
+def _damaged_closed_segment(open_log, log_dir, damage):
+    """A closed segment of 40 equal batches (increasing timestamps, so opening checks only its
+    tail), then ``damage(file, batch_size)`` applied to its ``.log``, and the log reopened."""
+    log = open_log(segment_bytes=4096, index_interval_bytes=1000)
+    batches = [make_batch(1, value_bytes=30, tag=i, timestamp=START_MS + i) for i in range(80)]
+    for batch in batches:
+        log.append(batch)
+    log.close()
+    size = len(batches[0])
+    assert all(len(b) == size for b in batches) and log.segments[0].next_offset > 40
+    with open(_segment_file(log_dir, 0, ".log"), "r+b") as f:
+        damage(f, size)
+    return open_log(segment_bytes=4096, index_interval_bytes=1000), batches, size
+
+
+def _bad_length_at_batch_5(f, size):
+    f.seek(5 * size + 8)
+    f.write((7).to_bytes(4, "little"))
+
+
+@pytest.mark.parametrize(("offset", "max_bytes"), [(4, 200), (5, 100), (5, 100_000), (3, 500)])
+def test_a_read_that_meets_a_damaged_batch_names_the_file_and_position_and_keeps_the_log_online(
+        open_log, log_dir, offset, max_bytes):
+    log, batches, size = _damaged_closed_segment(open_log, log_dir, _bad_length_at_batch_5)
+    path = _segment_file(log_dir, 0, ".log")
+    where = rf"{path}: .*batch at position {5 * size}\b.*batch_length 7"
+    with pytest.raises(CorruptRecordError, match=where):
+        log.read(offset, max_bytes)
+    assert not log.offline
+    assert log.read_bytes(0, size) == stamped(batches[0], 0), "reads before the damage go on"
+    assert log.read_bytes(60, 1) == stamped(batches[60], 60), "and in other segments"
+    log.append(make_batch(1))
+    log.flush()
+    assert log.high_watermark == 81, "producers go on"
+    with pytest.raises(CorruptRecordError, match=f"position {5 * size}"):
+        log.read(5, 100)  # the same answer again
+
+
+def test_a_damaged_segment_is_not_rescanned_on_every_read(open_log, log_dir, monkeypatch):
+    log, _, size = _damaged_closed_segment(open_log, log_dir, _bad_length_at_batch_5)
+    from hpbroker.io.logfile import LogFile
+
+    scans = []
+    scan = LogFile.scan
+    monkeypatch.setattr(LogFile, "scan", lambda self, *a, **k: scans.append(self.path) or scan(self, *a, **k))
+    for _ in range(5):
+        with pytest.raises(CorruptRecordError):
+            log.read(5, 100)
+    assert len(scans) == 1
+
+
+def test_offset_for_timestamp_over_records_that_fail_their_crc_names_the_file_and_position(open_log, log_dir):
+    def flip_a_record_byte_of_batch_7(f, size):
+        f.seek(7 * size + size - 3)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x55]))
+
+    log, _, size = _damaged_closed_segment(open_log, log_dir, flip_a_record_byte_of_batch_7)
+    path = _segment_file(log_dir, 0, ".log")
+    assert log.offset_for_timestamp(START_MS + 6) == 6
+    with pytest.raises(CorruptRecordError, match=rf"{path}: batch at position {7 * size} \(offset 7\)"):
+        log.offset_for_timestamp(START_MS + 7)
+    assert not log.offline
+    assert log.offset_for_timestamp(START_MS + 60) == 60
 
 
 def test_segment_that_does_not_continue_its_predecessor_is_dropped_with_the_rest(open_log, log_dir, caplog):
