@@ -78,7 +78,7 @@ from hpbroker import _core
 from hpbroker.errors import CorruptRecordError, OffsetOutOfRangeError, StorageError
 from hpbroker.io.checkpoint import RecoveryPointCheckpoint
 from hpbroker.io.config import LogConfig
-from hpbroker.io.files import lock_directory, make_directory, pread_full
+from hpbroker.io.files import fsync_dir, lock_directory, make_directory, pread_full
 from hpbroker.io.index import IndexCorruptError
 from hpbroker.io.loader import load_segments
 from hpbroker.io.logfile import FileSlice
@@ -596,8 +596,10 @@ class PartitionLog:
         A segment goes when its largest timestamp (for a segment without one, the modification
         time of its ``.log``) is older than ``now - retention_ms``, or while
         the log without it still holds ``retention_bytes``; the active segment always stays.
-        Files are unlinked at once; descriptors stay open ``file_delete_delay_ms`` longer (closed
-        by a later call) so slices handed out earlier remain readable.
+        Files are unlinked at once, durably (the directory is fsynced before this returns, so
+        ``log_start_offset`` cannot move back after a power loss); descriptors stay open
+        ``file_delete_delay_ms`` longer (closed by a later call) so slices handed out earlier
+        remain readable.
         """
         now = self._clock() if now_ms is None else now_ms
         self._close_doomed(now)
@@ -619,6 +621,8 @@ class PartitionLog:
                         segment.max_timestamp)
         del self._segments[:count]
         del self._bases[:count]
+        if count:
+            fsync_dir(self._directory)  # else the files may come back after a power loss
         return count
 
     def _close_doomed(self, now_ms: int) -> None:

@@ -38,6 +38,17 @@ def test_segments_older_than_retention_ms_are_deleted(open_log, clock):
     assert {name[:20] for name in os.listdir(log.directory) if name[0].isdigit()} == {f"{9:020d}"}
 
 
+def test_retention_makes_the_unlinks_durable_before_it_returns(open_log, clock, disk_events):
+    log = open_log(segment_bytes=1024, retention_bytes=0)
+    _fill(log, clock, 10)
+    disk_events.events.clear()
+    assert log.delete_old_segments() == 3
+    events = [(op, path) for op, path, _ in disk_events.events]
+    unlinks = [i for i, (op, _) in enumerate(events) if op == "unlink"]
+    assert len(unlinks) == 9, events
+    assert ("fsync", log.directory) in events[unlinks[-1] :], "else log_start_offset may go back"
+
+
 def test_time_retention_stops_at_the_first_segment_to_keep(open_log, clock):
     log = open_log(segment_bytes=1024, retention_ms=10 * HOUR_MS)
     log.append(make_batch(1, value_bytes=200, timestamp=START_MS + 50 * HOUR_MS))  # a record from the future
