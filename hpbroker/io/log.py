@@ -493,9 +493,9 @@ class PartitionLog:
 
     @_disk_operation
     def roll(self) -> None:
-        """Start a new active segment now (flushing pending records); no-op if the active one is
-        empty."""
-        if self._segments[-1].size_in_bytes or self._pending:
+        """Start a new active segment now (flushing pending records and completing the flush in
+        flight first); no-op if the active one is empty and nothing is waiting to be written."""
+        if self._segments[-1].size_in_bytes or self._pending or self._in_flight is not None:
             self._roll(self._clock(), "requested")
 
     def _roll(self, now_ms: int, reason: str) -> None:

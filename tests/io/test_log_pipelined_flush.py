@@ -93,6 +93,19 @@ def test_a_roll_waits_for_the_flush_in_flight(pipelined):
     assert [offset for offset, _ in read_all(log)] == [0, 1]
 
 
+@pytest.mark.parametrize("flusher_runs_it", [True, False])
+def test_roll_rolls_when_all_that_is_unwritten_is_the_flush_in_flight(pipelined, flusher_runs_it):
+    log = pipelined()
+    log.append(make_batch(2))
+    job = log.begin_flush()
+    assert log.segments[-1].size_in_bytes == 0 and log.pending_records == 2
+    if flusher_runs_it:
+        threading.Timer(0.05, job.run).start()
+    log.roll()
+    assert [s.base_offset for s in log.segments] == [0, 2]
+    assert (log.high_watermark, log.flush_in_flight, log.recovery_point) == (2, None, 2)
+
+
 def test_close_waits_for_and_keeps_the_flush_in_flight(log_dir, pipelined):
     log = pipelined()
     log.append(make_batch(4))
