@@ -111,16 +111,17 @@ class LogFile:
         """``(position, header)`` of each batch from ``start`` (a batch boundary) up to ``end``.
 
         Reads a window at a time, so walking the small batches of an index interval costs one
-        ``pread``; jumps over large batches re-read at the next header.  CorruptRecordError (naming
-        this file and the position) when the bytes at a position are not a batch header, or the
-        batch would run past ``end``.
+        ``pread``; a jump past the window re-reads at the next header, just the header when the
+        batch jumped over was larger than a window (large batches tend to follow each other).
+        CorruptRecordError (naming this file and the position) when the bytes at a position are
+        not a batch header, or the batch would run past ``end``.
         """
         window, window_position = b"", start
-        position = start
+        position, want = start, _HEADER_WINDOW_BYTES
         while position < end:
             relative = position - window_position
             if relative + _core.HEADER_SIZE > len(window) and window_position + len(window) < end:
-                window = pread_full(self.fd, min(_HEADER_WINDOW_BYTES, end - position), position)
+                window = pread_full(self.fd, min(want, end - position), position)
                 window_position, relative = position, 0
             try:
                 header = _core.read_header(window, relative)
@@ -131,6 +132,7 @@ class LogFile:
                                          f"bytes run past the end of the batches at {end}")
             yield position, header
             position += header.size
+            want = _core.HEADER_SIZE if header.size > _HEADER_WINDOW_BYTES else _HEADER_WINDOW_BYTES
 
     def scan(
         self,

@@ -173,13 +173,14 @@ class Segment:
 
         Checks: whole, strictly increasing entries; a non-empty log's indexes start at offset 0,
         position 0; every time index entry has an offset index entry; the batch at the last
-        entry's position has the entry's offset; and the batches from the one the last *time*
-        index entry names to the end of the file scan cleanly (which also yields ``next_offset``),
-        none of them up to the last offset index entry raising the largest timestamp above that
-        time index entry's (else the time index lost entries at its end, and ``max_timestamp``
-        would be too low).  IndexCorruptError otherwise: the caller then falls back to
-        :meth:`recover`.  Reads only the tail, not the whole log (the tail starts where the
-        largest timestamp was last reached: the whole log only if that was its first batch).
+        entry's position has the entry's offset; no batch from the one the last *time* index
+        entry names up to the last offset index entry has a larger timestamp than that entry
+        (else the time index lost entries at its end, and ``max_timestamp`` would be too low:
+        their headers are walked, records not read); and the batches after the last offset
+        index entry scan cleanly to the end of the file (which also yields ``next_offset``).
+        IndexCorruptError otherwise: the caller then falls back to :meth:`recover`.  Reads index
+        files, batch headers and the tail, not the whole log (unless its batches are small and
+        its largest timestamp was reached early: then their headers fill the whole file).
         """
         oi, ti = self.offset_index, self.time_index
         oi.load()
@@ -190,34 +191,42 @@ class Segment:
                 raise IndexCorruptError(f"{oi.path}: entries for an empty log")
             return
         self._check_loaded_entries(size)
-        last_position = oi.positions[-1]
-        tail_offset = self.base_offset + ti.relative_offsets[-1]
-        tail_position = oi.positions[oi.find(ti.relative_offsets[-1])]
-        self.max_timestamp = last_time = ti.timestamps[-1]  # the tail may add entries: keep it
-        indexed_max = [last_time]  # largest timestamp up to the last indexed batch
-        reached = [False]
+        self._check_time_index_end()
+        last_position, last_offset = oi.positions[-1], self.base_offset + oi.relative_offsets[-1]
+        self.max_timestamp = ti.timestamps[-1]
 
         def index_tail(chunk_position: int, result: _core.ScanResult) -> None:
-            # Batches up to the last indexed one are in the offset index already: only their
-            # timestamps count; the ones after it are indexed by the rule.
-            first = bisect.bisect_right(result.positions, last_position - chunk_position)
-            if first:
-                indexed_max[0] = max(indexed_max[0], max(result.max_timestamps[:first]))
-                reached[0] = reached[0] or chunk_position + result.positions[first - 1] == last_position
+            # The tail starts with the last indexed batch: already counted, skip it.
+            first = 1 if chunk_position == last_position else 0
             self._index_batches(chunk_position, result.positions, result.base_offsets, result.max_timestamps,
                                 first)
 
-        outcome = self.log.scan(tail_position, tail_offset, index_tail)
-        if outcome.stop_reason is not None or outcome.valid_end != size or not reached[0]:
-            raise IndexCorruptError(f"{self.path}: from the last time index entry (position {tail_position}) "
-                                    f"to the end: {outcome.stop_reason or 'the last entry is not a batch'}")
-        if indexed_max[0] != last_time:
-            raise IndexCorruptError(
-                f"{ti.path}: ends at timestamp {last_time}, but the batches up to the last offset "
-                f"index entry reach {indexed_max[0]}: entries are missing at its end"
-            )
+        outcome = self.log.scan(last_position, last_offset, index_tail)
+        if outcome.stop_reason is not None or outcome.valid_end != size:
+            raise IndexCorruptError(f"{self.path}: after the last index entry: {outcome.stop_reason}")
         self.next_offset = outcome.next_offset
         self.write_index_entries()  # entries the tail was missing, if any
+
+    def _check_time_index_end(self) -> None:
+        """IndexCorruptError unless the batches from the last time index entry's to the last
+        offset index entry's (both included) have no timestamp above the last time index entry's."""
+        oi, ti = self.offset_index, self.time_index
+        last_time, last_position = ti.timestamps[-1], oi.positions[-1]
+        start = position = oi.positions[oi.find(ti.relative_offsets[-1])]
+        try:
+            for position, header in self.log.headers(start, self.log.size):
+                if header.max_timestamp > last_time:
+                    raise IndexCorruptError(
+                        f"{ti.path}: ends at timestamp {last_time}, but the batch at position {position} "
+                        f"of {self.path}, before the last offset index entry, has {header.max_timestamp}: "
+                        f"entries are missing at its end"
+                    )
+                if position >= last_position:
+                    break
+        except HPBrokerError as e:
+            raise IndexCorruptError(f"{self.path}: walking the headers the time index covers: {e}") from e
+        if position != last_position:
+            raise IndexCorruptError(f"{oi.path}: its last entry, position {last_position}, is not a batch")
 
     def _check_loaded_entries(self, size: int) -> None:
         """The checks of :meth:`load` that read at most two batch headers."""
