@@ -1,4 +1,5 @@
-"""The recovery-point checkpoint of one partition directory.
+"""The two small state files of a partition directory: the recovery-point checkpoint and the
+clean-shutdown marker.
 
 File ``recovery-point-offset-checkpoint``, ASCII, two lines::
 
@@ -8,8 +9,18 @@ File ``recovery-point-offset-checkpoint``, ASCII, two lines::
 Written atomically: the content goes to ``recovery-point-offset-checkpoint.tmp``, which is
 fsynced, renamed over the old file, and the directory fsynced, so a crash leaves either the old
 or the new checkpoint, never a mix; a leftover ``.tmp`` is ignored (and removed on open by the
-log).  Single writer: the partition log.  Reading never raises for bad content: a missing or
-malformed file reads as None (recover everything), which is always safe.
+log).
+
+File ``clean-shutdown``, the same two lines, the second being the log end offset at which the log
+was closed.  ``PartitionLog.close()`` writes it (fsynced, then the directory fsynced) as its
+last step, once every segment and index is fsynced and the checkpoint says that same offset; the
+next open reads and removes it (unlink, then directory fsync) before it writes anything, so it
+exists only while the directory is closed and was closed cleanly.  No atomic rename is needed: a
+crash while writing it leaves no file or a malformed one, which means "not clean".  What a clean
+shutdown changes on open is in ``hpbroker.io.loader``.
+
+Single writer: the partition log.  Reading never raises for bad content: a missing or malformed
+file reads as None (recover everything; not clean), which is always safe.
 """
 
 from __future__ import annotations
@@ -17,9 +28,16 @@ from __future__ import annotations
 import logging
 import os
 
-from hpbroker.io.files import CHECKPOINT_FILE_NAME, TMP_SUFFIX, fsync_dir, write_all
+from hpbroker.io.files import (
+    CHECKPOINT_FILE_NAME,
+    CLEAN_SHUTDOWN_FILE_NAME,
+    TMP_SUFFIX,
+    fsync_dir,
+    unlink_if_exists,
+    write_all,
+)
 
-__all__ = ["CHECKPOINT_VERSION", "RecoveryPointCheckpoint"]
+__all__ = ["CHECKPOINT_VERSION", "CleanShutdownMarker", "RecoveryPointCheckpoint"]
 
 CHECKPOINT_VERSION = 0  # first line of the file
 _MAX_CHECKPOINT_BYTES = 64  # two short lines; anything longer is not ours
@@ -52,15 +70,49 @@ class RecoveryPointCheckpoint:
         """Replace the checkpoint with ``recovery_point``, durably (tmp, fsync, rename, fsync dir)."""
         if recovery_point < 0:
             raise ValueError(f"recovery point {recovery_point} is negative")
-        content = f"{CHECKPOINT_VERSION}\n{recovery_point}\n".encode("ascii")
-        fd = os.open(self.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            write_all(fd, content)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _write_synced(self.tmp_path, recovery_point)
         os.replace(self.tmp_path, self.path)
         fsync_dir(self.directory)
+
+
+class CleanShutdownMarker:
+    """Writes and takes ``<directory>/clean-shutdown`` (see the module docstring)."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.path = os.path.join(directory, CLEAN_SHUTDOWN_FILE_NAME)
+
+    def write(self, log_end_offset: int) -> None:
+        """Say, durably, that the log was closed cleanly at ``log_end_offset``: call only once
+        everything below it and the checkpoint are fsynced."""
+        _write_synced(self.path, log_end_offset)
+        fsync_dir(self.directory)
+
+    def take(self) -> int | None:
+        """Remove the marker, durably, and return the log end offset it held: None when there
+        was none, or it was malformed (logged), meaning the log was not closed cleanly."""
+        try:
+            with open(self.path, "rb") as f:
+                content = f.read(_MAX_CHECKPOINT_BYTES + 1)
+        except FileNotFoundError:
+            return None
+        unlink_if_exists(self.path)
+        fsync_dir(self.directory)
+        offset = _parse(content)
+        if offset is None:
+            logger.warning("ignoring malformed clean-shutdown marker %s: %r", self.path,
+                           content[:_MAX_CHECKPOINT_BYTES])
+        return offset
+
+
+def _write_synced(path: str, offset: int) -> None:
+    content = f"{CHECKPOINT_VERSION}\n{offset}\n".encode("ascii")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        write_all(fd, content)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _parse(content: bytes) -> int | None:

@@ -1,16 +1,20 @@
 """File names and the few raw file operations storage needs: whole writes, whole reads, dir fsync.
 
 A partition directory holds, per segment, three files named by the segment's base offset
-written as 20 zero-padded decimal digits, plus one checkpoint::
+written as 20 zero-padded decimal digits, plus a checkpoint, a lock and, while the log is
+closed, maybe a clean-shutdown marker::
 
     00000000000000000000.log        the batches themselves
     00000000000000000000.index      sparse offset index (see hpbroker.io.index)
     00000000000000000000.timeindex  sparse time index
     recovery-point-offset-checkpoint
+    clean-shutdown                  only between a clean close and the next open
+    .lock                           flock'ed by the one open log; holds its pid
 
-Any ``*.tmp`` or ``*.deleted`` file is debris from an interrupted operation and is removed on
-open.  Every function here may raise ``OSError``; the partition log turns it into
-``StorageError`` in one place.
+The checkpoint and the clean-shutdown marker are described in ``hpbroker.io.checkpoint``, what
+the marker changes when opening in ``hpbroker.io.loader``.  Any ``*.tmp`` or ``*.deleted`` file
+is debris from an interrupted operation and is removed on open.  Every function here may raise
+``OSError``; the partition log turns it into ``StorageError`` in one place.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections.abc import Sequence
 
 __all__ = [
     "CHECKPOINT_FILE_NAME",
+    "CLEAN_SHUTDOWN_FILE_NAME",
     "DELETED_SUFFIX",
     "INDEX_SUFFIX",
     "LOG_SUFFIX",
@@ -46,6 +51,7 @@ TIME_INDEX_SUFFIX = ".timeindex"  # time index
 TMP_SUFFIX = ".tmp"  # a file being written, renamed into place when complete
 DELETED_SUFFIX = ".deleted"  # a file on its way out (never created by us; cleaned up if found)
 CHECKPOINT_FILE_NAME = "recovery-point-offset-checkpoint"  # see hpbroker.io.checkpoint
+CLEAN_SHUTDOWN_FILE_NAME = "clean-shutdown"  # written by a clean close, removed by open; ditto
 LOCK_FILE_NAME = ".lock"  # flock'ed by the one log that has the directory open; holds its pid
 _OFFSET_DIGITS = 20  # enough for any non-negative i64
 

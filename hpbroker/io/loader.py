@@ -9,9 +9,19 @@ scan if the check fails.  From the segment holding the recovery point on, every 
 start where its predecessor ends, every later segment is deleted: offsets in a log are
 contiguous, and nothing after a hole can be trusted to follow it.
 
+Clean shutdown (Kafka's ``.kafka_cleanshutdown``, per partition directory here): when the open
+found a ``clean-shutdown`` marker (``hpbroker.io.checkpoint``) holding the same offset as the
+checkpoint, the log was closed with everything fsynced and that offset is its end.  Then every
+segment is trusted, the active one included, so a clean reopen reads index files and the tails
+of the logs, not whole segments; the last segment must also end exactly at that offset, else it
+is recovered.  Without such a marker (a crash, a close that failed, a marker or checkpoint
+missing, malformed or disagreeing) the rule above applies.  The open removes the marker, durably,
+before this runs, so a crash of the reopened log is never taken for a clean shutdown.
+
 Directory debris removed first: ``*.tmp`` and ``*.deleted`` files, and ``.index``/``.timeindex``
 files whose ``.log`` is gone.  Files that are not ours are left alone.  Called once per open by
-:class:`~hpbroker.io.log.PartitionLog`, before anything else touches the directory.
+:class:`~hpbroker.io.log.PartitionLog`, once it holds the directory's lock and has taken the
+marker, before anything else touches the directory.
 """
 
 from __future__ import annotations
@@ -41,19 +51,21 @@ logger = logging.getLogger(__name__)
 
 
 def load_segments(directory: str, config: LogConfig, recovery_point: int, *, now_ms: int,
-                  log_name: str) -> list[Segment]:
+                  log_name: str, clean_shutdown: bool = False) -> list[Segment]:
     """The segments of ``directory``, loaded or recovered (see the module docstring); a new
-    empty segment at offset 0 if there are none.  Raises OSError; closes what it opened then."""
+    empty segment at offset 0 if there are none.  ``clean_shutdown``: the log was closed cleanly
+    and ``recovery_point`` is its end.  Raises OSError; closes what it opened then."""
     bases = _clean_directory(directory, log_name)
     if not bases:
         return [Segment(directory, 0, config, create=True, now_ms=now_ms, log_name=log_name)]
-    holding = max(0, bisect.bisect_right(bases, recovery_point) - 1)
+    holding = len(bases) if clean_shutdown else max(0, bisect.bisect_right(bases, recovery_point) - 1)
     segments: list[Segment] = []
     try:
         for i, base in enumerate(bases):
             segment = Segment(directory, base, config, create=False, now_ms=now_ms, log_name=log_name)
             segments.append(segment)
-            cut = _open_segment(segment, trusted=i < holding, log_name=log_name)
+            ends_at = recovery_point if clean_shutdown and i == len(bases) - 1 else None
+            cut = _open_segment(segment, trusted=i < holding, ends_at=ends_at, log_name=log_name)
             if i and base != segments[-2].next_offset:
                 logger.warning("[%s] segment %s starts at offset %d but its predecessor ends at %d",
                                log_name, segment.path, base, segments[-2].next_offset)
@@ -70,12 +82,16 @@ def load_segments(directory: str, config: LogConfig, recovery_point: int, *, now
     return segments
 
 
-def _open_segment(segment: Segment, *, trusted: bool, log_name: str) -> int:
-    """Load a trusted segment, falling back to recovery; recover the others.  Bytes cut."""
+def _open_segment(segment: Segment, *, trusted: bool, ends_at: int | None, log_name: str) -> int:
+    """Load a trusted segment (which must end at ``ends_at`` unless None), falling back to
+    recovery; recover the others.  Bytes cut."""
     if trusted:
         try:
             segment.load()
-            return 0
+            if ends_at is None or segment.next_offset == ends_at:
+                return 0
+            logger.warning("[%s] %s ends at offset %d, but the log was closed at %d: recovering it",
+                           log_name, segment.path, segment.next_offset, ends_at)
         except IndexCorruptError as e:
             logger.warning("[%s] index check failed, rebuilding from the log: %s", log_name, e)
     return segment.recover()

@@ -2,18 +2,19 @@
 
 Layout: one directory per partition (the caller picks it, e.g. ``<data_dir>/<topic>-<partition>``)
 holding the segments, each named by its base offset (``00000000000000000000.log``, ``.index``,
-``.timeindex``; formats in ``hpbroker.io.segment``), and ``recovery-point-offset-checkpoint``
-(``hpbroker.io.checkpoint``).  The first record of a partition has offset 0; offsets are
+``.timeindex``; formats in ``hpbroker.io.segment``), ``recovery-point-offset-checkpoint`` and,
+between a clean close and the next open, ``clean-shutdown`` (both in ``hpbroker.io.checkpoint``).
+The first record of a partition has offset 0; offsets are
 contiguous from ``log_start_offset`` to ``log_end_offset``.
 
 Life of an append: the buffer is deep-validated, each batch is given the next offsets and goes
-into the *pending* list (an immutable producer buffer is not copied; only the 16-byte prefix
-holding ``base_offset`` and ``leader_epoch`` is, to be stamped).  A *flush* writes every pending batch to the
-active segment with one ``writev`` and, by default, ``fdatasync``\\s it: group commit.  A flush
-happens when ``flush_messages`` records are pending, when the oldest pending append is
-``flush_ms`` old (checked on append and by :meth:`PartitionLog.flush_if_due`, which an event loop
-calls at :attr:`PartitionLog.flush_deadline_ms`), on a roll, and on close.  Only flushed records
-are readable: ``high_watermark`` is the end of the flushed data.
+into the *pending* list (a producer buffer that is ``bytes`` is not copied; only the 16-byte
+prefix holding ``base_offset`` and ``leader_epoch`` is, to be stamped).  A *flush* writes every
+pending batch to the active segment with one ``writev`` and, by default, ``fdatasync``\\s it:
+group commit.  A flush happens when ``flush_messages`` records are pending, when the oldest
+pending append is ``flush_ms`` old (checked on append and by :meth:`PartitionLog.flush_if_due`,
+which an event loop calls at :attr:`PartitionLog.flush_deadline_ms`), on a roll, and on close.
+Only flushed records are readable: ``high_watermark`` is the end of the flushed data.
 
 Pipelined group commit: with ``flush_on_append=False`` the owner starts each flush itself
 (:meth:`PartitionLog.begin_flush`), runs the returned :class:`FlushJob` on a flusher thread, and
@@ -36,8 +37,12 @@ Durability, exactly:
 - After any crash, opening the log keeps the longest valid prefix (length, CRC and offsets
   checked) of every segment written since the last checkpoint and truncates the rest
   (hpbroker.io.loader); with ``flush_fsync=True`` that prefix holds every acknowledged record.
-  Segments below the checkpoint were fsynced when rolled and are checked cheaply (their index
-  against the end of their log), not re-read in full.
+  Segments below the checkpoint were fsynced when rolled and are checked cheaply (their indexes
+  against batch headers and the end of their log), not re-read in full.
+- After a clean close (:meth:`PartitionLog.close` returned: everything flushed and fsynced, the
+  checkpoint at the log end, and only then the ``clean-shutdown`` marker written and fsynced),
+  the next open checks every segment that cheaply, the active one included.  That open removes
+  the marker, durably, before it writes anything, so a crash after it is "any crash" again.
 - Index entries are written at each flush without fsync; they are fsynced on roll, checkpoint
   and close, and always rebuilt from the log when they cannot be trusted.
 
@@ -76,7 +81,7 @@ from typing import TypeVar
 
 from hpbroker import _core
 from hpbroker.errors import CorruptRecordError, OffsetOutOfRangeError, StorageError
-from hpbroker.io.checkpoint import RecoveryPointCheckpoint
+from hpbroker.io.checkpoint import CleanShutdownMarker, RecoveryPointCheckpoint
 from hpbroker.io.config import LogConfig
 from hpbroker.io.files import fsync_dir, lock_directory, make_directory, pread_full
 from hpbroker.io.index import IndexCorruptError
@@ -223,6 +228,7 @@ class PartitionLog:
         self._in_flight: FlushJob | None = None
         self._doomed: list[tuple[int, Segment]] = []  # (close at ms, deleted segment)
         self._checkpoint = RecoveryPointCheckpoint(self._directory)
+        self._clean_shutdown = CleanShutdownMarker(self._directory)
         self._lock_fd = -1
         try:
             self._open()
@@ -235,9 +241,11 @@ class PartitionLog:
         make_directory(self._directory)
         self._lock_fd = lock_directory(self._directory)
         checkpointed = self._checkpoint.read()
+        closed_at = self._clean_shutdown.take()  # before anything is written
+        clean = closed_at is not None and closed_at == checkpointed
         now = self._clock()
         self._segments = load_segments(self._directory, self._config, checkpointed or 0, now_ms=now,
-                                       log_name=self._name)
+                                       log_name=self._name, clean_shutdown=clean)
         self._bases = [segment.base_offset for segment in self._segments]
         for segment in self._segments:
             segment.sync()  # recovered segments may hold what was only in the page cache
@@ -427,10 +435,10 @@ class PartitionLog:
     @_disk_operation
     def complete_flush(self, job: FlushJob) -> None:
         """Finish ``job`` (wait for the flusher running it, or run it here if none has started
-        it) and apply it: its records become readable (the high watermark
-        moves past them) and, if it synced, durable.  A failed job takes the log offline.  A
-        job the log already applied itself (a roll, :meth:`flush` or :meth:`close` waits for the
-        job in flight and applies it) is a no-op."""
+        it) and apply it: its records become readable (the high watermark moves past them) and,
+        if it synced, durable.  A failed job takes the log offline.  A job the log already
+        applied itself (a roll, :meth:`flush` or :meth:`close` completes the job in flight) is a
+        no-op."""
         if job.applied:
             return
         if job is not self._in_flight:
@@ -645,9 +653,11 @@ class PartitionLog:
         self._checkpoint.write(self._recovery_point)
 
     def close(self) -> None:
-        """Flush, fsync everything, write the checkpoint, close every descriptor.  Idempotent.
+        """Flush, fsync everything, write the checkpoint and then the clean-shutdown marker (so
+        the next open need not re-read the active segment), close every descriptor.  Idempotent.
 
-        An offline log only releases its descriptors.  Slices handed out are invalid afterwards.
+        An offline log only releases its descriptors (no marker: the next open recovers).
+        Slices handed out are invalid afterwards.
         """
         if self._closed:
             return
@@ -659,6 +669,7 @@ class PartitionLog:
                         segment.sync()
                     self._recovery_point = self.high_watermark
                     self._checkpoint.write(self._recovery_point)
+                    self._clean_shutdown.write(self._recovery_point)  # last: all above is durable
                 except OSError as e:
                     raise self._go_offline("close", e) from e
         finally:

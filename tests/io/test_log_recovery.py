@@ -110,7 +110,8 @@ def test_second_open_after_recovery_changes_nothing(open_log, log_dir):
     after_first = files_of(log_dir)
     open_log().close()
     assert files_of(log_dir) == after_first
-    open_log()._abandon()  # not even a close is needed for nothing to change
+    open_log()._abandon()  # not even a close is needed for nothing to change...
+    del after_first["clean-shutdown"]  # ...but the marker of the clean close, which open takes
     assert files_of(log_dir) == after_first
 
 
@@ -400,6 +401,99 @@ def test_checkpoint_records_the_recovery_point_on_close(open_log, log_dir):
     log.close()
     with open(os.path.join(log_dir, CHECKPOINT)) as f:
         assert f.read() == "0\n7\n"
+
+
+# --- clean shutdown --------------------------------------------------------------------------
+
+CLEAN_SHUTDOWN = "clean-shutdown"
+
+
+def _active_log_of_many_batches(open_log, log_dir) -> tuple[list[tuple[int, bytes]], str]:
+    log = open_log(segment_bytes=1 << 20, index_interval_bytes=4096)
+    for i in range(300):
+        log.append(make_batch(1, value_bytes=1000, tag=i, timestamp=START_MS + i))
+    log.flush()
+    stored = read_all(log)
+    log.close()
+    return stored, _segment_file(log_dir, 0, ".log")
+
+
+def _counting_reads(monkeypatch) -> list[int]:
+    from hpbroker.io import logfile
+
+    counted: list[int] = []
+    pread_full = logfile.pread_full
+
+    def counting(fd, length, position):
+        data = pread_full(fd, length, position)
+        counted.append(len(data))
+        return data
+
+    monkeypatch.setattr(logfile, "pread_full", counting)
+    return counted
+
+
+def test_close_leaves_a_clean_shutdown_marker_that_open_removes_before_writing(open_log, log_dir,
+                                                                             disk_events):
+    log = open_log()
+    log.append(make_batch(7))
+    log.close()
+    with open(os.path.join(log_dir, CLEAN_SHUTDOWN)) as f:
+        assert f.read() == "0\n7\n"
+    closing = [(op, os.path.basename(path)) for op, path, _ in disk_events.events]
+    marker_written = closing.index(("fsync", CLEAN_SHUTDOWN))
+    assert ("fsync", os.path.basename(log_dir)) in closing[marker_written:], "the marker is made durable"
+    assert ("replace", CHECKPOINT) in closing[:marker_written], "after the checkpoint"
+    disk_events.events.clear()
+    log = open_log()
+    assert not os.path.exists(os.path.join(log_dir, CLEAN_SHUTDOWN))
+    log.append(make_batch(1))
+    log.flush()
+    opening = [(op, path) for op, path, _ in disk_events.events]
+    removed = opening.index(("unlink", os.path.join(log_dir, CLEAN_SHUTDOWN)))
+    synced = opening.index(("fsync", log_dir), removed)
+    written = [e for e in opening[:synced] if e[0] in ("write", "writev", "ftruncate", "pwrite")
+               and os.path.basename(e[1])[:1].isdigit()]
+    assert not written, "nothing is written before the marker is gone for good"
+
+
+def test_a_clean_reopen_does_not_reread_the_active_segment(open_log, log_dir, monkeypatch):
+    stored, path = _active_log_of_many_batches(open_log, log_dir)
+    counted = _counting_reads(monkeypatch)
+    log = open_log(segment_bytes=1 << 20, index_interval_bytes=4096)
+    assert sum(counted) < 16 << 10, f"read {sum(counted)} bytes of a {os.path.getsize(path)}-byte segment"
+    assert read_all(log) == stored
+    log._abandon()  # a crash: no marker
+    counted.clear()
+    log = open_log(segment_bytes=1 << 20, index_interval_bytes=4096)
+    assert sum(counted) >= os.path.getsize(path), "after a crash the active segment is scanned in full"
+    assert read_all(log) == stored
+
+
+@pytest.mark.parametrize("marker", [None, b"", b"0\n299\n", b"garbage"],
+                         ids=["missing", "empty", "other-offset", "malformed"])
+def test_without_a_marker_matching_the_checkpoint_the_active_segment_is_recovered(open_log, log_dir, marker):
+    stored, path = _active_log_of_many_batches(open_log, log_dir)
+    marker_path = os.path.join(log_dir, CLEAN_SHUTDOWN)
+    if marker is None:
+        os.unlink(marker_path)
+    else:
+        with open(marker_path, "wb") as f:
+            f.write(marker)
+    victim = stored[100]
+    with open(path, "r+b") as f:  # damage only a full scan finds
+        f.seek(sum(len(b) for _, b in stored[:100]) + len(victim[1]) - 3)
+        f.write(b"\xff\xfe")
+    log = open_log(segment_bytes=1 << 20, index_interval_bytes=4096)
+    assert read_all(log) == stored[:100]
+
+
+def test_a_clean_reopen_still_checks_the_tail_of_the_active_segment(open_log, log_dir, caplog):
+    stored, path = _active_log_of_many_batches(open_log, log_dir)
+    _append_to(path, os.urandom(100))
+    log = open_log(segment_bytes=1 << 20, index_interval_bytes=4096)
+    assert read_all(log) == stored
+    assert "cutting 100 bytes" in _warnings(caplog)
 
 
 # --- crashes -----------------------------------------------------------------------------------
