@@ -23,7 +23,11 @@ from hpbroker.io.files import open_for_append, pread_full, unlink_if_exists, wri
 
 __all__ = ["SCAN_CHUNK_BYTES", "FileSlice", "LogFile", "ScanOutcome", "at_position", "core_detail"]
 
-# Recovery reads the log this much at a time (a batch larger than this is read whole).
+# Recovery reads the log this much at a time.  A batch larger than this is first checked a chunk
+# at a time (offset, CRC) and read whole only if it passes: memory stays below the larger of this
+# and the largest valid batch, whatever a damaged length field says.  Scans accept batches up to
+# _core's 2 GiB limit, not max_message_bytes: a batch written while the limit was higher is not
+# corrupt because the limit was lowered since.
 SCAN_CHUNK_BYTES = 8 << 20
 # Header walks read this much at a time: one read covers the batches of an index interval.
 _HEADER_WINDOW_BYTES = 16 << 10
@@ -163,13 +167,41 @@ class LogFile:
             if not result.incomplete:
                 return ScanOutcome(position, next_offset, at_position(result.error, position))
             if position + (len(chunk) - result.valid_bytes) >= file_size:
-                return ScanOutcome(
-                    position, next_offset, f"the file ends inside a batch ({file_size - position} bytes left)"
-                )
-            if result.batch_count == 0:  # one batch larger than a chunk: read it whole
-                header_fits = len(chunk) >= _core.HEADER_SIZE
-                want = _core.read_header(chunk).size if header_fits else _core.HEADER_SIZE
+                return ScanOutcome(position, next_offset, f"{_CORE_POSITION_PREFIX}{position}: the file ends "
+                                   f"inside a batch ({file_size - position} bytes left)")
+            if result.batch_count == 0 and len(chunk) < _core.HEADER_SIZE:
+                want = _core.HEADER_SIZE
+            elif result.batch_count == 0:  # one batch larger than a chunk: read it whole, if it is one
+                header = _core.read_header(chunk)
+                problem = self._large_batch_problem(position, header, next_offset, file_size, chunk_bytes)
+                if problem is not None:
+                    return ScanOutcome(position, next_offset, problem)
+                want = header.size
         return ScanOutcome(position, next_offset, None)
+
+    def _large_batch_problem(self, position: int, header: _core.BatchHeader, expected_offset: int,
+                             end: int, chunk_bytes: int) -> str | None:
+        """Why the batch at ``position``, larger than a chunk, cannot be valid; None if it may be.
+
+        Checked a chunk at a time (its offset, that it fits before ``end``, its CRC), so a length
+        field that damage made huge never costs more memory than a chunk: only a batch whose CRC
+        matches, one the log once accepted whole, is then read whole.
+        """
+        here = f"{_CORE_POSITION_PREFIX}{position}"
+        if position + header.size > end:  # the order of _core's checks: framing, CRC, offset
+            return f"{here}: the file ends inside a batch ({end - position} bytes left of {header.size})"
+        crc, at, batch_end = 0, position + _core.CRC_START, position + header.size
+        while at < batch_end:
+            piece = pread_full(self.fd, min(chunk_bytes, batch_end - at), at)
+            if not piece:
+                return f"{here}: the file ends inside a batch ({at - position} bytes of {header.size})"
+            crc = _core.crc32c(piece, crc)
+            at += len(piece)
+        if crc != header.crc:
+            return f"{here}: CRC mismatch: stored 0x{header.crc:08x}, computed 0x{crc:08x}"
+        if header.base_offset != expected_offset:
+            return f"{here}: base offset {header.base_offset}, expected {expected_offset}"
+        return None
 
     def truncate_to(self, position: int) -> None:
         """Cut the file to ``position`` bytes, durably (fdatasync)."""

@@ -233,6 +233,17 @@ def test_read_repairs_a_plausible_index_entry_that_points_at_the_wrong_batch(ope
     assert files_of(log_dir) == before
 
 
+def test_lowering_max_message_bytes_does_not_make_old_batches_corrupt(open_log, log_dir):
+    log = open_log(max_message_bytes=1 << 16, flush_fsync=True)
+    large = make_batch(3, value_bytes=8000)
+    log.append(make_batch(1))
+    log.append(large)
+    log.flush()
+    log._abandon()  # a crash: the next open scans the active segment in full
+    log = open_log(max_message_bytes=4096)
+    assert read_all(log) == [(0, stamped(make_batch(1), 0)), (1, stamped(large, 1))]
+
+
 # --- damage inside the log ---------------------------------------------------------------------
 
 

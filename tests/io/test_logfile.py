@@ -46,6 +46,48 @@ def test_chunked_scan_finds_every_batch_whatever_the_chunk_size(tmp_path, chunk_
     assert (outcome.stop_reason is None) == (tail == b"")
 
 
+def _forged_length(batch: bytes, batch_length: int) -> bytes:
+    forged = bytearray(batch)
+    forged[8:12] = batch_length.to_bytes(4, "little")
+    return bytes(forged)
+
+
+@pytest.mark.parametrize("claimed", [3000, 10**9], ids=["within-the-file", "past-the-end"])
+def test_a_corrupt_length_never_makes_the_scan_read_more_than_a_chunk(tmp_path, monkeypatch, claimed):
+    from hpbroker.io import logfile
+
+    batches = _batches()
+    next_offset = sum(_core.read_header(b).record_count for b in batches)
+    tail = _forged_length(stamped(make_batch(1), next_offset), claimed) + b"\1" * 3500
+    log_file, positions = _file_of(tmp_path, batches, tail)
+    forged_at = positions[-1] + len(batches[-1])
+    reads: list[int] = []  # sizes of the reads at or after the forged batch
+    pread_full = logfile.pread_full
+
+    def counting(fd, length, position):
+        if position >= forged_at:
+            reads.append(length)
+        return pread_full(fd, length, position)
+
+    monkeypatch.setattr(logfile, "pread_full", counting)
+    outcome = log_file.scan(0, 0, lambda *_: None, chunk_bytes=100)
+    log_file.close()
+    assert outcome.valid_end == forged_at
+    assert max(reads) <= 100, f"read {max(reads)} bytes at once for a batch that claims {claimed + 12}"
+    expected = "CRC mismatch" if claimed == 3000 else "ends inside a batch"
+    assert expected in outcome.stop_reason and f"position {outcome.valid_end}" in outcome.stop_reason
+
+
+def test_scan_reads_a_valid_batch_larger_than_a_chunk_whole_and_accepts_it(tmp_path):
+    batches = [make_batch(1, tag=1), make_batch(3, value_bytes=5000, tag=2), make_batch(1, tag=3)]
+    log_file, positions = _file_of(tmp_path, batches)
+    seen: list[int] = []
+    outcome = log_file.scan(0, 0, lambda at, result: seen.extend(at + p for p in result.positions),
+                            chunk_bytes=1000)
+    log_file.close()
+    assert (seen, outcome.stop_reason, outcome.next_offset) == (positions, None, 5)
+
+
 def test_scan_reports_a_torn_last_batch(tmp_path):
     batches = _batches()
     log_file, positions = _file_of(tmp_path, batches[:-1], stamped(batches[-1], 0)[:-1])
