@@ -424,12 +424,15 @@ class PartitionLog:
         Until :meth:`complete_flush` the job's records are neither pending nor readable."""
         if self._in_flight is not None or not self._pending:
             return None
-        job = FlushJob(self._segments[-1], self._pending, self._config.flush_fsync, self._pending_records,
-                       self._pending_bytes, on_done)
+        self._in_flight = self._take_pending(self._config.flush_fsync, on_done)
+        return self._in_flight
+
+    def _take_pending(self, fsync: bool, on_done: Callable[[FlushJob], None] | None) -> FlushJob:
+        job = FlushJob(self._segments[-1], self._pending, fsync, self._pending_records, self._pending_bytes,
+                       on_done)
         self._pending = []
         self._pending_bytes = self._pending_records = 0
         self._pending_since_ms = None
-        self._in_flight = job
         return job
 
     @_disk_operation
@@ -460,17 +463,16 @@ class PartitionLog:
         segment.write_index_entries()  # after the data, so an entry never leads past it
 
     def _flush_pending(self, *, fsync: bool) -> None:
-        """Synchronously: complete the flush in flight, then write (and sync) what is pending."""
+        """Synchronously: complete the flush in flight, then write (and sync) what is pending,
+        as a flush job run here: the high watermark moves only once the data is written (and
+        synced), the index entries are written only after it."""
         if self._in_flight is not None:
             self._apply(self._in_flight)
-        active = self._segments[-1]
         if self._pending:
-            active.append(self._pending)
-            self._pending = []
-            self._pending_bytes = self._pending_records = 0
-            self._pending_since_ms = None
+            self._apply(self._take_pending(fsync, None))
+        active = self._segments[-1]
         if fsync:
-            active.log.sync()
+            active.log.sync()  # what earlier flushes wrote without syncing, if anything
             self._recovery_point = active.next_offset
         active.write_index_entries()  # after the data, so an entry never leads past it
 

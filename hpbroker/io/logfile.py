@@ -1,4 +1,5 @@
-"""One ``.log`` file of record batches: append, read, walk headers, scan and truncate.
+"""One ``.log`` file of record batches: read, walk headers, scan and truncate (appends go through its
+descriptor, see ``Segment.write``).
 
 On-disk format: whole batches back to back, exactly as ``hpbroker._core`` lays them out (its
 module docstring; base offsets stamped by the log), nothing before, between or after them.  A
@@ -14,12 +15,12 @@ that are not batches, its message naming the file and the position in it.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from hpbroker import _core
 from hpbroker.errors import CorruptRecordError
-from hpbroker.io.files import open_for_append, pread_full, unlink_if_exists, writev_all
+from hpbroker.io.files import open_for_append, pread_full, unlink_if_exists
 
 __all__ = ["SCAN_CHUNK_BYTES", "FileSlice", "LogFile", "ScanOutcome", "at_position", "core_detail"]
 
@@ -86,15 +87,9 @@ class LogFile:
         self.size = os.fstat(self.fd).st_size
         self._unsynced = False
 
-    def append(self, buffers: Sequence[bytes | bytearray | memoryview]) -> int:
-        """Write ``buffers`` at the end of the file (no fsync); returns the bytes written."""
-        written = writev_all(self.fd, buffers)
-        self.size += written
-        self._unsynced = True
-        return written
-
     def grew(self, written: int) -> None:
-        """Someone appended ``written`` bytes through :attr:`fd` (see ``Segment.write``)."""
+        """The segment appended ``written`` bytes through :attr:`fd` (``Segment.write``: an
+        O_APPEND descriptor, one ``writev``, possibly on a flusher thread)."""
         self.size += written
         self._unsynced = True
 

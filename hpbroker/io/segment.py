@@ -124,16 +124,14 @@ class Segment:
 
     # --- writing -----------------------------------------------------------------------------
 
-    def append(self, batches: Sequence[PendingBatch]) -> None:
-        """Write ``batches`` (offsets continuing ``next_offset``) at the end of the ``.log`` in
-        one ``writev`` and index them in memory.  No fsync; index files are written by
-        :meth:`write_index_entries`."""
-        self.commit(batches, self.write(batches))
+    # Appending is two halves, so that a flusher thread can do the I/O (and the fdatasync between
+    # them) while the owner goes on: write(), then commit() on the owner's thread.
 
     def write(self, batches: Sequence[PendingBatch]) -> int:
-        """The I/O half of :meth:`append`: one ``writev`` at the end of the ``.log``; returns the
-        bytes written.  Touches no state, so it may run on another thread while the owner goes
-        on (the owner must not write this file or call :meth:`commit` meanwhile)."""
+        """Write ``batches`` (offsets continuing ``next_offset``) at the end of the ``.log`` in
+        one ``writev`` (no fsync); returns the bytes written.  Touches no state, so it may run on
+        another thread while the owner goes on (the owner must not write this file or call
+        :meth:`commit` meanwhile)."""
         buffers = []
         for batch in batches:
             buffers.append(batch.head)
@@ -141,8 +139,9 @@ class Segment:
         return writev_all(self.log.fd, buffers)
 
     def commit(self, batches: Sequence[PendingBatch], written: int) -> None:
-        """The state half of :meth:`append`, on the owner's thread once :meth:`write` returned:
-        the ``.log`` grew by ``written`` bytes holding ``batches``; index them in memory."""
+        """On the owner's thread once :meth:`write` returned: the ``.log`` grew by ``written``
+        bytes holding ``batches``; index them in memory (index files are written by
+        :meth:`write_index_entries`)."""
         position = self.log.size
         positions = []
         for batch in batches:
