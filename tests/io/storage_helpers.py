@@ -78,6 +78,14 @@ def files_of(directory: str) -> dict[str, bytes]:
     return out
 
 
+def make_unwritable(fd: int, path: str) -> None:
+    """The disk goes away under the log: ``fd`` now refuses writes (EBADF), yet stays the log's
+    own descriptor, which it closes once, as usual."""
+    read_only = os.open(path, os.O_RDONLY)
+    os.dup2(read_only, fd)
+    os.close(read_only)
+
+
 def fd_path(fd: int) -> str:
     """The path a descriptor was opened on (Linux: its /proc/self/fd link)."""
     try:

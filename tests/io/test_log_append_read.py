@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+import socket
 
 import pytest
-from storage_helpers import START_MS, files_of, make_batch, read_all, split_batches, stamped
+from storage_helpers import START_MS, files_of, make_batch, make_unwritable, read_all, split_batches, stamped
 
 from hpbroker import _core
 from hpbroker.errors import (
@@ -291,14 +292,20 @@ def test_read_slice_covers_one_segment_and_continues_in_the_next(open_log):
 
 
 def test_read_slice_is_ready_for_sendfile(open_log):
-    log, _ = _log_of_small_batches(open_log)
+    log, batches = _log_of_small_batches(open_log)
     file_slice = log.read(10, 500)
-    assert isinstance(file_slice, FileSlice)
-    with open(file_slice.path, "rb") as f:
-        f.seek(file_slice.position)
-        expected = f.read(file_slice.length)
-    assert os.pread(file_slice.fd, file_slice.length, file_slice.position) == expected
-    assert file_slice.first_offset == 10
+    assert isinstance(file_slice, FileSlice) and file_slice.first_offset == 10
+    sender, receiver = socket.socketpair()
+    with sender, receiver:
+        sent = 0
+        while sent < file_slice.length:
+            left = file_slice.length - sent
+            sent += os.sendfile(sender.fileno(), file_slice.fd, file_slice.position + sent, left)
+        sender.shutdown(socket.SHUT_WR)
+        received = b"".join(iter(lambda: receiver.recv(1 << 16), b""))
+    stored = [stamped(batch, 2 * i) for i, batch in enumerate(batches)][5:]  # offset 10 is batch 5
+    whole = max(n for n in range(1, len(stored) + 1) if n == 1 or sum(map(len, stored[:n])) <= 500)
+    assert received == b"".join(stored[:whole]), "the batches appended, stamped, and whole ones only"
 
 
 def test_read_returns_whole_batches_within_max_bytes(open_log):
@@ -469,7 +476,7 @@ def test_max_message_bytes_counts_the_whole_batch(open_log):
 def test_disk_error_takes_the_log_offline(open_log):
     log = open_log()
     log.append(make_batch(1))
-    os.close(log.segments[-1].log.fd)  # the disk goes away under the log
+    make_unwritable(log.segments[-1].log.fd, log.segments[-1].path)
     with pytest.raises(StorageError, match="flush failed") as info:
         log.flush()
     assert isinstance(info.value.__cause__, OSError)

@@ -7,7 +7,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from storage_helpers import TEST_CONFIG, make_batch, read_all, stamped
+from storage_helpers import TEST_CONFIG, make_batch, make_unwritable, read_all, stamped
 
 from hpbroker.errors import StorageError
 from hpbroker.io import PartitionLog
@@ -55,7 +55,7 @@ def test_records_in_flight_are_unreadable_until_the_flush_completes(pipelined):
 def test_a_flusher_thread_writes_exactly_what_a_synchronous_log_writes(tmp_path, pipelined, clock):
     batches = [make_batch(1 + i % 5, value_bytes=40 + i, tag=i) for i in range(300)]
     log = pipelined(segment_bytes=16_384)
-    done = threading.Event()
+    begun, done = [], []
     with ThreadPoolExecutor(1) as flusher:
         job = None
         for batch in batches:
@@ -64,10 +64,12 @@ def test_a_flusher_thread_writes_exactly_what_a_synchronous_log_writes(tmp_path,
                 log.complete_flush(job)
                 job = None
             if job is None:
-                job = log.begin_flush(on_done=lambda _job: done.set())
+                job = log.begin_flush(on_done=done.append)
+                begun.append(job)
                 flusher.submit(job.run)
         log.complete_flush(job)
-        assert done.is_set()
+    assert len(begun) > 5 and len(log.segments) > 3, "many jobs, some completed by rolls"
+    assert sorted(map(id, done)) == sorted(map(id, begun)), "on_done once per job"
     log.flush()
     with PartitionLog(os.path.join(tmp_path, "sync"), TEST_CONFIG.replace(segment_bytes=16_384),
                       clock=clock) as reference:
@@ -216,7 +218,7 @@ def test_a_failed_flush_takes_the_log_offline(pipelined):
     log = pipelined()
     log.append(make_batch(1))
     job = log.begin_flush()
-    os.close(log.segments[-1].log.fd)  # the disk goes away under the flusher
+    make_unwritable(log.segments[-1].log.fd, log.segments[-1].path)  # under the flusher
     job.run()
     assert isinstance(job.error, OSError)
     with pytest.raises(StorageError, match="complete_flush failed"):
@@ -224,7 +226,6 @@ def test_a_failed_flush_takes_the_log_offline(pipelined):
     assert log.offline
     with pytest.raises(StorageError, match="offline"):
         log.append(make_batch(1))
-    log.segments[-1].log.fd = -1  # already closed above; keep teardown from closing a reused fd
 
 
 def test_a_job_the_log_already_applied_completes_as_a_no_op(pipelined):

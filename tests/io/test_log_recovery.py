@@ -385,25 +385,43 @@ def test_open_of_an_existing_directory_syncs_no_parent(log_dir, open_log, disk_e
     assert not [e for e in disk_events.of("fsync") if e[1] == os.path.dirname(log_dir)]
 
 
+def _flip_a_record_byte(log_dir: str, stored, victim_index: int) -> None:
+    """Damage that only a full scan finds: a byte of a batch's records (its CRC fails)."""
+    position = sum(len(b) for _, b in stored[:victim_index]) + len(stored[victim_index][1]) - 3
+    with open(_segment_file(log_dir, 0, ".log"), "r+b") as f:
+        f.seek(position)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x55]))
+
+
 def test_leftover_checkpoint_tmp_is_ignored(open_log, log_dir):
-    _write(open_log, 5)
+    stored = _write(open_log, 40, segment_bytes=1024)
+    assert len([name for name in os.listdir(log_dir) if name.endswith(".log")]) > 3
+    with open(os.path.join(log_dir, CHECKPOINT), "w") as f:
+        f.write("0\n0\n")  # recover everything...
     with open(os.path.join(log_dir, CHECKPOINT + ".tmp"), "w") as f:
-        f.write("0\n999\n")  # an interrupted write of a checkpoint: never renamed into place
-    log = open_log()
-    assert log.recovery_point == 10
+        f.write("0\n999\n")  # ...not what an interrupted write, never renamed into place, says
+    _flip_a_record_byte(log_dir, stored, 3)
+    log = open_log(segment_bytes=1024)
+    assert read_all(log) == stored[:3], "the damaged first segment was scanned in full"
+    assert not os.path.exists(os.path.join(log_dir, CHECKPOINT + ".tmp"))
     with open(os.path.join(log_dir, CHECKPOINT)) as f:
-        assert f.read() == "0\n10\n"
+        assert f.read() == f"0\n{stored[3][0]}\n"
 
 
 @pytest.mark.parametrize("content", [b"", b"garbage", b"1\n5\n", b"0\n-5\n", b"0\n5", b"\xff" * 100])
 def test_malformed_checkpoint_means_full_recovery(open_log, log_dir, caplog, content):
-    stored = _write(open_log, 30)
+    stored = _write(open_log, 40, segment_bytes=1024)
     with open(os.path.join(log_dir, CHECKPOINT), "wb") as f:
         f.write(content)
-    log = open_log()
-    assert read_all(log) == stored
+    _flip_a_record_byte(log_dir, stored, 3)  # in the first segment, which a checkpoint would trust
+    log = open_log(segment_bytes=1024)
+    assert read_all(log) == stored[:3], "every segment was scanned in full"
     assert "malformed checkpoint" in _warnings(caplog)
-    assert log.recovery_point == 60
+    assert log.recovery_point == stored[3][0]
+    with open(os.path.join(log_dir, CHECKPOINT)) as f:
+        assert f.read() == f"0\n{stored[3][0]}\n"
 
 
 def test_checkpoint_records_the_recovery_point_on_close(open_log, log_dir):
