@@ -14,8 +14,9 @@ log).
 File ``clean-shutdown``, the same two lines, the second being the log end offset at which the log
 was closed.  ``PartitionLog.close()`` writes it (fsynced, then the directory fsynced) as its
 last step, once every segment and index is fsynced and the checkpoint says that same offset; the
-next open reads and removes it (unlink, then directory fsync) before it writes anything, so it
-exists only while the directory is closed and was closed cleanly.  No atomic rename is needed: a
+next open reads and removes it (unlink, then directory fsync) before it changes any segment,
+index or checkpoint file, so it exists only while the directory is closed and was closed
+cleanly.  No atomic rename is needed: a
 crash while writing it leaves no file or a malformed one, which means "not clean".  What a clean
 shutdown changes on open is in ``hpbroker.io.loader``.
 

@@ -16,7 +16,8 @@ segment is trusted, the active one included, so a clean reopen reads index files
 of the logs, not whole segments; the last segment must also end exactly at that offset, else it
 is recovered.  Without such a marker (a crash, a close that failed, a marker or checkpoint
 missing, malformed or disagreeing) the rule above applies.  The open removes the marker, durably,
-before this runs, so a crash of the reopened log is never taken for a clean shutdown.
+before this runs, so a crash of the reopened log is never taken for a clean shutdown.  A
+segment created here (a directory without any) has its directory entry fsynced at once.
 
 Directory debris removed first: ``*.tmp`` and ``*.deleted`` files, and ``.index``/``.timeindex``
 files whose ``.log`` is gone.  Files that are not ours are left alone.  Called once per open by
@@ -57,7 +58,13 @@ def load_segments(directory: str, config: LogConfig, recovery_point: int, *, now
     and ``recovery_point`` is its end.  Raises OSError; closes what it opened then."""
     bases = _clean_directory(directory, log_name)
     if not bases:
-        return [Segment(directory, 0, config, create=True, now_ms=now_ms, log_name=log_name)]
+        segment = Segment(directory, 0, config, create=True, now_ms=now_ms, log_name=log_name)
+        try:
+            fsync_dir(directory)  # its records must not vanish with its directory entry
+        except BaseException:
+            segment.close()
+            raise
+        return [segment]
     holding = len(bases) if clean_shutdown else max(0, bisect.bisect_right(bases, recovery_point) - 1)
     segments: list[Segment] = []
     try:

@@ -4,8 +4,8 @@ Layout: one directory per partition (the caller picks it, e.g. ``<data_dir>/<top
 holding the segments, each named by its base offset (``00000000000000000000.log``, ``.index``,
 ``.timeindex``; formats in ``hpbroker.io.segment``), ``recovery-point-offset-checkpoint`` and,
 between a clean close and the next open, ``clean-shutdown`` (both in ``hpbroker.io.checkpoint``).
-The first record of a partition has offset 0; offsets are
-contiguous from ``log_start_offset`` to ``log_end_offset``.
+The first record of a partition has offset 0; offsets are contiguous from ``log_start_offset``
+to ``log_end_offset``.
 
 Life of an append: the buffer is deep-validated, each batch is given the next offsets and goes
 into the *pending* list (a producer buffer that is ``bytes`` is not copied; only the 16-byte
@@ -42,7 +42,8 @@ Durability, exactly:
 - After a clean close (:meth:`PartitionLog.close` returned: everything flushed and fsynced, the
   checkpoint at the log end, and only then the ``clean-shutdown`` marker written and fsynced),
   the next open checks every segment that cheaply, the active one included.  That open removes
-  the marker, durably, before it writes anything, so a crash after it is "any crash" again.
+  the marker, durably, before it changes any segment, index or checkpoint file, so a crash
+  after it is "any crash" again.
 - Index entries are written at each flush without fsync; they are fsynced on roll, checkpoint
   and close, and always rebuilt from the log when they cannot be trusted.
 

@@ -378,6 +378,17 @@ def test_open_makes_a_new_partition_directory_and_its_ancestors_durable(tmp_path
     assert ("fsync", created[-1]) in events, "and the new directory's own entries (segment, checkpoint)"
 
 
+def test_a_segment_the_open_creates_is_made_durable_even_when_the_checkpoint_needs_no_write(
+        log_dir, open_log, disk_events):
+    os.makedirs(log_dir)
+    with open(os.path.join(log_dir, CHECKPOINT), "w") as f:
+        f.write("0\n0\n")  # a directory whose segments are gone: the checkpoint is already right
+    disk_events.events.clear()
+    open_log()
+    events = [(op, os.path.basename(path)) for op, path, _ in disk_events.events]
+    assert ("fsync", os.path.basename(log_dir)) in events, "else the new segment may vanish with its records"
+
+
 def test_open_of_an_existing_directory_syncs_no_parent(log_dir, open_log, disk_events):
     open_log().close()
     disk_events.events.clear()
