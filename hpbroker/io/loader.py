@@ -7,7 +7,9 @@ scan if the check fails.  From the segment holding the recovery point on, every 
 *recovered*: scanned batch by batch (length, CRC, offsets contiguous), its indexes rebuilt, its
 ``.log`` truncated at the first bad byte.  Once a segment is truncated, or a segment does not
 start where its predecessor ends, every later segment is deleted: offsets in a log are
-contiguous, and nothing after a hole can be trusted to follow it.
+contiguous, and nothing after a hole can be trusted to follow it.  A trusted segment is never
+truncated: damage found in one (rot in fsynced data, not a torn write) is recorded, its bytes
+and every later segment stay, and reads that reach the damage fail with CorruptRecordError.
 
 Clean shutdown (Kafka's ``.kafka_cleanshutdown``, per partition directory here): when the open
 found a ``clean-shutdown`` marker (``hpbroker.io.checkpoint``) holding the same offset as the
@@ -71,8 +73,11 @@ def load_segments(directory: str, config: LogConfig, recovery_point: int, *, now
         for i, base in enumerate(bases):
             segment = Segment(directory, base, config, create=False, now_ms=now_ms, log_name=log_name)
             segments.append(segment)
-            ends_at = recovery_point if clean_shutdown and i == len(bases) - 1 else None
-            cut = _open_segment(segment, trusted=i < holding, ends_at=ends_at, log_name=log_name)
+            last = i == len(bases) - 1
+            ends_at = recovery_point if clean_shutdown and last else None
+            next_base = None if last else bases[i + 1]
+            cut = _open_segment(segment, trusted=i < holding, ends_at=ends_at, next_base=next_base,
+                                log_name=log_name)
             if i and base != segments[-2].next_offset:
                 logger.warning("[%s] segment %s starts at offset %d but its predecessor ends at %d",
                                log_name, segment.path, base, segments[-2].next_offset)
@@ -89,9 +94,15 @@ def load_segments(directory: str, config: LogConfig, recovery_point: int, *, now
     return segments
 
 
-def _open_segment(segment: Segment, *, trusted: bool, ends_at: int | None, log_name: str) -> int:
-    """Load a trusted segment (which must end at ``ends_at`` unless None), falling back to
-    recovery; recover the others.  Bytes cut."""
+def _open_segment(segment: Segment, *, trusted: bool, ends_at: int | None, next_base: int | None,
+                  log_name: str) -> int:
+    """Load a trusted segment (which must end at ``ends_at`` unless None), falling back to a
+    rebuild of its indexes; recover the others.  Bytes cut.
+
+    A trusted segment that is not the last one is never cut: what is wrong in it is rot in
+    fsynced, acknowledged data, and cutting it would delete every later segment too.  It keeps
+    its bytes, and reads that reach the damage fail (``Segment.recover_keeping_damage``).
+    """
     if trusted:
         try:
             segment.load()
@@ -101,6 +112,11 @@ def _open_segment(segment: Segment, *, trusted: bool, ends_at: int | None, log_n
                            log_name, segment.path, segment.next_offset, ends_at)
         except IndexCorruptError as e:
             logger.warning("[%s] index check failed, rebuilding from the log: %s", log_name, e)
+            if next_base is not None:
+                if not segment.recover_keeping_damage(next_base):
+                    logger.error("[%s] acknowledged data is damaged and stays unreadable: %s", log_name,
+                                 segment.damage)
+                return 0
     return segment.recover()
 
 

@@ -70,7 +70,8 @@ class Segment:
         self.next_offset = base_offset
         self.max_timestamp = -1
         self.first_batch_timestamp = -1
-        self.damage: str | None = None  # where rebuild_indexes found the .log itself damaged
+        self.damage: str | None = None  # why the .log itself is damaged (found by a rebuild)
+        self.damage_position = -1  # where its valid prefix ends, when damaged
         self._index_interval = config.index_interval_bytes
         self._name = log_name
         path = os.path.join(directory, segment_file_name(base_offset, ""))
@@ -269,6 +270,31 @@ class Segment:
         self._rewrite_indexes()
         return cut
 
+    def recover_keeping_damage(self, next_base_offset: int) -> bool:
+        """Rebuild both indexes of a *closed* segment by scanning its ``.log``, never changing it.
+
+        For an old segment whose indexes failed their check at open: its batches were fsynced
+        long ago, so damage inside is rot, not a torn write, and cutting it would also throw
+        away every later segment.  When the scan stops early, the indexes cover the valid
+        prefix, :attr:`damage` says where the rot starts, and the segment still ends at
+        ``next_base_offset`` (where the next segment begins): reads below the damage work, reads
+        that reach it raise CorruptRecordError.  Returns True when the segment is intact.
+        """
+        self._clear_indexes()
+        size = os.fstat(self.log.fd).st_size
+        outcome = self.log.scan(0, self.base_offset, self._index_scanned, end=size)
+        self.log.size = size
+        self._rewrite_indexes()
+        if outcome.valid_end == size and outcome.next_offset == next_base_offset:
+            self.next_offset = outcome.next_offset
+            return True
+        self.next_offset = next_base_offset
+        self.damage_position = outcome.valid_end
+        reason = outcome.stop_reason or f"offsets end at {outcome.next_offset}"
+        self.damage = (f"{self.path}: {reason} (valid up to offset {outcome.next_offset} of "
+                       f"{next_base_offset}, position {outcome.valid_end} of {size})")
+        return False
+
     def rebuild_indexes(self) -> None:
         """Rebuild both indexes from the ``.log`` while the segment is in use (an index was found
         to disagree with it), reading only its first ``size_in_bytes``: what follows may be a
@@ -287,6 +313,7 @@ class Segment:
             self.time_index.restore(saved[1])
             self.max_timestamp, self.first_batch_timestamp = saved[2], saved[3]
             reason = outcome.stop_reason or f"batch at position {outcome.valid_end}: offsets end early"
+            self.damage_position = outcome.valid_end
             self.damage = (f"{self.path}: {reason} (valid up to offset {outcome.next_offset} of "
                            f"{self.next_offset}, position {outcome.valid_end} of {self.log.size})")
             raise CorruptRecordError(self.damage)
@@ -326,14 +353,20 @@ class Segment:
 
     def read(self, offset: int, max_bytes: int) -> FileSlice:
         """Whole batches from the one containing ``offset`` (which must be in
-        ``[base_offset, next_offset)``): the first batch always, more while within ``max_bytes``."""
+        ``[base_offset, next_offset)``): the first batch always, more while within ``max_bytes``.
+        In a damaged segment only the valid prefix is served; CorruptRecordError past it."""
         entry = self.offset_index.floor(offset - self.base_offset)
         if entry < 0:
             raise IndexCorruptError(f"{self.offset_index.path}: no entry at or below offset {offset}")
-        for start, header in self._checked_headers(entry, self.log.size):
+        readable = self.log.size if self.damage_position < 0 else self.damage_position
+        for start, header in self._checked_headers(entry, readable):
             if header.next_offset > offset:
-                end = self._slice_end(start, header.size, start + max_bytes)
+                end = min(self._slice_end(start, header.size, start + max_bytes), readable)
+                if end <= start:
+                    break
                 return FileSlice(self.log.fd, start, end - start, header.base_offset, self.path)
+        if self.damage is not None:
+            raise CorruptRecordError(f"offset {offset} lies past the damage: {self.damage}")
         raise IndexCorruptError(f"{self.path}: no batch holds offset {offset} below {self.next_offset}")
 
     def _slice_end(self, start: int, first_size: int, limit: int) -> int:

@@ -269,6 +269,35 @@ def test_corrupt_batch_in_a_closed_segment_truncates_there_and_drops_later_ones(
         assert f"deleting segment {base:020d}.log" in warning
 
 
+def test_rot_in_a_trusted_segment_is_kept_and_reported_not_cut(open_log, log_dir, caplog):
+    stored = _write(open_log, 40, segment_bytes=1024)
+    bases = sorted(int(n[:20]) for n in os.listdir(log_dir) if n.endswith(".log"))
+    assert len(bases) >= 3
+    victim = [b for b in stored if b[0] < bases[1]][3]  # the fourth batch of the first segment
+    position = sum(len(b) for off, b in stored if off < victim[0])
+    path = _segment_file(log_dir, 0, ".log")
+    with open(path, "r+b") as f:
+        f.seek(position + len(victim[1]) - 3)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x55]))
+    damaged = open(path, "rb").read()
+    os.unlink(_segment_file(log_dir, 0, ".index"))  # the index check fails: the segment is re-read
+    log = open_log(segment_bytes=1024)
+    assert open(path, "rb").read() == damaged, "acknowledged bytes are never cut from a trusted segment"
+    assert [s.base_offset for s in log.segments] == bases, "later segments stay"
+    assert log.log_end_offset == stored[-1][0] + 2
+    assert log.read_bytes(0, 1 << 20)[: len(stored[0][1])] == stored[0][1]  # before the damage: fine
+    with pytest.raises(CorruptRecordError, match=f"{bases[0]:020d}.log.*position {position}"):
+        log.read_bytes(victim[0], 1 << 20)
+    later = [b for b in stored if b[0] >= bases[1]]
+    assert log.read_bytes(later[0][0], len(later[0][1])) == later[0][1]
+    assert "acknowledged data is damaged" in caplog.text
+    log.append(make_batch(1))
+    log.flush()
+    assert log.high_watermark == stored[-1][0] + 3
+
+
 def _damaged_closed_segment(open_log, log_dir, damage):
     """A closed segment of 40 equal batches (increasing timestamps, so opening checks only its
     tail), then ``damage(file, batch_size)`` applied to its ``.log``, and the log reopened."""
