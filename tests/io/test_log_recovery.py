@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from storage_helpers import START_MS, TEST_CONFIG, files_of, make_batch, read_all, stamped
@@ -281,10 +282,10 @@ def test_rot_in_a_trusted_segment_is_kept_and_reported_not_cut(open_log, log_dir
         byte = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0x55]))
-    damaged = open(path, "rb").read()
+    damaged = Path(path).read_bytes()
     os.unlink(_segment_file(log_dir, 0, ".index"))  # the index check fails: the segment is re-read
     log = open_log(segment_bytes=1024)
-    assert open(path, "rb").read() == damaged, "acknowledged bytes are never cut from a trusted segment"
+    assert Path(path).read_bytes() == damaged, "acknowledged bytes are never cut from a trusted segment"
     assert [s.base_offset for s in log.segments] == bases, "later segments stay"
     assert log.log_end_offset == stored[-1][0] + 2
     assert log.read_bytes(0, 1 << 20)[: len(stored[0][1])] == stored[0][1]  # before the damage: fine
