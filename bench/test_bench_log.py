@@ -25,7 +25,7 @@ from hpbroker.records import BatchBuilder
 
 BATCHES = 48
 VALUE_BYTES = 100
-ROUNDS = 5
+ROUNDS = 9
 
 
 @pytest.fixture(scope="module")
@@ -77,18 +77,21 @@ def _log_append(log, batches):
     assert log.pending_records == 0
 
 
-def _log_append_pipelined(log, batches, flusher):
-    """The broker's pattern: append on the owner's thread, each group commit on the flusher's."""
-    job = None
+def _log_append_pipelined(log, batches, flusher, depth=2):
+    """The broker's pattern: append on the owner's thread, group commits on the flusher's.  Up to
+    ``depth`` jobs are in flight, so the flusher always has the next group queued while the
+    owner keeps appending; each job takes everything appended since the previous one."""
+    jobs = []
     for batch in batches:
         log.append(batch)
-        if job is not None and job.done.is_set():
-            log.complete_flush(job)
-            job = None
-        if job is None:
+        while jobs and jobs[0].done.is_set():
+            log.complete_flush(jobs.pop(0))
+        if len(jobs) < depth:
             job = log.begin_flush()
             flusher.submit(job.run)
-    log.complete_flush(job)
+            jobs.append(job)
+    for job in jobs:
+        log.complete_flush(job)
     log.flush()
     assert log.pending_records == 0
 

@@ -20,9 +20,11 @@ Pipelined group commit: with ``flush_on_append=False`` the owner starts each flu
 (:meth:`PartitionLog.begin_flush`), runs the returned :class:`FlushJob` on a flusher thread, and
 applies it with :meth:`PartitionLog.complete_flush` when the job is done.  ``writev`` and
 ``fdatasync`` release the GIL, so validating and appending the next requests overlaps the disk
-write of the previous group.  One job is in flight per log at a time; rolls, ``flush()`` and
-``close()`` first complete it: they wait for it if a flusher thread is running it, and run it
-themselves if none has started it (a job runs at most once, see :class:`FlushJob`).
+write of the previous group.  Any number of jobs may be in flight; they write in the order they
+were begun (each waits for its predecessor) and are applied in that order.  Rolls, ``flush()``
+and ``close()`` first complete every job in flight: they wait for one a flusher thread is
+running, and run one themselves if none has started it (a job runs at most once, see
+:class:`FlushJob`).
 
 Durability, exactly:
 
@@ -70,6 +72,7 @@ open, in any process, fails with StorageError until the first is closed or its p
 from __future__ import annotations
 
 import bisect
+import collections
 import errno
 import functools
 import logging
@@ -124,6 +127,10 @@ class FlushJob:
     release the GIL, so the owner goes on validating and appending meanwhile.  The owner applies
     the result with :meth:`PartitionLog.complete_flush`.
 
+    Several jobs may be in flight; they write in the order they were begun because each one,
+    once claimed, first waits for its ``previous`` job to be done (and does not write at all if
+    that one failed).  A flusher that runs jobs in the order it gets them never waits long.
+
     A job runs at most once: whoever calls :meth:`run` first *claims* it (pending -> running ->
     done); a later call does nothing.  The owner never waits for a job nobody has claimed: when
     it needs the result (a roll, :meth:`PartitionLog.flush`, close) it runs the job itself,
@@ -143,6 +150,7 @@ class FlushJob:
     written: int = 0
     error: OSError | None = None
     applied: bool = False  # set by the log once it has taken the result in
+    previous: FlushJob | None = None  # the job begun before this one, until it is done
     _claim: threading.Lock = field(default_factory=threading.Lock)  # held forever by the claimer
 
     def run(self) -> None:
@@ -150,6 +158,11 @@ class FlushJob:
         if not self._claim.acquire(blocking=False):
             return
         try:
+            previous, self.previous = self.previous, None
+            if previous is not None:
+                previous.done.wait()
+                if previous.error is not None:
+                    raise OSError(errno.ECANCELED, f"not written: an earlier flush failed: {previous.error}")
             self.written = self.segment.write(self.batches)
             if self.fsync:
                 os.fdatasync(self.segment.log.fd)
@@ -226,7 +239,7 @@ class PartitionLog:
         self._pending_bytes = self._pending_records = 0
         self._pending_since_ms: int | None = None
         self._flush_on_append = flush_on_append
-        self._in_flight: FlushJob | None = None
+        self._in_flight: collections.deque[FlushJob] = collections.deque()  # oldest first
         self._doomed: list[tuple[int, Segment]] = []  # (close at ms, deleted segment)
         self._checkpoint = RecoveryPointCheckpoint(self._directory)
         self._clean_shutdown = CleanShutdownMarker(self._directory)
@@ -320,16 +333,16 @@ class PartitionLog:
     @property
     def pending_records(self) -> int:
         """Records appended but not yet flushed (so not yet readable), in flight included."""
-        return self._pending_records + (self._in_flight.records if self._in_flight else 0)
+        return self._pending_records + sum(job.records for job in self._in_flight)
 
     @property
     def pending_bytes(self) -> int:
-        return self._pending_bytes + (self._in_flight.size if self._in_flight else 0)
+        return self._pending_bytes + sum(job.size for job in self._in_flight)
 
     @property
-    def flush_in_flight(self) -> FlushJob | None:
-        """The group commit begun and not yet completed, if any."""
-        return self._in_flight
+    def flushes_in_flight(self) -> tuple[FlushJob, ...]:
+        """The group commits begun and not yet completed, oldest first."""
+        return tuple(self._in_flight)
 
     @property
     def flush_deadline_ms(self) -> int | None:
@@ -405,8 +418,8 @@ class PartitionLog:
 
     @_disk_operation
     def flush(self) -> None:
-        """Write every pending batch now, and fdatasync unless ``flush_fsync`` is off (waiting
-        for a flush in flight first)."""
+        """Write every pending batch now, and fdatasync unless ``flush_fsync`` is off (completing
+        the flushes in flight first)."""
         self._flush_pending(fsync=self._config.flush_fsync)
 
     @_disk_operation
@@ -421,12 +434,15 @@ class PartitionLog:
     @_disk_operation
     def begin_flush(self, on_done: Callable[[FlushJob], None] | None = None) -> FlushJob | None:
         """Hand the pending batches to a :class:`FlushJob` for another thread to :meth:`~FlushJob.run`;
-        None when nothing is pending or a flush is already in flight (one at a time, in order).
-        Until :meth:`complete_flush` the job's records are neither pending nor readable."""
-        if self._in_flight is not None or not self._pending:
+        None when nothing is pending.  Jobs already in flight are fine: each writes after the one
+        begun before it.  Until :meth:`complete_flush` the job's records are neither pending nor
+        readable."""
+        if not self._pending:
             return None
-        self._in_flight = self._take_pending(self._config.flush_fsync, on_done)
-        return self._in_flight
+        job = self._take_pending(self._config.flush_fsync, on_done)
+        job.previous = self._in_flight[-1] if self._in_flight else None
+        self._in_flight.append(job)
+        return job
 
     def _take_pending(self, fsync: bool, on_done: Callable[[FlushJob], None] | None) -> FlushJob:
         job = FlushJob(self._segments[-1], self._pending, fsync, self._pending_records, self._pending_bytes,
@@ -445,14 +461,17 @@ class PartitionLog:
         no-op."""
         if job.applied:
             return
-        if job is not self._in_flight:
-            raise ValueError(f"[{self._name}] that flush job is not this log's flush in flight")
-        self._apply(job)
+        if job not in self._in_flight:
+            raise ValueError(f"[{self._name}] that flush job is not one of this log's flushes in flight")
+        while not job.applied:
+            self._apply(self._in_flight[0])
 
     def _apply(self, job: FlushJob) -> None:
+        """Apply ``job``, which is either the oldest in flight or one not yet in flight."""
         job.run()  # here and now, unless a flusher has claimed it: then wait for that
         job.done.wait()
-        self._in_flight = None
+        if self._in_flight and self._in_flight[0] is job:
+            self._in_flight.popleft()
         job.applied = True
         if job.error is not None:
             raise job.error  # an OSError: _disk_operation takes the log offline
@@ -464,11 +483,11 @@ class PartitionLog:
         segment.write_index_entries()  # after the data, so an entry never leads past it
 
     def _flush_pending(self, *, fsync: bool) -> None:
-        """Synchronously: complete the flush in flight, then write (and sync) what is pending,
+        """Synchronously: complete the flushes in flight, then write (and sync) what is pending,
         as a flush job run here: the high watermark moves only once the data is written (and
         synced), the index entries are written only after it."""
-        if self._in_flight is not None:
-            self._apply(self._in_flight)
+        while self._in_flight:
+            self._apply(self._in_flight[0])
         if self._pending:
             self._apply(self._take_pending(fsync, None))
         active = self._segments[-1]
@@ -506,7 +525,7 @@ class PartitionLog:
     def roll(self) -> None:
         """Start a new active segment now (flushing pending records and completing the flush in
         flight first); no-op if the active one is empty and nothing is waiting to be written."""
-        if self._segments[-1].size_in_bytes or self._pending or self._in_flight is not None:
+        if self._segments[-1].size_in_bytes or self._pending or self._in_flight:
             self._roll(self._clock(), "requested")
 
     def _roll(self, now_ms: int, reason: str) -> None:
@@ -681,9 +700,9 @@ class PartitionLog:
 
     def _release(self) -> None:
         """Close every descriptor, whatever happens: the log is unusable afterwards."""
-        if self._in_flight is not None:
-            self._in_flight.cancel()
-            self._in_flight = None
+        for job in self._in_flight:
+            job.cancel()
+        self._in_flight.clear()
         self._closed = True
         self._pending = []
         for segment in self._segments + [segment for _close_at_ms, segment in self._doomed]:

@@ -38,8 +38,8 @@ def test_records_in_flight_are_unreadable_until_the_flush_completes(pipelined):
     first = make_batch(2, tag=1)
     log.append(first)
     job = log.begin_flush()
-    assert job is not None and log.flush_in_flight is job
-    assert log.begin_flush() is None, "one flush in flight at a time"
+    assert job is not None and log.flushes_in_flight == (job,)
+    assert log.begin_flush() is None, "nothing pending"
     second = make_batch(1, tag=2)
     log.append(second)
     assert log.pending_records == 3 and log.high_watermark == 0
@@ -89,7 +89,7 @@ def test_a_roll_waits_for_the_flush_in_flight(pipelined):
     job = log.begin_flush()
     threading.Timer(0.05, job.run).start()
     log.append(make_batch(1, value_bytes=400, tag=2))  # must roll: waits for the job, applies it
-    assert log.flush_in_flight is None and len(log.segments) == 2
+    assert log.flushes_in_flight == () and len(log.segments) == 2
     assert log.high_watermark == 1
     log.flush()
     assert [offset for offset, _ in read_all(log)] == [0, 1]
@@ -105,7 +105,7 @@ def test_roll_rolls_when_all_that_is_unwritten_is_the_flush_in_flight(pipelined,
         threading.Timer(0.05, job.run).start()
     log.roll()
     assert [s.base_offset for s in log.segments] == [0, 2]
-    assert (log.high_watermark, log.flush_in_flight, log.recovery_point) == (2, None, 2)
+    assert (log.high_watermark, log.flushes_in_flight, log.recovery_point) == (2, (), 2)
 
 
 def test_close_waits_for_and_keeps_the_flush_in_flight(log_dir, pipelined):
@@ -150,7 +150,7 @@ def test_the_owner_runs_a_job_nobody_claimed(pipelined, call, high_watermark):
     log.append(second)
     args = (job,) if call == "complete_flush" else ()
     assert _in_thread(lambda: getattr(log, call)(*args)), f"{call} waited for a job nobody runs"
-    assert (log.high_watermark, log.flush_in_flight, done_by) == (high_watermark, None, [job])
+    assert (log.high_watermark, log.flushes_in_flight, done_by) == (high_watermark, (), [job])
     job.run()  # the flusher turns up late: the job is done already
     assert done_by == [job], "on_done is called once, by whoever ran the job"
     log.flush()
@@ -246,6 +246,44 @@ def test_completing_another_logs_job_is_refused(pipelined, tmp_path, clock):
         other.append(make_batch(1))
         foreign = other.begin_flush()
         foreign.run()
-        with pytest.raises(ValueError, match="not this log's flush in flight"):
+        with pytest.raises(ValueError, match="not one of this log's flushes in flight"):
             log.complete_flush(foreign)
         other.complete_flush(foreign)
+
+
+def test_jobs_in_flight_write_in_the_order_begun_whoever_runs_them(pipelined):
+    log = pipelined()
+    batches = [make_batch(1, value_bytes=20 + i, tag=i) for i in range(3)]
+    jobs = []
+    for batch in batches:
+        log.append(batch)
+        jobs.append(log.begin_flush())
+    assert log.flushes_in_flight == tuple(jobs) and log.pending_records == 3
+    late = threading.Thread(target=jobs[2].run)  # claims the last job first: it must wait
+    late.start()
+    late.join(0.1)
+    assert late.is_alive() and not jobs[2].done.is_set(), "the last job waits for the ones before"
+    threading.Thread(target=jobs[0].run).start()
+    log.complete_flush(jobs[1])  # applies jobs 0 and 1 in order, running job 1 here
+    late.join(5)
+    assert [job.applied for job in jobs] == [True, True, False] and log.high_watermark == 2
+    log.complete_flush(jobs[2])
+    assert read_all(log) == [(i, stamped(batch, i)) for i, batch in enumerate(batches)]
+
+
+def test_a_job_after_a_failed_one_writes_nothing(pipelined):
+    log = pipelined()
+    log.append(make_batch(1, tag=1))
+    first = log.begin_flush()
+    log.append(make_batch(1, tag=2))
+    second = log.begin_flush()
+    size_before = os.fstat(log.segments[-1].log.fd).st_size
+    first.error = OSError("disk gone")  # as if its write had failed
+    first._claim.acquire()
+    first.done.set()
+    second.run()
+    assert second.error is not None and "an earlier flush failed" in str(second.error)
+    assert os.fstat(log.segments[-1].log.fd).st_size == size_before
+    with pytest.raises(StorageError, match="disk gone"):
+        log.complete_flush(second)
+    assert log.offline
