@@ -27,6 +27,7 @@ code  class                            retriable  meaning
 12    RequestTimedOutError             yes        the broker could not finish the request in time
 13    InvalidTopicError                no         a topic name is empty, too long or has bad characters
 14    InvalidPartitionsError           no         a partition count is out of range
+15    PartitionNotAvailableError       yes        the partition's worker is starting or restarting
 ====  ===============================  =========  =====================================================
 """
 
@@ -42,6 +43,7 @@ __all__ = [
     "InvalidRequestError",
     "InvalidTopicError",
     "OffsetOutOfRangeError",
+    "PartitionNotAvailableError",
     "RecordTooLargeError",
     "RequestTimedOutError",
     "StorageError",
@@ -148,6 +150,13 @@ class InvalidPartitionsError(HPBrokerError):
     code = 14
 
 
+class PartitionNotAvailableError(HPBrokerError):
+    """The partition exists but the worker owning it is not serving yet (booting, recovering)."""
+
+    code = 15
+    retriable = True
+
+
 ERRORS_BY_CODE: dict[int, type[HPBrokerError]] = {
     cls.code: cls
     for cls in (
@@ -165,6 +174,7 @@ ERRORS_BY_CODE: dict[int, type[HPBrokerError]] = {
         RequestTimedOutError,
         InvalidTopicError,
         InvalidPartitionsError,
+        PartitionNotAvailableError,
     )
 }
 

@@ -349,7 +349,7 @@ class BrokerInfo:
     broker_id: int
     host: str
     port: int  # the ZeroMQ front-end
-    fetch_port: int  # the TCP data port
+    fetch_port: int  # the first TCP data port (each worker serves its partitions on one of them)
     SCHEMA: ClassVar = (("broker_id", U32), ("host", STRING), ("port", U16), ("fetch_port", U16))
 
 
@@ -358,10 +358,11 @@ class PartitionMetadata:
     partition: int
     error_code: int = 0
     leader: int = -1  # broker_id, -1 if none
+    fetch_port: int = 0  # the TCP data port serving this partition on the leader, 0 if none
     log_start_offset: int = -1
     high_watermark: int = -1
-    SCHEMA: ClassVar = (("partition", U32), ("error_code", U16), ("leader", I64), ("log_start_offset", I64),
-                        ("high_watermark", I64))
+    SCHEMA: ClassVar = (("partition", U32), ("error_code", U16), ("leader", I64), ("fetch_port", U16),
+                        ("log_start_offset", I64), ("high_watermark", I64))
 
 
 @dataclass(slots=True)

@@ -24,7 +24,7 @@ u32 = st.integers(0, 0xFFFFFFFF)
 i64 = st.integers(-(2**63), 2**63 - 1)
 text = st.text(max_size=30)
 configs = st.lists(st.builds(p.TopicConfigEntry, text, text), max_size=3)
-partitions = st.lists(st.builds(p.PartitionMetadata, u32, u16, i64, i64, i64), max_size=4)
+partitions = st.lists(st.builds(p.PartitionMetadata, u32, u16, i64, u16, i64, i64), max_size=4)
 payloads = st.one_of(st.just(b""), st.binary(min_size=1, max_size=300))
 
 REQUESTS = st.one_of(
