@@ -1,0 +1,1 @@
+"""Broker-wide state owned by the arbiter: configuration and the topic store."""

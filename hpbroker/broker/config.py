@@ -1,0 +1,165 @@
+"""Configuration of one broker: :class:`BrokerConfig`.
+
+One frozen dataclass, validated on construction: a field out of range raises
+:class:`~hpbroker.errors.InvalidConfigError` naming the field, the allowed range and the value.
+Topic log settings default to :attr:`BrokerConfig.log` (a :class:`~hpbroker.io.LogConfig`); a topic
+overrides any of them at creation.
+
+Sources, highest precedence first: explicit overrides (the command line), then the environment
+(``HPBROKER_<FIELD>``, e.g. ``HPBROKER_PORT=9192``), then a TOML file, then the defaults::
+
+    [broker]
+    port = 9092
+    workers = 4
+    data_dir = "/var/lib/hpbroker"
+
+    [log]               # defaults for every topic's log
+    flush_ms = 1
+    retention_ms = 604800000
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hpbroker.errors import InvalidConfigError
+from hpbroker.io import LogConfig
+
+__all__ = ["BrokerConfig"]
+
+_ENV_PREFIX = "HPBROKER_"
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    """How a broker listens, how many workers it runs, where it keeps its data."""
+
+    #: this broker's id in the cluster.  Default 0.  Range [0, 2**31 - 1].
+    broker_id: int = 0
+    #: address the front-end and data ports bind to and that metadata advertises.  Default loopback.
+    host: str = "127.0.0.1"
+    #: TCP port of the ZeroMQ front-end.  Default 9092.  Range [1, 65535].
+    port: int = 9092
+    #: first TCP data port: worker ``s`` serves fetches on ``fetch_port + s``.  Default 9093.
+    fetch_port: int = 9093
+    #: I/O worker processes (slots).  Default: the number of CPU cores.  Range [1, 256].
+    workers: int = field(default_factory=lambda: os.cpu_count() or 1)
+    #: directory holding the topic store and one directory per partition.  Default ``./data``.
+    data_dir: str = "data"
+    #: directory for the backend socket and heartbeat files; empty: a fresh one under /tmp
+    #: (ipc:// paths are limited to about 100 bytes).  Default empty.
+    run_dir: str = ""
+    #: ms between a worker's heartbeats.  Default 500.  Range [10, 60_000].
+    heartbeat_interval_ms: int = 500
+    #: ms without a heartbeat after which a serving worker is killed and respawned.  Default 30_000.
+    worker_timeout_ms: int = 30_000
+    #: ms a starting worker may take to recover its partitions before it is killed.  Default 600_000.
+    worker_boot_timeout_ms: int = 600_000
+    #: ms SIGTERM waits for workers to flush and exit before SIGKILL.  Default 30_000.
+    graceful_timeout_ms: int = 30_000
+    #: bytes; the largest request accepted (header, body and payload).  Default 64 MiB.
+    max_request_bytes: int = 64 << 20
+    #: open TCP data connections per worker; more are closed at once.  Default 1024.
+    max_connections: int = 1024
+    #: whether a produce or fetch for an unknown topic creates it.  Default False.
+    auto_create_topics: bool = False
+    #: partitions of an automatically created topic.  Default 1.
+    default_partitions: int = 1
+    #: log settings of topics that do not override them.
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def __post_init__(self) -> None:
+        _check_int("broker_id", self.broker_id, 0, 2**31 - 1)
+        _check_int("port", self.port, 1, 65535)
+        _check_int("workers", self.workers, 1, 256)
+        _check_int("fetch_port", self.fetch_port, 1, 65535 - self.workers + 1)
+        _check_int("heartbeat_interval_ms", self.heartbeat_interval_ms, 10, 60_000)
+        _check_int("worker_timeout_ms", self.worker_timeout_ms, 2 * self.heartbeat_interval_ms, 2**31 - 1)
+        _check_int("worker_boot_timeout_ms", self.worker_boot_timeout_ms, 1, 2**31 - 1)
+        _check_int("graceful_timeout_ms", self.graceful_timeout_ms, 0, 2**31 - 1)
+        _check_int("max_request_bytes", self.max_request_bytes, 1024, 2**31 - 1)
+        _check_int("max_connections", self.max_connections, 1, 1_000_000)
+        _check_int("default_partitions", self.default_partitions, 1, 100_000)
+        for name in ("host", "data_dir", "run_dir"):
+            if not isinstance(getattr(self, name), str):
+                raise InvalidConfigError(f"{name} must be a string, got {getattr(self, name)!r}")
+        if not self.host or not self.data_dir:
+            raise InvalidConfigError("host and data_dir must not be empty")
+        if not isinstance(self.auto_create_topics, bool):
+            raise InvalidConfigError(f"auto_create_topics must be a bool, got {self.auto_create_topics!r}")
+        if not isinstance(self.log, LogConfig):
+            raise InvalidConfigError(f"log must be a LogConfig, got {type(self.log).__name__}")
+        if self.port in range(self.fetch_port, self.fetch_port + self.workers):
+            last = self.fetch_port + self.workers - 1
+            raise InvalidConfigError(f"port {self.port} collides with data ports {self.fetch_port}..{last}")
+
+    @classmethod
+    def load(cls, path: str | None = None, *, environ: Mapping[str, str] | None = None,
+             **overrides: Any) -> BrokerConfig:
+        """Defaults < TOML file at ``path`` < ``HPBROKER_*`` environment < ``overrides``."""
+        broker: dict[str, Any] = {}
+        log: dict[str, Any] = {}
+        if path is not None:
+            try:
+                with open(path, "rb") as f:
+                    document = tomllib.load(f)
+            except (OSError, tomllib.TOMLDecodeError) as e:
+                raise InvalidConfigError(f"cannot read the config file {path}: {e}") from None
+            unknown = set(document) - {"broker", "log"}
+            if unknown:
+                raise InvalidConfigError(
+                    f"{path}: unknown sections {sorted(unknown)} (expected [broker], [log])"
+                )
+            broker.update(document.get("broker", {}))
+            log.update(document.get("log", {}))
+        broker.update(_from_environment(os.environ if environ is None else environ))
+        broker.update({k: v for k, v in overrides.items() if v is not None})
+        _reject_unknown(broker, {f.name for f in dataclasses.fields(cls)} - {"log"}, "broker")
+        _reject_unknown(log, {f.name for f in dataclasses.fields(LogConfig)}, "log")
+        try:
+            return cls(**broker, log=LogConfig(**log))
+        except TypeError as e:
+            raise InvalidConfigError(str(e)) from None
+
+
+def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
+    """``HPBROKER_<FIELD>`` values, converted to the field's type."""
+    types = {f.name: f.type for f in dataclasses.fields(BrokerConfig) if f.name != "log"}
+    out: dict[str, Any] = {}
+    for key, raw in environ.items():
+        if not key.startswith(_ENV_PREFIX):
+            continue
+        name = key[len(_ENV_PREFIX):].lower()
+        if name not in types:
+            raise InvalidConfigError(f"{key}: no broker setting {name!r}")
+        kind = types[name]
+        if kind == "int":
+            try:
+                out[name] = int(raw)
+            except ValueError:
+                raise InvalidConfigError(f"{key}={raw!r} is not an integer") from None
+        elif kind == "bool":
+            if raw.lower() not in ("true", "false", "1", "0"):
+                raise InvalidConfigError(f"{key}={raw!r} is not true or false")
+            out[name] = raw.lower() in ("true", "1")
+        else:
+            out[name] = raw
+    return out
+
+
+def _reject_unknown(values: Mapping[str, Any], known: set[str], section: str) -> None:
+    unknown = set(values) - known
+    if unknown:
+        raise InvalidConfigError(f"unknown [{section}] settings {sorted(unknown)}; known: {sorted(known)}")
+
+
+def _check_int(name: str, value: Any, low: int, high: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidConfigError(f"{name} must be an integer, got {value!r}")
+    if not low <= value <= high:
+        raise InvalidConfigError(f"{name} must be in [{low}, {high}], got {value}")

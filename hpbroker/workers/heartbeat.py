@@ -1,0 +1,52 @@
+"""Worker heartbeats: a file per slot whose mtime says "alive" and whose content says what the
+worker serves.
+
+``<run_dir>/worker-<slot>.json``, replaced atomically (write ``.tmp``, rename) by the worker every
+``heartbeat_interval_ms``; not fsynced (it lives and dies with the broker).  Content::
+
+    {"slot": 0, "pid": 1234, "time_ms": 1700000000000, "ready": true,
+     "partitions": [{"topic": "orders", "partition": 3,
+                     "log_start_offset": 0, "high_watermark": 51234}, ...]}
+
+The arbiter reads it to decide liveness (the file's age) and to answer metadata requests with each
+partition's offsets (at most one heartbeat old).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+__all__ = ["heartbeat_path", "read_heartbeat", "write_heartbeat"]
+
+
+def heartbeat_path(run_dir: str, slot: int) -> str:
+    return os.path.join(run_dir, f"worker-{slot}.json")
+
+
+def write_heartbeat(run_dir: str, slot: int, *, ready: bool, partitions: list[dict[str, Any]]) -> None:
+    """Replace the slot's heartbeat file (called by the worker, from its own loop)."""
+    path = heartbeat_path(run_dir, slot)
+    body = {"slot": slot, "pid": os.getpid(), "time_ms": time.time_ns() // 1_000_000, "ready": ready,
+            "partitions": partitions}
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(body, f, separators=(",", ":"))
+    os.replace(tmp, path)
+
+
+def read_heartbeat(run_dir: str, slot: int) -> tuple[float, dict[str, Any] | None]:
+    """(age in seconds, content) of the slot's heartbeat; (inf, None) if there is none yet.
+    Content that does not parse reads as None with its age still valid."""
+    path = heartbeat_path(run_dir, slot)
+    try:
+        age = time.time() - os.stat(path).st_mtime
+        with open(path, encoding="utf-8") as f:
+            content = json.load(f)
+    except FileNotFoundError:
+        return float("inf"), None
+    except (OSError, ValueError):
+        return float("inf"), None
+    return age, content if isinstance(content, dict) else None
