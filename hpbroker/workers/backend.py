@@ -35,6 +35,8 @@ from typing import Any
 
 __all__ = [
     "CONTROL",
+    "EXIT_BOOT_FAILED",
+    "EXIT_OK",
     "RELAY",
     "Control",
     "PartitionSpec",
@@ -47,6 +49,11 @@ __all__ = [
 
 RELAY = b"R"  # a client request or its response
 CONTROL = b"C"  # arbiter <-> worker coordination, JSON
+
+# Worker exit statuses the arbiter acts on (as gunicorn's): a worker that could not boot makes the
+# arbiter stop with an error instead of respawning it in a loop.
+EXIT_OK = 0
+EXIT_BOOT_FAILED = 3
 
 
 def worker_identity(slot: int) -> bytes:
