@@ -1,0 +1,273 @@
+"""Topic creation and deletion, carried out by the workers that own the partitions.
+
+The topic store (``hpbroker.broker.topics``) says which partitions exist; this module keeps the
+workers in step with it without ever blocking the arbiter's loop:
+
+- **Assignment.**  Each slot's process is told which partitions to open when it is forked
+  (:meth:`TopicAdmin.assign`); later changes reach a serving process as backend controls
+  (``open``, ``delete``), each acknowledged by the worker.  ``_assigned[slot]`` is what the
+  slot's current process was told to open, so :meth:`TopicAdmin.reconcile` sends exactly the
+  difference when a slot becomes ready or the store changes.
+- **Creation.**  The topic is persisted first (so a slot forked from now on opens it), then every
+  owning slot must confirm: by acknowledging its ``open``, or by reporting ready from a process
+  forked with the topic.  The client is answered when all have, or with error 12 after
+  ``timeout_s`` (the topic exists by then and its partitions come up as their slots do).
+- **Deletion.**  The topic is marked ``deleting`` in the store and disappears from the clients'
+  view at once; every owning slot is sent ``delete`` (a slot that is down gets it when it is
+  ready again, its new process having been given the partitions so that it can delete them), and
+  the store forgets the topic once each has acknowledged.  A deletion interrupted by a restart
+  resumes at the next start.  The client is answered at the end, or with error 12 after
+  ``timeout_s`` while the deletion goes on.
+
+Single-threaded: called only from the arbiter's loop.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hpbroker.broker.topics import Topic, TopicStore
+from hpbroker.errors import HPBrokerError, RequestTimedOutError, StorageError
+from hpbroker.workers.backend import PartitionSpec
+from hpbroker.workers.ownership import owner_slot
+
+__all__ = ["Reply", "TopicAdmin"]
+
+logger = logging.getLogger(__name__)
+
+# reply(waiter, error or None): answer a client waiting on a create or delete.
+Reply = Callable[[Any, HPBrokerError | None], None]
+# send_control(slot, op, body) -> whether the control could be handed to the slot's process.
+SendControl = Callable[[int, str, dict[str, Any]], bool]
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A create or delete still waiting for some slots."""
+
+    waiting: set[int]
+    deadline: float  # monotonic; clients still waiting then get error 12
+    waiters: list[Any] = field(default_factory=list)  # opaque client handles for Reply
+    errors: list[str] = field(default_factory=list)
+    sent: set[int] = field(default_factory=set)  # slots with a delete in flight
+
+
+@dataclass(frozen=True, slots=True)
+class _Control:
+    slot: int
+    op: str
+    topics: frozenset[str]
+
+
+class TopicAdmin:
+    """Creates and deletes topics with the owning workers' help (module docstring)."""
+
+    def __init__(self, store: TopicStore, slots: int, *, send_control: SendControl, reply: Reply,
+                 is_serving: Callable[[int], bool], timeout_s: float) -> None:
+        self._store = store
+        self._slots = slots
+        self._send_control = send_control
+        self._reply = reply
+        self._is_serving = is_serving
+        self._timeout_s = timeout_s
+        self._assigned: list[set[tuple[str, int]]] = [set() for _ in range(slots)]
+        self._controls: dict[int, _Control] = {}
+        self._ids = itertools.count(1)
+        self._creates: dict[str, _Pending] = {}
+        self._deletes: dict[str, _Pending] = {}
+        for topic in store.topics(include_deleting=True):
+            if topic.deleting:  # interrupted by the last stop: resume
+                self._deletes[topic.name] = _Pending(self.owners(topic), float("inf"))
+
+    def owners(self, topic: Topic) -> set[int]:
+        """The slots that own at least one partition of ``topic``."""
+        return {owner_slot(topic.name, p, self._slots) for p in range(min(topic.partitions, self._slots))}
+
+    def deleting(self) -> list[str]:
+        return sorted(self._deletes)
+
+    # --- the slots' life cycle --------------------------------------------------------------------
+
+    def assign(self, slot: int) -> list[PartitionSpec]:
+        """The partitions a process about to be forked into ``slot`` must open (recorded as that
+        process's assignment)."""
+        specs = self._desired(slot)
+        self._assigned[slot] = {(s.topic, s.partition) for s in specs}
+        return specs
+
+    def slot_ready(self, slot: int) -> None:
+        """The slot's process has opened everything it was forked with."""
+        forked_with = {topic for topic, _ in self._assigned[slot]}
+        for name in list(self._creates):
+            if name in forked_with:
+                self._confirm_create(name, slot, None)
+        self.reconcile(slot)
+
+    def slot_down(self, slot: int) -> None:
+        """The slot's process is gone: its assignment and its unanswered controls with it."""
+        self._assigned[slot] = set()
+        for control_id in [i for i, c in self._controls.items() if c.slot == slot]:
+            del self._controls[control_id]
+        for pending in self._deletes.values():
+            pending.sent.discard(slot)
+
+    def reconcile(self, slot: int) -> None:
+        """Send a serving slot the ``open`` and ``delete`` controls that bring its process in step
+        with the store."""
+        if not self._is_serving(slot):
+            return
+        missing = [s for s in self._desired(slot) if (s.topic, s.partition) not in self._assigned[slot]
+                   and s.topic not in self._deletes]
+        if missing:
+            topics = frozenset(s.topic for s in missing)
+            if self._control(slot, "open", topics, partitions=[s.to_json() for s in missing]):
+                self._assigned[slot].update((s.topic, s.partition) for s in missing)
+        for name, pending in self._deletes.items():
+            if slot in pending.waiting and slot not in pending.sent \
+                    and self._control(slot, "delete", frozenset([name]), topic=name):
+                pending.sent.add(slot)
+
+    def acked(self, slot: int, control_id: Any, error: Any) -> None:
+        """A worker's ``{"op": "ack", "id": ..., "error": ...}``."""
+        control = self._controls.pop(control_id, None) if isinstance(control_id, int) else None
+        if control is None or control.slot != slot:
+            logger.warning("[arbiter] slot %d acknowledged unknown control %r", slot, control_id)
+            return
+        error_text = None if error is None else str(error)
+        if error_text is not None:
+            logger.error("[arbiter] slot %d failed %s of %s: %s", slot, control.op,
+                         ", ".join(sorted(control.topics)), error_text)
+        for name in control.topics:
+            if control.op == "open":
+                self._confirm_create(name, slot, error_text)
+            else:
+                self._confirm_delete(name, slot, error_text)
+
+    # --- requests ---------------------------------------------------------------------------------
+
+    def create(self, waiter: Any, name: str, partitions: int, configs: Any, now: float) -> Topic:
+        """Persist a topic and have its owners open it; ``waiter`` (None: nobody) is answered
+        when they have.  Validation errors raise at once (nothing is persisted then)."""
+        topic = self._store.create(name, partitions, configs)
+        logger.info("[arbiter] created topic %s with %d partitions%s", name, partitions,
+                    f" (config {topic.config})" if topic.config else "")
+        pending = _Pending(self.owners(topic), now + self._timeout_s)
+        if waiter is not None:
+            pending.waiters.append(waiter)
+        self._creates[name] = pending
+        for slot in sorted(pending.waiting):
+            self.reconcile(slot)
+        self._finish_create(name)
+        return topic
+
+    def delete(self, waiter: Any, name: str, now: float) -> None:
+        """Mark a topic deleting and have its owners delete their partitions; raises
+        UnknownTopicOrPartitionError for a topic the store does not hold."""
+        topic = self._store.mark_deleting(name)
+        pending = self._deletes.get(name)
+        if pending is None:
+            logger.info("[arbiter] deleting topic %s", name)
+            pending = self._deletes[name] = _Pending(self.owners(topic), now + self._timeout_s)
+            created = self._creates.pop(name, None)
+            for creator in created.waiters if created is not None else ():
+                self._reply(creator, None)  # it was created; its deletion is another story
+        pending.deadline = min(pending.deadline, now + self._timeout_s)
+        pending.waiters.append(waiter)
+        for slot in sorted(pending.waiting):
+            self.reconcile(slot)
+        self._finish_delete(name)
+
+    def expire(self, now: float) -> None:
+        """Answer with error 12 the clients whose create or delete outlived its deadline."""
+        for kind, table in (("create", self._creates), ("delete", self._deletes)):
+            for name, pending in list(table.items()):
+                if now < pending.deadline:
+                    continue
+                message = (f"{kind} of topic {name!r} did not finish in {self._timeout_s:g} s: "
+                           f"waiting for worker slots {sorted(pending.waiting)}; it goes on")
+                for waiter in pending.waiters:
+                    self._reply(waiter, RequestTimedOutError(message))
+                pending.waiters.clear()
+                pending.deadline = float("inf")
+                if kind == "create":
+                    del table[name]
+
+    def abandon(self) -> None:
+        """Forget every waiting client (the broker is stopping)."""
+        for pending in (*self._creates.values(), *self._deletes.values()):
+            pending.waiters.clear()
+
+    # --- internals --------------------------------------------------------------------------------
+
+    def _desired(self, slot: int) -> list[PartitionSpec]:
+        """What the slot must hold: its partitions of every topic, except those of deleting
+        topics it has already deleted."""
+        specs = []
+        for topic in self._store.topics(include_deleting=True):
+            pending = self._deletes.get(topic.name)
+            if topic.deleting and (pending is None or slot not in pending.waiting):
+                continue
+            first = (slot - owner_slot(topic.name, 0, self._slots)) % self._slots
+            specs += [PartitionSpec(topic.name, p, dict(topic.config))
+                      for p in range(first, topic.partitions, self._slots)]
+        return specs
+
+    def _control(self, slot: int, op: str, topics: frozenset[str], **body: Any) -> bool:
+        control_id = next(self._ids)
+        if not self._send_control(slot, op, {"id": control_id, **body}):
+            return False
+        self._controls[control_id] = _Control(slot, op, topics)
+        return True
+
+    def _confirm_create(self, name: str, slot: int, error: str | None) -> None:
+        pending = self._creates.get(name)
+        if pending is not None:
+            pending.waiting.discard(slot)
+            if error is not None:
+                pending.errors.append(f"slot {slot}: {error}")
+            self._finish_create(name)
+
+    def _finish_create(self, name: str) -> None:
+        pending = self._creates[name]
+        if pending.waiting:
+            return
+        del self._creates[name]
+        error = StorageError(f"topic {name!r} was created but some partitions did not open: "
+                             f"{'; '.join(pending.errors)}") if pending.errors else None
+        for waiter in pending.waiters:
+            self._reply(waiter, error)
+
+    def _confirm_delete(self, name: str, slot: int, error: str | None) -> None:
+        pending = self._deletes.get(name)
+        if pending is None:
+            return
+        pending.sent.discard(slot)
+        if error is None:
+            pending.waiting.discard(slot)
+            self._assigned[slot] = {(t, p) for t, p in self._assigned[slot] if t != name}
+            self._finish_delete(name)
+        else:
+            pending.errors.append(f"slot {slot}: {error}")
+            for waiter in pending.waiters:
+                self._reply(waiter, StorageError(f"deleting topic {name!r} failed on slot {slot}: "
+                                                 f"{error}; it is retried when the slot restarts"))
+            pending.waiters.clear()
+
+    def _finish_delete(self, name: str) -> None:
+        pending = self._deletes[name]
+        if pending.waiting:
+            return
+        error: StorageError | None = None
+        try:
+            self._store.forget(name)
+            logger.info("[arbiter] deleted topic %s", name)
+        except StorageError as e:  # the store still says "deleting": the next start finishes it
+            logger.error("[arbiter] deleted the partitions of topic %s but not the topic: %s", name, e)
+            error = e
+        del self._deletes[name]
+        for waiter in pending.waiters:
+            self._reply(waiter, error)
