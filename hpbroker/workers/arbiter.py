@@ -1,0 +1,574 @@
+"""The arbiter: the broker's master process.  It forks and watches one I/O worker per slot and
+relays client requests to them.
+
+``Arbiter(config).run()`` returns the broker's exit status: :data:`EXIT_OK` after a graceful stop,
+:data:`EXIT_ERROR` when it could not start or had to give up (a worker that failed to boot, a slot
+dying in a loop).
+
+**Start.**  Create the data directory and lock it (``.lock``, ``flock``; the lock's descriptor is
+inherited by the workers, so a second broker cannot start on the directory while any process of
+this one lives), load the topic store, make the run directory (``config.run_dir``, or a fresh
+short one under /tmp that is removed at exit), and create every slot's TCP data listening socket
+(``fetch_port + slot``, SO_REUSEADDR) *before* forking, so a respawned worker takes over the same
+socket and clients never see the port closed.  Then fork one worker per slot, and only then
+create the ZeroMQ context and bind the front-end ROUTER (``tcp://host:port``) and the backend
+ROUTER (``ipc://<run_dir>/backend.sock``; ``ROUTER_HANDOVER`` so a respawned worker takes over
+its slot's identity, ``ROUTER_MANDATORY`` so a send to an absent worker fails instead of vanishing).
+
+**Fork and ZeroMQ.**  A ZeroMQ context must not be used across ``fork``.  The first workers are
+forked before the arbiter's context exists.  Respawns fork while it exists: the child never
+touches it (nor any arbiter socket); it resets the signal handlers, closes the other slots'
+listeners, asks the kernel for SIGTERM should the arbiter die (``PR_SET_PDEATHSIG``), calls the
+worker entry point, which makes its own context, and leaves with ``os._exit`` whatever happens,
+so it never returns into arbiter code and runs no ``atexit`` handler (pyzmq's included).  The
+child inherits the descriptors of the arbiter's ZeroMQ sockets; it does not use them, and they
+close when it exits.
+
+**The loop.**  Single-threaded.  Signal handlers only enqueue the signal; ``signal.set_wakeup_fd``
+makes the ZeroMQ poller (which also watches the front-end and the backend) return, and the loop
+dispatches each signal to ``handle_<name>``.  Each turn it also checks heartbeats and deadlines
+(:meth:`_tick`).
+
+**Liveness.**  A serving worker whose heartbeat file (``hpbroker.workers.heartbeat``) is older than
+``worker_timeout_ms``, or a booting one not ready within ``worker_boot_timeout_ms``, gets SIGABRT,
+then SIGKILL after :data:`KILL_GRACE_S`.  Children are reaped with ``waitpid(WNOHANG)`` on SIGCHLD
+(and on every turn, in case a signal came before its handler).  A slot is forked again only after
+its old process has been reaped: a partition never has two writers.  A worker exiting with
+``EXIT_BOOT_FAILED`` stops the broker with an error instead of a fork loop, and so does a slot
+that dies more than ``slots.RESTART_LIMIT`` times in ``slots.RESTART_WINDOW_S``.
+
+**Stop.**  SIGTERM or SIGINT: stop accepting connections and reading requests (responses still
+flow back to the clients), SIGTERM every worker, reap them until ``graceful_timeout_ms``, then
+SIGKILL the rest; close the sockets and exit 0.  A second SIGTERM or SIGINT, or SIGQUIT, kills
+the workers at once.  SIGHUP is logged and ignored (no reload).  Log lines start with
+``[arbiter]``.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import NoReturn
+
+import zmq
+
+from hpbroker.broker.config import BrokerConfig
+from hpbroker.broker.topics import TopicStore
+from hpbroker.errors import HPBrokerError, InvalidConfigError
+from hpbroker.io.files import lock_directory, make_directory
+from hpbroker.workers import backend
+from hpbroker.workers.frontend import Frontend
+from hpbroker.workers.heartbeat import heartbeat_path
+from hpbroker.workers.slots import RESTART_LIMIT, RESTART_WINDOW_S, Slot, SlotState
+
+__all__ = ["EXIT_ERROR", "EXIT_OK", "KILL_GRACE_S", "Arbiter", "WorkerMain"]
+
+logger = logging.getLogger(__name__)
+
+EXIT_OK = 0  # stopped on request
+EXIT_ERROR = 1  # could not start, or gave up
+# The worker entry point: (slot, config, partitions, data_listener, backend_address, run_dir) -> status.
+WorkerMain = Callable[[int, BrokerConfig, list[backend.PartitionSpec], socket.socket, str, str], int]
+
+KILL_GRACE_S = 2.0  # between SIGABRT and SIGKILL for a silent worker
+ADMIN_TIMEOUT_S = 30.0  # a create or delete not finished by then is answered with error 12
+_POLL_MS = 100  # the longest the loop sleeps without looking at heartbeats and deadlines
+_BATCH = 256  # messages taken from one socket before looking at the other
+_MAX_IPC_PATH = 100  # bytes; sun_path is 108 on Linux
+_PR_SET_PDEATHSIG = 1  # prctl option: signal this process when its parent dies
+_SIGNALS = {signal.SIGTERM: "term", signal.SIGINT: "int", signal.SIGQUIT: "quit", signal.SIGHUP: "hup",
+            signal.SIGCHLD: "chld"}
+
+
+class Arbiter:
+    """The broker's master process (module docstring).  ``worker_main`` defaults to
+    ``hpbroker.workers.worker.run_worker``, imported when :meth:`run` starts."""
+
+    def __init__(self, config: BrokerConfig, *, worker_main: WorkerMain | None = None,
+                 admin_timeout_s: float = ADMIN_TIMEOUT_S) -> None:
+        self.config = config
+        self._worker_main = worker_main
+        self._admin_timeout_s = admin_timeout_s
+        self._slots = [Slot(i) for i in range(config.workers)]
+        self._signal_queue: collections.deque[int] = collections.deque()
+        self._wakeup: tuple[int, int] | None = None
+        self._saved_handlers: dict[int, object] = {}
+        self._saved_wakeup_fd = -1
+        self._listeners: list[socket.socket] = []
+        self._lock_fd = -1
+        self._run_dir = ""
+        self._own_run_dir = False
+        self._backend_address = ""
+        self._frontend: Frontend | None = None
+        self._context: zmq.Context | None = None
+        self._front: zmq.Socket | None = None
+        self._back: zmq.Socket | None = None
+        self._front_endpoint = ""
+        self._stopping = False
+        self._stop_deadline = float("inf")
+        self._exit_status = EXIT_OK
+        self._pid = os.getpid()
+        self._prctl: Callable[..., int] | None = None
+        self._last_check = 0.0
+        self._all_serving_logged = False
+
+    # --- life cycle -------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Start, serve until stopped, and return the exit status."""
+        try:
+            try:
+                self._setup()
+            except (OSError, HPBrokerError, ImportError) as e:
+                logger.error("[arbiter] cannot start: %s", e)
+                return EXIT_ERROR
+            for slot in self._slots:  # before the ZeroMQ context exists
+                self._spawn(slot)
+            try:
+                self._open_sockets()
+            except zmq.ZMQError as e:
+                logger.error("[arbiter] cannot bind: %s", e)
+                self._exit_status = EXIT_ERROR
+                self._kill_all(signal.SIGTERM)
+                self._wait_all(time.monotonic() + self.config.graceful_timeout_ms / 1000)
+                return self._exit_status
+            self._loop()
+            return self._exit_status
+        except BaseException:
+            logger.exception("[arbiter] crashed; killing the workers")
+            self._kill_all(signal.SIGKILL)
+            self._wait_all(float("inf"))
+            return EXIT_ERROR
+        finally:
+            self._cleanup()
+
+    def _setup(self) -> None:
+        config = self.config
+        make_directory(config.data_dir)
+        self._lock_fd = lock_directory(config.data_dir)
+        store = TopicStore(config.data_dir)
+        if config.run_dir:
+            os.makedirs(config.run_dir, exist_ok=True)
+            self._run_dir = os.path.abspath(config.run_dir)
+        else:
+            self._run_dir = tempfile.mkdtemp(prefix="hpb-")
+            self._own_run_dir = True
+        self._backend_address = f"ipc://{self._run_dir}/backend.sock"
+        if len(self._backend_address.encode()) - len("ipc://") > _MAX_IPC_PATH:
+            raise InvalidConfigError(f"run_dir {self._run_dir!r} is too long for an ipc:// socket path "
+                                     f"(at most {_MAX_IPC_PATH - len('/backend.sock')} bytes)")
+        for slot in self._slots:
+            _remove_heartbeat(self._run_dir, slot.index)
+        for slot in self._slots:
+            self._listeners.append(_data_listener(config.host, config.fetch_port + slot.index,
+                                                  min(config.max_connections, socket.SOMAXCONN)))
+        if self._worker_main is None:
+            from hpbroker.workers.worker import run_worker
+
+            self._worker_main = run_worker
+        self._frontend = Frontend(config, store, self._slots, self._run_dir,
+                                  admin_timeout_s=self._admin_timeout_s)
+        if sys.platform.startswith("linux"):
+            with contextlib.suppress(OSError, AttributeError):
+                self._prctl = ctypes.CDLL(None, use_errno=True).prctl
+        self._install_signals()
+
+    def _open_sockets(self) -> None:
+        config = self.config
+        self._context = zmq.Context()
+        self._back = self._context.socket(zmq.ROUTER)
+        self._back.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        self._back.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._back.setsockopt(zmq.LINGER, 0)
+        self._back.bind(self._backend_address)
+        self._front = self._context.socket(zmq.ROUTER)
+        self._front.setsockopt(zmq.MAXMSGSIZE, config.max_request_bytes)
+        self._front.setsockopt(zmq.LINGER, 1000)
+        host = config.host
+        if ":" in host:
+            self._front.setsockopt(zmq.IPV6, 1)
+            host = f"[{host}]"
+        self._front.bind(f"tcp://{host}:{config.port}")
+        self._front_endpoint = self._front.getsockopt_string(zmq.LAST_ENDPOINT)
+        assert self._frontend is not None
+        self._frontend.attach(self._front, self._back)
+        logger.info("[arbiter] broker %d listening on %s, data ports %d..%d, data in %s, run dir %s",
+                    config.broker_id, self._front_endpoint, config.fetch_port,
+                    config.fetch_port + config.workers - 1, os.path.abspath(config.data_dir), self._run_dir)
+
+    def _cleanup(self) -> None:
+        for sock in (self._front, self._back):
+            if sock is not None:
+                sock.close()
+        if self._context is not None:
+            self._context.term()
+        self._front = self._back = self._context = None
+        for listener in self._listeners:
+            listener.close()
+        self._listeners.clear()
+        self._restore_signals()
+        if self._run_dir:
+            if self._own_run_dir:
+                shutil.rmtree(self._run_dir, ignore_errors=True)
+            else:
+                for slot in self._slots:
+                    _remove_heartbeat(self._run_dir, slot.index)
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    # --- signals ----------------------------------------------------------------------------------
+
+    def _install_signals(self) -> None:
+        read_fd, write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._wakeup = (read_fd, write_fd)
+        self._saved_wakeup_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        for signum in _SIGNALS:
+            self._saved_handlers[signum] = signal.signal(signum, self._enqueue_signal)
+
+    def _enqueue_signal(self, signum: int, frame: object) -> None:
+        self._signal_queue.append(signum)  # nothing else here: the loop does the work
+
+    def _restore_signals(self) -> None:
+        for signum, handler in self._saved_handlers.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+        self._saved_handlers.clear()
+        if self._wakeup is not None:
+            signal.set_wakeup_fd(self._saved_wakeup_fd)
+            for fd in self._wakeup:
+                os.close(fd)
+            self._wakeup = None
+
+    def _dispatch_signals(self) -> None:
+        while self._signal_queue:
+            getattr(self, "handle_" + _SIGNALS[self._signal_queue.popleft()])()
+
+    def handle_chld(self) -> None:
+        self._reap()
+
+    def handle_term(self) -> None:
+        if self._stopping:
+            self.handle_quit()
+        else:
+            self._begin_stop("SIGTERM")
+
+    def handle_int(self) -> None:
+        if self._stopping:
+            self.handle_quit()
+        else:
+            self._begin_stop("SIGINT")
+
+    def handle_quit(self) -> None:
+        self._begin_stop("SIGQUIT")
+        logger.warning("[arbiter] stopping now: killing the workers")
+        self._kill_all(signal.SIGKILL)
+
+    def handle_hup(self) -> None:
+        logger.info("[arbiter] SIGHUP: reloading the configuration is not supported; ignored")
+
+    # --- workers ----------------------------------------------------------------------------------
+
+    def _spawn(self, slot: Slot) -> None:
+        assert self._frontend is not None
+        specs = self._frontend.admin.assign(slot.index)
+        # Blocked across fork, so that a signal meant for the child cannot reach the arbiter's
+        # handlers in it (and be lost) before it has reset them.
+        signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+        try:
+            pid = os.fork()
+        except OSError as e:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+            logger.error("[arbiter] cannot fork a worker for slot %d: %s", slot.index, e)
+            self._halt(f"fork failed: {e}")
+            return
+        if pid == 0:
+            self._become_worker(slot.index, specs)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+        slot.forked(pid, time.monotonic())
+        logger.info("[arbiter] forked worker slot=%d pid=%d with %d partitions", slot.index, pid, len(specs))
+
+    def _become_worker(self, index: int, specs: list[backend.PartitionSpec]) -> NoReturn:
+        """The child side of ``fork``: never returns (module docstring, "Fork and ZeroMQ")."""
+        status = EXIT_ERROR
+        try:
+            self._reset_in_child(index)
+            assert self._worker_main is not None
+            result = self._worker_main(index, self.config, specs, self._listeners[index],
+                                       self._backend_address, self._run_dir)
+            status = EXIT_OK if result is None else int(result)
+        except SystemExit as e:
+            status = e.code if isinstance(e.code, int) else EXIT_ERROR
+        except BaseException:
+            logger.exception("[worker slot=%d pid=%d] crashed", index, os.getpid())
+            status = EXIT_ERROR
+        finally:
+            with contextlib.suppress(BaseException):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(status)
+
+    def _reset_in_child(self, index: int) -> None:
+        for signum in _SIGNALS:
+            signal.signal(signum, signal.SIG_DFL)
+        # Ctrl-C reaches the whole process group; the arbiter alone decides how workers stop.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.set_wakeup_fd(-1)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+        if self._wakeup is not None:
+            for fd in self._wakeup:
+                os.close(fd)
+            self._wakeup = None
+        for i, listener in enumerate(self._listeners):
+            if i != index:
+                listener.close()
+        if self._prctl is not None:
+            self._prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != self._pid:  # the arbiter died before prctl took effect
+            os._exit(EXIT_OK)
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            slot = next((s for s in self._slots if s.pid == pid and s.alive), None)
+            if slot is not None:
+                self._on_exit(slot, os.waitstatus_to_exitcode(status))
+
+    def _on_exit(self, slot: Slot, code: int) -> None:
+        pid, asked = slot.pid, slot.state is SlotState.STOPPING
+        how = f"exit status {code}" if code >= 0 else f"signal {signal.Signals(-code).name}"
+        deaths = slot.reaped(time.monotonic(), count_death=not self._stopping)
+        _remove_heartbeat(self._run_dir, slot.index)
+        assert self._frontend is not None
+        self._frontend.slot_down(slot.index, pid)
+        self._all_serving_logged = False
+        if self._stopping:
+            logger.info("[arbiter] worker slot=%d pid=%d exited (%s)", slot.index, pid, how)
+            return
+        if code == backend.EXIT_BOOT_FAILED:
+            logger.error("[arbiter] worker slot=%d pid=%d failed to boot (exit status %d): stopping the "
+                         "broker; see the worker's log above for why", slot.index, pid, code)
+            self._halt(f"worker slot {slot.index} failed to boot")
+            return
+        log = logger.warning if asked else logger.error
+        log("[arbiter] worker slot=%d pid=%d died (%s)", slot.index, pid, how)
+        if deaths > RESTART_LIMIT:
+            logger.error("[arbiter] worker slot=%d died %d times within %g s: stopping the broker",
+                         slot.index, deaths, RESTART_WINDOW_S)
+            self._halt(f"worker slot {slot.index} keeps dying")
+            return
+        self._spawn(slot)
+
+    def _on_ready(self, slot: Slot, body: dict) -> None:
+        if slot.state is not SlotState.BOOTING or body.get("pid") != slot.pid \
+                or body.get("slot") != slot.index:
+            logger.log(logging.DEBUG if slot.state is SlotState.STOPPING else logging.WARNING,
+                       "[arbiter] ignored a ready from slot %d (%s): its process is pid %d, %s",
+                       slot.index, body, slot.pid, slot.state.value)
+            return
+        slot.state, slot.ready_wall = SlotState.SERVING, time.time()
+        logger.info("[arbiter] worker slot=%d pid=%d serving (ready in %.2f s)", slot.index, slot.pid,
+                    time.monotonic() - slot.forked_at)
+        assert self._frontend is not None
+        self._frontend.admin.slot_ready(slot.index)
+        if not self._all_serving_logged and all(s.serving for s in self._slots):
+            self._all_serving_logged = True
+            logger.info("[arbiter] all %d workers serving", len(self._slots))
+
+    def _signal_slot(self, slot: Slot, signum: int, reason: str, grace_s: float) -> None:
+        """Ask a slot's process to go: it stops getting requests now, and gets SIGKILL if it is
+        still there after ``grace_s``."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(slot.pid, signum)
+        if signum == signal.SIGKILL:
+            slot.kill_at = None
+        else:
+            deadline = time.monotonic() + grace_s
+            slot.kill_at = deadline if slot.kill_at is None else min(slot.kill_at, deadline)
+        slot.state = SlotState.STOPPING
+        level = logging.INFO if self._stopping else logging.ERROR
+        logger.log(level, "[arbiter] worker slot=%d pid=%d %s: %s", slot.index, slot.pid, reason,
+                   signal.Signals(signum).name)
+
+    def _kill_all(self, signum: int) -> None:
+        for slot in self._slots:
+            if slot.alive:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(slot.pid, signum)
+
+    def _wait_all(self, deadline: float) -> None:
+        """Reap every worker, blocking; SIGKILL those still alive at ``deadline``."""
+        while any(s.alive for s in self._slots):
+            if time.monotonic() >= deadline:
+                self._kill_all(signal.SIGKILL)
+                deadline = float("inf")
+            self._reap()
+            time.sleep(0.01)
+
+    # --- stopping ---------------------------------------------------------------------------------
+
+    def _halt(self, reason: str) -> None:
+        self._exit_status = EXIT_ERROR
+        self._begin_stop(reason)
+
+    def _begin_stop(self, reason: str) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        grace_s = self.config.graceful_timeout_ms / 1000
+        self._stop_deadline = time.monotonic() + grace_s
+        logger.info("[arbiter] stopping (%s): waiting up to %g s for the workers", reason, grace_s)
+        if self._front is not None and self._front_endpoint:
+            with contextlib.suppress(zmq.ZMQError):
+                self._front.unbind(self._front_endpoint)
+        for slot in self._slots:
+            if slot.alive:
+                self._signal_slot(slot, signal.SIGTERM, "asked to stop", grace_s)
+        if self._frontend is not None:
+            self._frontend.admin.abandon()
+
+    # --- the loop ---------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        assert self._wakeup is not None and self._front is not None and self._back is not None
+        poller = zmq.Poller()
+        poller.register(self._wakeup[0], zmq.POLLIN)
+        poller.register(self._back, zmq.POLLIN)
+        poller.register(self._front, zmq.POLLIN)
+        front_registered = True
+        while True:
+            events = dict(poller.poll(_POLL_MS))
+            if self._back in events:  # first: what a worker said before dying still counts
+                self._drain_backend()
+            if self._wakeup[0] in events:
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(self._wakeup[0], 512):
+                        pass
+            self._dispatch_signals()
+            if self._stopping and front_registered:
+                poller.unregister(self._front)
+                front_registered = False
+            elif self._front in events:
+                self._drain_frontend()
+            self._tick()
+            if self._stopping and not any(s.alive for s in self._slots):
+                logger.info("[arbiter] stopped")
+                return
+
+    def _drain_frontend(self) -> None:
+        assert self._front is not None and self._frontend is not None
+        for _ in range(_BATCH):
+            try:
+                frames = self._front.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                self._frontend.on_request(frames)
+            except Exception:  # one bad request must not take the broker down
+                logger.exception("[arbiter] failed to handle a request")
+
+    def _drain_backend(self) -> None:
+        assert self._back is not None and self._frontend is not None
+        slots_by_identity = {backend.worker_identity(s.index): s for s in self._slots}
+        for _ in range(_BATCH):
+            try:
+                frames = self._back.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            slot = slots_by_identity.get(frames[0].bytes)
+            try:
+                if slot is None:
+                    raise ValueError(f"unknown worker identity {frames[0].bytes!r}")
+                message = backend.decode(frames[1:])
+                if isinstance(message, backend.Relay):
+                    self._frontend.forward(slot.index, message)
+                elif message.op == "ready":
+                    self._on_ready(slot, message.body)
+                elif message.op == "ack":
+                    self._frontend.admin.acked(slot.index, message.body.get("id"), message.body.get("error"))
+                else:
+                    raise ValueError(f"unexpected control {message.op!r}")
+            except ValueError as e:
+                logger.warning("[arbiter] dropped a backend message: %s", e)
+            except Exception:
+                logger.exception("[arbiter] failed to handle a backend message")
+
+    def _tick(self) -> None:
+        """Reap, check liveness and deadlines.  At most every few ms: it stats heartbeat files."""
+        now = time.monotonic()
+        if now - self._last_check < 0.02:
+            return
+        self._last_check = now
+        self._reap()
+        if self._stopping:
+            if now >= self._stop_deadline and any(s.alive for s in self._slots):
+                logger.warning("[arbiter] workers still running after %d ms: SIGKILL",
+                               self.config.graceful_timeout_ms)
+                self._kill_all(signal.SIGKILL)
+                self._stop_deadline = float("inf")
+            return
+        for slot in self._slots:
+            self._check_slot(slot, now)
+        assert self._frontend is not None
+        self._frontend.admin.expire(now)
+
+    def _check_slot(self, slot: Slot, now: float) -> None:
+        """SIGABRT a worker that is late to boot or silent; SIGKILL one that ignored its signal."""
+        config = self.config
+        if slot.state is SlotState.BOOTING and now - slot.forked_at > config.worker_boot_timeout_ms / 1000:
+            self._signal_slot(slot, signal.SIGABRT, f"not ready within {config.worker_boot_timeout_ms} ms",
+                              KILL_GRACE_S)
+        elif slot.state is SlotState.SERVING:
+            silent_s = time.time() - max(_heartbeat_mtime(self._run_dir, slot.index), slot.ready_wall)
+            if silent_s > config.worker_timeout_ms / 1000:
+                self._signal_slot(slot, signal.SIGABRT, f"no heartbeat for {silent_s:.1f} s", KILL_GRACE_S)
+        elif slot.state is SlotState.STOPPING and slot.kill_at is not None and now >= slot.kill_at:
+            self._signal_slot(slot, signal.SIGKILL, "still running", 0)
+
+
+def _data_listener(host: str, port: int, backlog: int) -> socket.socket:
+    """A worker slot's TCP data listening socket, inheritable so that every process forked into
+    the slot serves the very same socket."""
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                      flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as e:
+        raise OSError(e.errno, f"cannot create the data listener {host}:{port}: {e.strerror or e}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(backlog)
+        sock.set_inheritable(True)
+    except OSError as e:
+        sock.close()
+        raise OSError(e.errno, f"cannot listen on data port {host}:{port}: {e.strerror}") from None
+    return sock
+
+
+def _heartbeat_mtime(run_dir: str, slot: int) -> float:
+    try:
+        return os.stat(heartbeat_path(run_dir, slot)).st_mtime
+    except OSError:
+        return 0.0
+
+
+def _remove_heartbeat(run_dir: str, slot: int) -> None:
+    """Forget a slot's heartbeat, so a reaped process's age and offsets are never taken for its
+    successor's."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(heartbeat_path(run_dir, slot))

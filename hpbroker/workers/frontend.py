@@ -1,0 +1,292 @@
+"""The arbiter's request side: route client requests to workers, answer the rest itself.
+
+A client message on the front-end ROUTER is ``[client_id, head, payload?]``.  The head is parsed
+(``protocol.decode_request``: header and body; the payload is left to the worker) and then:
+
+- **produce, fetch, list-offsets** for an existing partition are relayed to the worker slot that
+  owns it (``ownership.owner_slot``) as ``[worker_id, b"R", client_id, head, payload?]``: the
+  client's own frames, not re-encoded or copied.  The worker answers on the backend and
+  :meth:`Frontend.forward` hands the answer to the client.  A slot that is not serving (booting,
+  restarting), or whose process is not connected, answers error 15; an unknown topic or
+  partition error 6.
+- **metadata** is answered here from the topic store, the slot table and the workers' heartbeat
+  files (offsets at most one heartbeat old);
+- **create-topic** and **delete-topic** go to :class:`~hpbroker.workers.admin.TopicAdmin`, which
+  answers once the owning workers have done their part.
+
+A request whose header parses but whose body does not gets an error response with its
+correlation id; one whose header does not parse cannot be answered and is dropped (logged).  A
+produce with ``acks`` 0 never gets a response, not even an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import zmq
+
+from hpbroker import protocol
+from hpbroker.broker.config import BrokerConfig
+from hpbroker.broker.topics import Topic, TopicStore, check_topic_name, config_to_strings
+from hpbroker.errors import (
+    HPBrokerError,
+    InvalidRequestError,
+    InvalidTopicError,
+    PartitionNotAvailableError,
+    UnknownTopicOrPartitionError,
+    UnsupportedVersionError,
+)
+from hpbroker.protocol import ApiKey
+from hpbroker.workers import backend
+from hpbroker.workers.admin import TopicAdmin
+from hpbroker.workers.heartbeat import read_heartbeat
+from hpbroker.workers.ownership import owner_slot
+from hpbroker.workers.slots import Slot
+
+__all__ = ["Frontend"]
+
+logger = logging.getLogger(__name__)
+
+_RELAYED = (ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.LIST_OFFSETS)
+_MAX_ERROR_MESSAGE = 1000  # characters of an error message sent to a client
+# (client_id, api_key, correlation_id): how TopicAdmin's waiters are answered.
+_Waiter = tuple[bytes, int, int]
+
+
+class Frontend:
+    """Routes and answers client requests (module docstring).  Single-threaded: used only by the
+    arbiter's loop, which owns both sockets and the slot table.  :meth:`attach` gives it the
+    sockets once they exist; before that no request can arrive and no slot serves."""
+
+    def __init__(self, config: BrokerConfig, store: TopicStore, slots: Sequence[Slot], run_dir: str,
+                 *, admin_timeout_s: float, clock=time.monotonic) -> None:
+        self._config = config
+        self._store = store
+        self._slots = slots
+        self._run_dir = run_dir
+        self._clock = clock
+        self._front: zmq.Socket | None = None
+        self._back: zmq.Socket | None = None
+        self._identities = [backend.worker_identity(s.index) for s in slots]
+        # Per slot: the relayed requests its process has not answered, (client, correlation id) ->
+        # api key, so that they can be answered with error 15 if it dies.
+        self._in_flight: list[dict[tuple[bytes, int], int]] = [{} for _ in slots]
+        self.admin = TopicAdmin(store, len(slots), send_control=self.send_control, reply=self._answer_waiter,
+                                is_serving=lambda index: slots[index].serving, timeout_s=admin_timeout_s)
+
+    def attach(self, front: zmq.Socket, back: zmq.Socket) -> None:
+        self._front, self._back = front, back
+
+    # --- from clients -----------------------------------------------------------------------------
+
+    def on_request(self, frames: list[zmq.Frame]) -> None:
+        """Handle one front-end message ``[client_id, head, payload?]``."""
+        client = frames[0].bytes
+        message = frames[1:]
+        try:
+            header, request = protocol.decode_request(message)
+        except (InvalidRequestError, UnsupportedVersionError) as e:
+            header = getattr(e, "header", None)
+            if header is None:
+                logger.warning("[arbiter] dropped a request from client %s whose header does not parse: %s",
+                               client.hex(), e.message)
+                return
+            self._respond(client, header.api_key, header.correlation_id, e)
+            return
+        size = sum(f.buffer.nbytes for f in message)
+        if size > self._config.max_request_bytes:
+            error = InvalidRequestError(f"request of {size} bytes exceeds max_request_bytes "
+                                        f"{self._config.max_request_bytes}")
+            self._respond_unless_silent(client, header, request, error)
+        elif header.api_key in _RELAYED:
+            self._route(client, header, request, message)
+        elif header.api_key == ApiKey.METADATA:
+            self._respond(client, header.api_key, header.correlation_id, self._metadata(request.topics))
+        elif header.api_key == ApiKey.CREATE_TOPIC:
+            self._create(client, header, request)
+        elif header.api_key == ApiKey.DELETE_TOPIC:
+            self._delete(client, header, request)
+
+    def _route(self, client: bytes, header: protocol.RequestHeader, request: Any,
+               message: list[zmq.Frame]) -> None:
+        topic = self._store.get(request.topic)
+        if (topic is None or topic.deleting) and self._auto_create(header, request, topic):
+            error = PartitionNotAvailableError(f"topic {request.topic!r} is being created; retry")
+            self._respond_unless_silent(client, header, request, error)
+            return
+        error = self._unroutable(topic, request)
+        if error is not None:
+            self._respond_unless_silent(client, header, request, error)
+            return
+        assert topic is not None
+        slot = owner_slot(topic.name, request.partition, len(self._slots))
+        if not self._slots[slot].serving:
+            error = PartitionNotAvailableError(
+                f"partition {request.partition} of {topic.name!r}: its worker (slot {slot}) is "
+                f"{self._slots[slot].state.value}")
+        else:
+            error = self._send_backend(slot, backend.encode_relay(client, message))
+        if error is not None:
+            self._respond_unless_silent(client, header, request, error)
+        elif not (header.api_key == ApiKey.PRODUCE and request.acks == 0):
+            self._in_flight[slot][client, header.correlation_id] = header.api_key
+
+    def _unroutable(self, topic: Topic | None, request: Any) -> HPBrokerError | None:
+        if topic is None or topic.deleting:
+            return UnknownTopicOrPartitionError(f"topic {request.topic!r} does not exist")
+        if not request.partition < topic.partitions:
+            return UnknownTopicOrPartitionError(
+                f"partition {request.partition} of {topic.name!r} does not exist "
+                f"(it has partitions 0..{topic.partitions - 1})")
+        return None
+
+    def _auto_create(self, header: protocol.RequestHeader, request: Any, topic: Topic | None) -> bool:
+        """Create an unknown topic that a produce or fetch names, when the broker is set to."""
+        if topic is not None or not self._config.auto_create_topics or header.api_key == ApiKey.LIST_OFFSETS \
+                or request.partition >= self._config.default_partitions:
+            return False
+        try:
+            self.admin.create(None, request.topic, self._config.default_partitions, (), self._clock())
+        except HPBrokerError as e:
+            logger.info("[arbiter] cannot create topic %r automatically: %s", request.topic, e.message)
+            return False
+        return True
+
+    def _create(self, client: bytes, header: protocol.RequestHeader,
+                request: protocol.CreateTopicRequest) -> None:
+        waiter = (client, header.api_key, header.correlation_id)
+        try:
+            self.admin.create(waiter, request.name, request.partitions, request.configs, self._clock())
+        except HPBrokerError as e:
+            logger.info("[arbiter] create topic %r refused: %s", request.name, e.message)
+            self._answer_waiter(waiter, e)
+
+    def _delete(self, client: bytes, header: protocol.RequestHeader,
+                request: protocol.DeleteTopicRequest) -> None:
+        waiter = (client, header.api_key, header.correlation_id)
+        try:
+            self.admin.delete(waiter, request.name, self._clock())
+        except HPBrokerError as e:
+            self._answer_waiter(waiter, e)
+
+    # --- metadata -----------------------------------------------------------------------------------
+
+    def _metadata(self, names: list[str]) -> protocol.MetadataResponse:
+        offsets = self._heartbeat_offsets()
+        topics = []
+        for name in names or [t.name for t in self._store.topics()]:
+            topic = self._store.get(name)
+            if topic is None or topic.deleting:
+                try:
+                    check_topic_name(name)
+                    code = UnknownTopicOrPartitionError.code
+                except InvalidTopicError:
+                    code = InvalidTopicError.code
+                topics.append(protocol.TopicMetadata(name, code))
+                continue
+            topics.append(protocol.TopicMetadata(
+                name, 0, [self._partition_metadata(topic, p, offsets) for p in range(topic.partitions)],
+                [protocol.TopicConfigEntry(k, v) for k, v in config_to_strings(topic.config)]))
+        broker = protocol.BrokerInfo(self._config.broker_id, self._config.host, self._config.port,
+                                     self._config.fetch_port)
+        return protocol.MetadataResponse([broker], topics)
+
+    def _partition_metadata(self, topic: Topic, partition: int,
+                            offsets: dict[tuple[str, int], tuple[int, int]]) -> protocol.PartitionMetadata:
+        slot = owner_slot(topic.name, partition, len(self._slots))
+        code = 0 if self._slots[slot].serving else PartitionNotAvailableError.code
+        log_start_offset, high_watermark = offsets.get((topic.name, partition), (-1, -1))
+        return protocol.PartitionMetadata(partition, code, self._config.broker_id,
+                                          self._config.fetch_port + slot, log_start_offset, high_watermark)
+
+    def _heartbeat_offsets(self) -> dict[tuple[str, int], tuple[int, int]]:
+        """(topic, partition) -> (log_start_offset, high_watermark) from the heartbeat files of the
+        serving slots' current processes."""
+        offsets: dict[tuple[str, int], tuple[int, int]] = {}
+        for slot in self._slots:
+            if not slot.serving:
+                continue
+            _, content = read_heartbeat(self._run_dir, slot.index)
+            if content is None or content.get("pid") != slot.pid:
+                continue
+            for entry in content.get("partitions") or ():
+                try:
+                    key = (entry["topic"], entry["partition"])
+                    offsets[key] = (int(entry["log_start_offset"]), int(entry["high_watermark"]))
+                except (KeyError, TypeError, ValueError):
+                    continue
+        return offsets
+
+    # --- to workers and back ----------------------------------------------------------------------
+
+    def send_control(self, slot: int, op: str, body: dict[str, Any]) -> bool:
+        """Hand a control to the slot's process; False (logged) if it cannot take it now."""
+        error = self._send_backend(slot, backend.encode_control(op, **body))
+        if error is not None:
+            logger.warning("[arbiter] could not send %s to worker slot %d: %s", op, slot, error.message)
+        return error is None
+
+    def _send_backend(self, slot: int, frames: list[Any]) -> HPBrokerError | None:
+        assert self._back is not None
+        try:
+            self._back.send_multipart([self._identities[slot], *frames], flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return PartitionNotAvailableError(f"worker slot {slot} is not keeping up; retry")
+        except zmq.ZMQError as e:
+            if e.errno != zmq.EHOSTUNREACH:
+                raise
+            return PartitionNotAvailableError(f"worker slot {slot} is not connected")
+        return None
+
+    def forward(self, slot: int, relay: backend.Relay) -> None:
+        """A worker's response: hand its frames to the client, untouched.  A response to no
+        request in flight (its request was already answered with error 15 when the worker was
+        reaped) is dropped: the client must not get two answers."""
+        assert self._front is not None
+        correlation_id = int.from_bytes(memoryview(relay.frames[0])[:4], "little")
+        if self._in_flight[slot].pop((relay.client, correlation_id), None) is None:
+            logger.debug("[arbiter] dropped a response of slot %d to a request not in flight", slot)
+            return
+        self._front.send_multipart([relay.client, *relay.frames], copy=False)
+
+    def slot_down(self, slot: int, pid: int) -> None:
+        """The slot's process is gone (reaped): answer what it left unanswered with error 15,
+        and let the topic admin forget its assignment."""
+        in_flight, self._in_flight[slot] = self._in_flight[slot], {}
+        error = PartitionNotAvailableError(
+            f"worker slot {slot} (pid {pid}) stopped before answering; a produce may or may not have "
+            "been appended")
+        for (client, correlation_id), api_key in in_flight.items():
+            self._respond(client, api_key, correlation_id, error)
+        self.admin.slot_down(slot)
+
+    # --- responses ----------------------------------------------------------------------------------
+
+    def _answer_waiter(self, waiter: _Waiter, error: HPBrokerError | None) -> None:
+        client, api_key, correlation_id = waiter
+        self._respond(client, api_key, correlation_id, error)
+
+    def _respond_unless_silent(self, client: bytes, header: protocol.RequestHeader, request: Any,
+                               error: HPBrokerError) -> None:
+        if header.api_key == ApiKey.PRODUCE and request.acks == 0:
+            logger.debug("[arbiter] no response to an acks=0 produce: %s", error.message)
+            return
+        self._respond(client, header.api_key, header.correlation_id, error)
+
+    def _respond(self, client: bytes, api_key: int, correlation_id: int,
+                 outcome: protocol.Message | HPBrokerError | None) -> None:
+        """Send a response: ``outcome`` is the response body, or an error (the body's numbers then
+        -1), or None for a body-less success.  An unknown ``api_key`` gets a header and an empty
+        body (``payload_length`` 0 only)."""
+        assert self._front is not None
+        response_type = protocol.RESPONSE_TYPES.get(api_key, protocol.CreateTopicResponse)
+        code, text = 0, ""
+        if isinstance(outcome, HPBrokerError):
+            code, text = outcome.code, outcome.message[:_MAX_ERROR_MESSAGE]
+        body = outcome if isinstance(outcome, protocol.Message) else response_type()
+        frames = protocol.encode_response(body, correlation_id, code, text)
+        self._front.send_multipart([client, *frames], copy=False)
+

@@ -1,0 +1,157 @@
+"""Real broker processes for tests: free ports, a subprocess with its log, a ZeroMQ client."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import zmq
+
+from hpbroker import protocol
+
+STANDIN = Path(__file__).resolve().parent / "standin_broker.py"
+
+
+def free_ports(count: int) -> int:
+    """A port P such that P .. P + count - 1 are free on 127.0.0.1 (at the time of asking)."""
+    for _ in range(200):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            first = probe.getsockname()[1]
+        if first + count > 65535:
+            continue
+        sockets = []
+        try:
+            for port in range(first, first + count):
+                s = socket.socket()
+                sockets.append(s)
+                s.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise RuntimeError("no free port range found")
+
+
+def wait_until(predicate, timeout_s: float = 10.0, interval_s: float = 0.02, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still "exists": look at its state.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+class BrokerProcess:
+    """A broker (``argv``) running as a subprocess, its stderr in ``log_path``."""
+
+    def __init__(self, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.log_path = log_path
+        self._log_file = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(argv, stdout=self._log_file, stderr=subprocess.STDOUT,
+                                        env={**os.environ, **(env or {})})
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for_log(self, pattern: str, timeout_s: float = 10.0, count: int = 1) -> list[re.Match]:
+        def found():
+            matches = list(re.finditer(pattern, self.log()))
+            if self.process.poll() is not None and len(matches) < count:
+                raise AssertionError(f"broker exited with {self.process.returncode} before logging "
+                                     f"{pattern!r}:\n{self.log()}")
+            return matches if len(matches) >= count else None
+        return wait_until(found, timeout_s, what=f"log line {pattern!r}")
+
+    def worker_pids(self) -> dict[int, int]:
+        """slot -> pid of the latest worker forked into it, from the log."""
+        return {int(m[1]): int(m[2]) for m in re.finditer(r"forked worker slot=(\d+) pid=(\d+)", self.log())}
+
+    def wait_exit(self, timeout_s: float = 10.0) -> int:
+        return self.process.wait(timeout=timeout_s)
+
+    def stop(self) -> int | None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log_file.close()
+        return self.process.returncode
+
+
+def start_standin(tmp_path: Path, *, workers: int = 2, modes: dict | None = None, timeout_ms: int = 1000,
+                  admin_timeout_s: float = 5.0, **config) -> tuple[BrokerProcess, dict]:
+    import json
+
+    port = free_ports(workers + 1)
+    spec_config = {"port": port, "fetch_port": port + 1, "workers": workers,
+                   "data_dir": str(tmp_path / "data"), "heartbeat_interval_ms": 50,
+                   "worker_timeout_ms": timeout_ms, "graceful_timeout_ms": 5000, **config}
+    spec = {"config": spec_config, "modes": modes or {}, "marker_dir": str(tmp_path),
+            "admin_timeout_s": admin_timeout_s}
+    broker = BrokerProcess([sys.executable, str(STANDIN), json.dumps(spec)], tmp_path / "broker.log")
+    return broker, spec_config
+
+
+class Client:
+    """A DEALER on the broker's front-end that sends requests and matches answers by correlation id."""
+
+    def __init__(self, port: int, host: str = "127.0.0.1") -> None:
+        self.context = zmq.Context()
+        self.socket = self.context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.connect(f"tcp://{host}:{port}")
+        self._ids = itertools.count(1)
+        self._early: dict[int, list[bytes]] = {}
+
+    def send(self, message: protocol.Message) -> int:
+        correlation_id = next(self._ids)
+        self.socket.send_multipart(protocol.encode_request(message, correlation_id, "test"), copy=False)
+        return correlation_id
+
+    def receive(self, api_key: int, correlation_id: int, timeout_s: float = 5.0):
+        deadline = time.monotonic() + timeout_s
+        while correlation_id not in self._early:
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0 or not self.socket.poll(remaining_ms):
+                raise TimeoutError(f"no response to correlation id {correlation_id} in {timeout_s} s")
+            frames = self.socket.recv_multipart()
+            self._early[int.from_bytes(frames[0][:4], "little")] = frames
+        return protocol.decode_response(api_key, self._early.pop(correlation_id))
+
+    def request(self, message: protocol.Message, timeout_s: float = 5.0):
+        return self.receive(message.API_KEY, self.send(message), timeout_s)
+
+    def silent_for(self, seconds: float) -> bool:
+        return not self.socket.poll(int(seconds * 1000))
+
+    def close(self) -> None:
+        self.socket.close()
+        self.context.term()

@@ -1,0 +1,270 @@
+"""The arbiter with real processes: boot, routing, respawn after kill -9, silent and failing
+workers, graceful stop.  The workers are the stand-in of standin_broker.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+
+import pytest
+from harness import Client, pid_alive, start_standin, wait_until
+
+from hpbroker import protocol
+from hpbroker.workers.ownership import owner_slot
+
+
+@pytest.fixture
+def standin(tmp_path):
+    started = []
+
+    def start(**kwargs):
+        broker, config = start_standin(tmp_path, **kwargs)
+        client = Client(config["port"])
+        started.append((broker, client))
+        return broker, config, client
+
+    yield start
+    for broker, client in started:
+        client.close()
+        broker.stop()
+
+
+def create(client, name, partitions, configs=()):
+    header, _ = client.request(protocol.CreateTopicRequest(name, partitions, list(configs)))
+    assert header.error_code == 0, header
+    return header
+
+
+def produce(client, topic, partition, acks=1):
+    return client.request(protocol.ProduceRequest(topic, partition, acks=acks, payload=b"batch"))
+
+
+def read_data_port(port):
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as connection:
+        return connection.makefile("rb").readline().decode().split()
+
+
+def test_boot_serves_every_slot_and_routes_each_partition_to_its_owner(standin):
+    broker, config, client = standin(workers=3)
+    broker.wait_for_log(r"all 3 workers serving")
+    create(client, "orders", 7)
+    pids = broker.worker_pids()
+    for partition in range(7):
+        header, response = produce(client, "orders", partition)
+        owner = owner_slot("orders", partition, 3)
+        assert (header.error_code, response.base_offset, response.log_start_offset) == (0, owner, pids[owner])
+        header, response = client.request(protocol.FetchRequest("orders", partition, 0))
+        assert (header.error_code, response.high_watermark) == (0, owner)
+    header, response = client.request(protocol.ListOffsetsRequest("orders", 3))
+    assert (header.error_code, response.offset) == (0, owner_slot("orders", 3, 3))
+    for slot in range(3):  # each slot's data port is served by that slot's worker
+        assert read_data_port(config["fetch_port"] + slot) == [f"slot={slot}", f"pid={pids[slot]}"]
+
+
+def test_killed_worker_is_reaped_and_respawned_into_its_slot(standin):
+    broker, config, client = standin(workers=2)
+    broker.wait_for_log(r"all 2 workers serving")
+    create(client, "orders", 2)
+    partition = next(p for p in range(2) if owner_slot("orders", p, 2) == 1)
+    old_pid = broker.worker_pids()[1]
+    os.kill(old_pid, signal.SIGKILL)
+    outcomes = set()
+
+    def served_by_new_process():
+        header, response = produce(client, "orders", partition)
+        outcomes.add(header.error_code)
+        return header.error_code == 0 and response.log_start_offset != old_pid and response.log_start_offset
+
+    new_pid = wait_until(served_by_new_process, what="the respawned worker to answer")
+    assert outcomes <= {0, 15}
+    assert not pid_alive(old_pid)
+    assert broker.worker_pids()[1] == new_pid
+    broker.wait_for_log(rf"worker slot=1 pid={old_pid} died \(signal SIGKILL\)")
+    broker.wait_for_log(rf"worker slot=1 pid={new_pid} serving")
+    assert read_data_port(config["fetch_port"] + 1) == ["slot=1", f"pid={new_pid}"]
+    header, response = produce(client, "orders", 1 - partition)  # the other slot never stopped
+    assert header.error_code == 0 and response.log_start_offset == broker.worker_pids()[0]
+
+
+def test_worker_that_stops_heartbeating_is_aborted_and_respawned(standin):
+    broker, _, client = standin(workers=2, modes={"0": "silent_once"}, timeout_ms=400)
+    broker.wait_for_log(r"all 2 workers serving")
+    silent_pid = broker.worker_pids()[0]
+    broker.wait_for_log(rf"worker slot=0 pid={silent_pid} no heartbeat for [\d.]+ s: SIGABRT", timeout_s=5)
+    broker.wait_for_log(r"worker slot=0 pid=\d+ serving", count=2, timeout_s=5)
+    assert broker.worker_pids()[0] != silent_pid
+    assert not pid_alive(silent_pid)
+    header, _ = client.request(protocol.MetadataRequest([]))
+    assert header.error_code == 0
+
+
+def test_worker_failing_to_boot_stops_the_broker_with_an_error(standin):
+    broker, _, _ = standin(workers=3, modes={"1": "boot_fail"})
+    assert broker.wait_exit(timeout_s=10) != 0
+    log = broker.log()
+    assert "worker slot=1" in log and "failed to boot (exit status 3): stopping the broker" in log
+    assert log.count("forked worker slot=1") == 1  # no fork loop
+    assert not any(pid_alive(pid) for pid in broker.worker_pids().values())
+
+
+def test_slot_dying_in_a_loop_stops_the_broker(standin):
+    broker, _, _ = standin(workers=2, modes={"0": "crash_after_ready"})
+    assert broker.wait_exit(timeout_s=15) != 0
+    log = broker.log()
+    assert "worker slot=0 died 6 times within 60 s: stopping the broker" in log
+    assert not any(pid_alive(pid) for pid in broker.worker_pids().values())
+
+
+def test_sigterm_stops_every_worker_and_exits_zero(standin, tmp_path):
+    broker, _, client = standin(workers=3)
+    broker.wait_for_log(r"all 3 workers serving")
+    pids = broker.worker_pids().values()
+    started = time.monotonic()
+    broker.process.send_signal(signal.SIGTERM)
+    assert broker.wait_exit(timeout_s=10) == 0
+    assert time.monotonic() - started < 5  # graceful_timeout_ms
+    assert not any(pid_alive(pid) for pid in pids)
+    assert "[arbiter] stopped" in broker.log()
+
+
+def test_sighup_is_logged_and_ignored(standin):
+    broker, _, client = standin(workers=1)
+    broker.wait_for_log(r"all 1 workers serving")
+    broker.process.send_signal(signal.SIGHUP)
+    broker.wait_for_log(r"SIGHUP: reloading the configuration is not supported")
+    header, _ = client.request(protocol.MetadataRequest([]))
+    assert header.error_code == 0 and broker.process.poll() is None
+
+
+def test_topics_are_created_persisted_described_and_deleted(standin, tmp_path):
+    broker, config, client = standin(workers=2)
+    broker.wait_for_log(r"all 2 workers serving")
+    create(client, "orders", 3, [protocol.TopicConfigEntry("retention_ms", "60000"),
+                                 protocol.TopicConfigEntry("flush_fsync", "false")])
+    stored = json.loads((tmp_path / "data" / "topics.json").read_text())["topics"]
+    assert stored == {"orders": {"partitions": 3, "deleting": False,
+                                 "config": {"retention_ms": 60000, "flush_fsync": False}}}
+    produce(client, "orders", 0)
+    produce(client, "orders", 0)
+
+    def described():
+        header, response = client.request(protocol.MetadataRequest([]))
+        (topic,) = response.topics
+        known = all(p.log_start_offset == 0 for p in topic.partitions)
+        return topic if known and topic.partitions[0].high_watermark == 2 else None
+
+    topic = wait_until(described, what="heartbeat offsets in metadata")
+    assert [(c.key, c.value) for c in topic.configs] == [("flush_fsync", "false"), ("retention_ms", "60000")]
+    for p, meta in enumerate(topic.partitions):
+        assert (meta.partition, meta.error_code, meta.leader, meta.log_start_offset) == (p, 0, 0, 0)
+        assert meta.fetch_port == config["fetch_port"] + owner_slot("orders", p, 2)
+    _, response = client.request(protocol.MetadataRequest([]))
+    assert response.brokers == [protocol.BrokerInfo(0, "127.0.0.1", config["port"], config["fetch_port"])]
+
+    header, _ = client.request(protocol.DeleteTopicRequest("orders"))
+    assert header.error_code == 0
+    assert json.loads((tmp_path / "data" / "topics.json").read_text())["topics"] == {}
+    _, response = client.request(protocol.MetadataRequest(["orders"]))
+    assert [(t.name, t.error_code, t.partitions) for t in response.topics] == [("orders", 6, [])]
+    assert produce(client, "orders", 0)[0].error_code == 6
+
+
+@pytest.mark.parametrize(
+    ("request_", "code"),
+    [
+        (protocol.CreateTopicRequest("bad/name", 1), 13),
+        (protocol.CreateTopicRequest("..", 1), 13),
+        (protocol.CreateTopicRequest("ok", 0), 14),
+        (protocol.CreateTopicRequest("ok", 1, [protocol.TopicConfigEntry("segment_bytes", "1")]), 8),
+        (protocol.CreateTopicRequest("ok", 1, [protocol.TopicConfigEntry("nope", "1")]), 8),
+        (protocol.CreateTopicRequest("orders", 1), 11),
+        (protocol.DeleteTopicRequest("ghost"), 6),
+        (protocol.ProduceRequest("ghost", 0, payload=b"x"), 6),
+        (protocol.ProduceRequest("orders", 2, payload=b"x"), 6),
+        (protocol.FetchRequest("orders", 99, 0), 6),
+        (protocol.ListOffsetsRequest("ghost", 0), 6),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, protocol.Message) else str(v),
+)
+def test_refused_requests_get_their_error_code(standin, request_, code):
+    broker, _, client = standin(workers=1)
+    broker.wait_for_log(r"all 1 workers serving")
+    create(client, "orders", 2)
+    header, _ = client.request(request_)
+    assert header.error_code == code and header.error_message
+
+
+def test_produce_with_acks_0_gets_no_response_even_on_error(standin):
+    broker, _, client = standin(workers=1)
+    broker.wait_for_log(r"all 1 workers serving")
+    client.send(protocol.ProduceRequest("ghost", 0, acks=0, payload=b"x"))
+    assert client.silent_for(0.3)
+
+
+def test_garbage_gets_error_responses_or_is_dropped_and_the_broker_keeps_serving(standin):
+    broker, _, client = standin(workers=1)
+    broker.wait_for_log(r"all 1 workers serving")
+    client.socket.send_multipart([b"\x01"])  # no header: nobody to answer
+    client.socket.send_multipart([b"a", b"b", b"c"])  # three frames: not a message
+    assert client.silent_for(0.3)
+    head = protocol.encode_request(protocol.MetadataRequest([]), 41, "x")[0]
+    client.socket.send_multipart([head[:-3]])  # header parses, body truncated
+    header, _ = client.receive(protocol.ApiKey.METADATA, 41)
+    assert header.error_code == 10 and "truncated" in header.error_message
+    unknown = (77).to_bytes(2, "little") + head[2:]
+    client.socket.send_multipart([unknown])
+    raw = client.socket.recv_multipart() if client.socket.poll(5000) else None
+    assert raw is not None
+    header, _ = protocol.decode_response(protocol.ApiKey.CREATE_TOPIC, raw)
+    assert (header.correlation_id, header.error_code) == (41, 9)
+    version = head[:2] + (3).to_bytes(2, "little") + head[4:]
+    client.socket.send_multipart([version])
+    header, _ = client.receive(protocol.ApiKey.METADATA, 41)
+    assert header.error_code == 9 and "version 3" in header.error_message
+    header, _ = client.request(protocol.MetadataRequest([]))
+    assert header.error_code == 0
+    assert "whose header does not parse" in broker.log()
+
+
+def test_create_not_acknowledged_in_time_is_answered_with_a_timeout(standin):
+    broker, _, client = standin(workers=1, modes={"0": "no_acks"}, admin_timeout_s=0.5)
+    broker.wait_for_log(r"all 1 workers serving")
+    header, _ = client.request(protocol.CreateTopicRequest("orders", 1))
+    assert header.error_code == 12 and "waiting for worker slots [0]" in header.error_message
+    _, response = client.request(protocol.MetadataRequest(["orders"]))
+    assert response.topics[0].error_code == 0  # the topic exists; its partition comes up later
+
+
+def test_topics_survive_a_restart_and_workers_get_them_at_boot(tmp_path):
+    broker, config = start_standin(tmp_path, workers=2)
+    client = Client(config["port"])
+    try:
+        broker.wait_for_log(r"all 2 workers serving")
+        create(client, "orders", 4)
+    finally:
+        client.close()
+        assert broker.stop() == 0
+    (tmp_path / "broker.log").rename(tmp_path / "first.log")
+    broker, config = start_standin(tmp_path, workers=2)
+    client = Client(config["port"])
+    try:
+        broker.wait_for_log(r"all 2 workers serving")
+        assert "forked worker slot=0 pid=" in broker.log() and "with 2 partitions" in broker.log()
+        for partition in range(4):
+            assert produce(client, "orders", partition)[0].error_code == 0
+    finally:
+        client.close()
+        broker.stop()
+
+
+def test_second_broker_on_the_same_data_dir_refuses_to_start(standin, tmp_path):
+    broker, _, _ = standin(workers=1)
+    broker.wait_for_log(r"all 1 workers serving")
+    (tmp_path / "second").mkdir()
+    second, _ = start_standin(tmp_path / "second", workers=1, data_dir=str(tmp_path / "data"))
+    assert second.wait_exit(timeout_s=10) != 0
+    assert "cannot start" in second.log() and "already open" in second.log()
+    second.stop()
