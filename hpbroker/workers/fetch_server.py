@@ -1,0 +1,316 @@
+"""A worker's TCP data port: fetches served with ``sendfile`` straight from the segment files.
+
+Framing is docs/PROTOCOL.md's TCP form (``head_length`` u32, ``payload_length`` u32, head,
+payload).  The port serves FetchRequest and ListOffsetsRequest; any other well-formed request gets
+error 10, a fetch for a partition of another worker error 6.  A stream that cannot be parsed (a
+bad length, a head that does not decode) closes its connection: its framing can no longer be
+trusted.
+
+Each connection answers in request order.  Its requests get a *slot* each, in a queue; a slot is
+filled when its reply is ready (at once, or later for a long poll) and the front slots are written
+while they are filled: first the prefix and head with ``send`` (``MSG_MORE`` when a payload
+follows, so they share a packet with it), then the payload with ``os.sendfile`` from the segment
+file, never through a Python buffer.  Sockets are non-blocking: a send that would block leaves the
+rest in its slot and waits for EPOLLOUT, so a slow reader costs the worker nothing but the slot.
+A connection with :data:`MAX_QUEUED_RESPONSES` slots stops being read until it drains.
+
+File descriptors: a slice's descriptor belongs to the log, which may close it (topic deleted,
+retention, shutdown) before a slow reader has it all.  So a slot that cannot be sent in the call
+that filled it first ``dup``\\s the descriptor; the duplicate reads the same file (deleted or not)
+and is closed when the slot is done.
+
+The listener and every connection sit in one ``epoll`` object, level-triggered, whose own
+descriptor the worker polls with its other sockets: the worker's poll stays four entries long
+however many connections there are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import logging
+import os
+import select
+import socket
+import struct
+from collections import deque
+
+from hpbroker import protocol
+from hpbroker.errors import HPBrokerError
+from hpbroker.protocol import ApiKey
+from hpbroker.workers.handlers import RequestHandler
+from hpbroker.workers.replies import Reply
+
+__all__ = ["MAX_QUEUED_RESPONSES", "SERVED_API_KEYS", "FetchServer"]
+
+logger = logging.getLogger(__name__)
+
+SERVED_API_KEYS = frozenset({ApiKey.FETCH, ApiKey.LIST_OFFSETS})
+# Requests in flight per connection before the worker stops reading more from it.
+MAX_QUEUED_RESPONSES = 64
+RECV_BYTES = 256 << 10
+# The TCP framing's prefix (docs/PROTOCOL.md, "Two transports"): head_length u32, payload_length
+# u32.  Written here rather than with protocol.frame_tcp because the payload is a file slice.
+_TCP_PREFIX = struct.Struct("<II")
+# accept() errors that say "out of descriptors or memory": stop accepting until a connection closes.
+_ACCEPT_EXHAUSTED = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+
+
+class _Slot:
+    """One request's place in its connection's response order; once filled, what is left to send
+    of its reply: ``head`` (prefix, head and any in-memory payload), then ``left`` bytes of the
+    file ``fd`` from ``position``."""
+
+    __slots__ = ("fd", "filled", "head", "left", "owned", "position")
+
+    def __init__(self) -> None:
+        self.filled = False
+        self.head = memoryview(b"")
+        self.fd = -1
+        self.position = self.left = 0
+        self.owned = False  # whether fd is our duplicate, to close
+
+    def fill(self, reply: Reply) -> None:
+        file_slice = reply.file_slice
+        if file_slice is not None and file_slice.length:
+            prefix = _TCP_PREFIX.pack(len(reply.head), file_slice.length)
+            self.head = memoryview(prefix + reply.head)
+            self.fd, self.position, self.left = file_slice.fd, file_slice.position, file_slice.length
+        else:
+            payload = bytes(reply.payload)
+            self.head = memoryview(_TCP_PREFIX.pack(len(reply.head), len(payload)) + reply.head + payload)
+        self.filled = True
+
+    def own(self) -> None:
+        """Hold a duplicate of the file descriptor, so the rest can be sent after the log closed it."""
+        if self.left and not self.owned:
+            self.fd = os.dup(self.fd)
+            self.owned = True
+
+    def release(self) -> None:
+        if self.owned:
+            self.owned = False
+            os.close(self.fd)
+
+
+class _Connection:
+    __slots__ = ("closed", "decoder", "fd", "mask", "peer", "reading", "slots", "sock")
+
+    def __init__(self, sock: socket.socket, peer: object, max_request_bytes: int) -> None:
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.peer = peer
+        self.decoder = protocol.TcpFrameDecoder(max_request_bytes)
+        self.slots: deque[_Slot] = deque()
+        self.reading = True
+        self.closed = False
+        self.mask = select.EPOLLIN
+
+    def __repr__(self) -> str:
+        return f"connection from {self.peer}"
+
+
+class FetchServer:
+    """The data port of one worker: accepts, reads requests, writes replies in order."""
+
+    def __init__(self, listener: socket.socket, handler: RequestHandler, *, max_connections: int,
+                 max_request_bytes: int) -> None:
+        self._listener = listener
+        self._handler = handler
+        self._max_connections = max_connections
+        self._max_request_bytes = max_request_bytes
+        self._connections: dict[int, _Connection] = {}
+        self._epoll = select.epoll()
+        listener.setblocking(False)
+        self._listener_fd = listener.fileno()
+        self._epoll.register(self._listener_fd, select.EPOLLIN)
+        self._accepting = True  # registered for EPOLLIN
+        self._stopped = False  # stop_accepting() was called
+
+    def fileno(self) -> int:
+        """The epoll descriptor: readable when any connection or the listener has an event."""
+        return self._epoll.fileno()
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._connections)
+
+    @property
+    def has_output(self) -> bool:
+        """Whether some connection still has a response to send."""
+        return any(conn.slots for conn in self._connections.values())
+
+    def process_events(self, timeout_s: float = 0) -> None:
+        for fd, events in self._epoll.poll(timeout_s):
+            if fd == self._listener_fd:
+                self._accept()
+                continue
+            conn = self._connections.get(fd)
+            if conn is None:
+                continue
+            if events & select.EPOLLERR:
+                self._close(conn, "socket error")
+                continue
+            if events & select.EPOLLIN:
+                self._read(conn)
+            if events & select.EPOLLOUT and not conn.closed:
+                self._write(conn)
+            if events & select.EPOLLHUP and not conn.closed:
+                self._close(conn, "hung up")
+
+    # --- accepting -----------------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, peer = self._listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as e:
+                if e.errno in _ACCEPT_EXHAUSTED:
+                    logger.error("data port: accept failed (%s); not accepting until a connection closes", e)
+                    self._set_accepting(False)
+                    return
+                if e.errno == errno.ECONNABORTED:
+                    continue
+                logger.warning("data port: accept failed: %s", e)
+                return
+            if len(self._connections) >= self._max_connections:
+                logger.warning("data port: refused %s: max_connections %d reached", peer,
+                               self._max_connections)
+                sock.close()
+                continue
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = _Connection(sock, peer, self._max_request_bytes)
+            self._connections[conn.fd] = conn
+            self._epoll.register(conn.fd, conn.mask)
+
+    def _set_accepting(self, accepting: bool) -> None:
+        if accepting != self._accepting and not self._stopped:
+            self._epoll.modify(self._listener_fd, select.EPOLLIN if accepting else 0)
+            self._accepting = accepting
+
+    def stop_accepting(self) -> None:
+        """Graceful stop, first step: accept nothing more (the listener stays open, the arbiter's)."""
+        self._set_accepting(False)
+        self._stopped = True
+
+    def stop_reading(self) -> None:
+        """Graceful stop: read no more requests; connections with nothing left to send close."""
+        for conn in list(self._connections.values()):
+            conn.reading = False
+            if conn.slots:
+                self._update_interest(conn)
+            else:
+                self._close(conn, "worker stopping")
+
+    # --- reading -------------------------------------------------------------------------------
+
+    def _read(self, conn: _Connection) -> None:
+        if not conn.reading:
+            return
+        try:
+            data = conn.sock.recv(RECV_BYTES)
+        except BlockingIOError:
+            return
+        except OSError as e:
+            self._close(conn, f"recv failed: {e}")
+            return
+        if not data:
+            conn.reading = False
+            if conn.slots:
+                self._update_interest(conn)  # answer what was asked, then close
+            else:
+                self._close(conn, "closed by the client")
+            return
+        try:
+            messages = conn.decoder.feed(data)
+            for frames in messages:
+                header, request = protocol.decode_request(frames)
+                slot = _Slot()
+                conn.slots.append(slot)
+                responder = functools.partial(self._deliver, conn, slot)
+                self._handler.dispatch(header, request, responder, conn, SERVED_API_KEYS)
+                if conn.closed:
+                    return
+        except HPBrokerError as e:
+            self._close(conn, f"unparsable stream: {e}")
+            return
+        self._update_interest(conn)
+
+    # --- writing -------------------------------------------------------------------------------
+
+    def _deliver(self, conn: _Connection, slot: _Slot, reply: Reply) -> None:
+        """The responder of one slot: fill it, send what the socket takes now, and keep a
+        duplicate descriptor for the rest."""
+        if conn.closed:
+            return
+        slot.fill(reply)
+        if conn.slots[0] is slot:
+            self._write(conn)
+        if slot.left and not conn.closed:
+            try:
+                slot.own()
+            except OSError as e:
+                self._close(conn, f"cannot keep the segment file open: {e}")
+
+    def _write(self, conn: _Connection) -> None:
+        slots, sock, fd = conn.slots, conn.sock, conn.fd
+        try:
+            while slots and slots[0].filled:
+                slot = slots[0]
+                while slot.head:
+                    sent = sock.send(slot.head, socket.MSG_MORE if slot.left else 0)
+                    slot.head = slot.head[sent:]
+                while slot.left:
+                    sent = os.sendfile(fd, slot.fd, slot.position, slot.left)
+                    if sent == 0:
+                        raise OSError(errno.EIO, f"segment file ended {slot.left} bytes before the slice")
+                    slot.position += sent
+                    slot.left -= sent
+                slots.popleft()
+                slot.release()
+        except BlockingIOError:
+            pass
+        except OSError as e:
+            self._close(conn, f"send failed: {e}")
+            return
+        if not slots and not conn.reading:
+            self._close(conn, "done")
+            return
+        self._update_interest(conn)
+
+    def _update_interest(self, conn: _Connection) -> None:
+        slots = conn.slots
+        mask = 0
+        if conn.reading and len(slots) < MAX_QUEUED_RESPONSES:
+            mask |= select.EPOLLIN
+        if slots and slots[0].filled:  # the front is filled but not sent: the socket is full
+            mask |= select.EPOLLOUT
+        if mask != conn.mask:
+            self._epoll.modify(conn.fd, mask)
+            conn.mask = mask
+
+    # --- closing -------------------------------------------------------------------------------
+
+    def _close(self, conn: _Connection, reason: str) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        logger.debug("data port: closing %r: %s", conn, reason)
+        del self._connections[conn.fd]
+        with contextlib.suppress(OSError):
+            self._epoll.unregister(conn.fd)
+        conn.sock.close()
+        for slot in conn.slots:
+            slot.release()
+        conn.slots.clear()
+        self._set_accepting(True)
+
+    def close(self) -> None:
+        """Close every connection and the epoll object (not the listener: the arbiter owns it)."""
+        for conn in list(self._connections.values()):
+            self._close(conn, "worker stopped")
+        self._epoll.close()

@@ -1,0 +1,122 @@
+"""What a worker does with each request, whichever transport it came on.
+
+:class:`RequestHandler` serves the three requests the arbiter relays to a worker (produce, fetch,
+list-offsets; fetch and list-offsets also arrive on the TCP data port) against the worker's
+:class:`~hpbroker.workers.partitions.PartitionSet`, and answers through a *responder*
+(``hpbroker.workers.replies``).  It knows nothing of sockets: the backend relay and the data port
+decode the frames, pick the request types they serve, and deliver the replies.
+
+Errors never escape: an :class:`~hpbroker.errors.HPBrokerError` becomes an error response with
+its code and message, anything else an ``UnknownServerError`` response and a logged traceback.
+An acks=0 produce gets no response at all, not even an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Collection, Hashable, Sequence
+from typing import Any
+
+from hpbroker import protocol
+from hpbroker.errors import HPBrokerError, InvalidRequestError, StorageError, UnknownServerError
+from hpbroker.protocol import ApiKey
+from hpbroker.workers.partitions import FETCH_MAX_BYTES, FetchWaiter, PartitionSet
+from hpbroker.workers.replies import Responder, error_reply, list_offsets_reply
+
+__all__ = ["RELAYED_API_KEYS", "RequestHandler"]
+
+logger = logging.getLogger(__name__)
+
+# The requests the arbiter relays to the worker owning the partition.
+RELAYED_API_KEYS = frozenset({ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.LIST_OFFSETS})
+
+
+class RequestHandler:
+    """Serves produce, fetch and list-offsets requests; single-threaded (the event loop)."""
+
+    def __init__(self, partitions: PartitionSet) -> None:
+        self._partitions = partitions
+
+    def handle_relayed(self, frames: Sequence[Any], responder: Responder, order_key: Hashable) -> None:
+        """A request relayed by the arbiter, as its protocol frames.  One that does not parse is
+        answered with its error when its header parsed, else dropped (nobody to answer)."""
+        try:
+            header, request = protocol.decode_request(frames)
+        except HPBrokerError as e:
+            header = getattr(e, "header", None)
+            if header is None:
+                logger.warning("dropped a relayed request whose header does not parse: %s", e)
+            else:
+                responder(error_reply(header.api_key, header.correlation_id, e))
+            return
+        except Exception:
+            logger.exception("dropped a relayed request that could not be decoded")
+            return
+        self.dispatch(header, request, responder, order_key, RELAYED_API_KEYS)
+
+    def dispatch(self, header: protocol.RequestHeader, request: protocol.Message, responder: Responder,
+                 order_key: Hashable, served: Collection[int]) -> None:
+        """Serve a decoded request.  ``order_key`` names who must get its fetch responses in order
+        (a client, a connection); ``served`` are the API keys this transport accepts."""
+        api_key = header.api_key
+        try:
+            if api_key not in served:
+                raise InvalidRequestError(f"{type(request).__name__} (api_key {api_key}) is not served here; "
+                                          f"this port serves api keys {sorted(served)}")
+            if api_key == ApiKey.PRODUCE:
+                self._produce(header, request, responder)  # type: ignore[arg-type]
+            elif api_key == ApiKey.FETCH:
+                self._fetch(header, request, responder, order_key)  # type: ignore[arg-type]
+            else:
+                self._list_offsets(header, request, responder)  # type: ignore[arg-type]
+        except HPBrokerError as e:
+            if not _silent(request):
+                responder(error_reply(api_key, header.correlation_id, e))
+        except Exception as e:
+            logger.exception("unexpected error serving %s %d from %r", type(request).__name__,
+                             header.correlation_id, header.client_id)
+            if not _silent(request):
+                error = UnknownServerError(f"unexpected {type(e).__name__} in the broker: {e}")
+                responder(error_reply(api_key, header.correlation_id, error))
+
+    def _produce(self, header: protocol.RequestHeader, request: protocol.ProduceRequest,
+                 responder: Responder) -> None:
+        partition = self._partitions.get(request.topic, request.partition)
+        if request.acks not in (0, 1):
+            raise InvalidRequestError(f"acks must be 0 or 1, got {request.acks}")
+        payload = memoryview(request.payload).toreadonly()
+        deadline = time.monotonic() + request.timeout_ms / 1000
+        partition.produce(payload, request.acks, header.correlation_id, responder, deadline,
+                          request.timeout_ms)
+
+    def _fetch(self, header: protocol.RequestHeader, request: protocol.FetchRequest, responder: Responder,
+               order_key: Hashable) -> None:
+        partition = self._partitions.get(request.topic, request.partition)
+        max_bytes = min(max(request.max_bytes, 1), FETCH_MAX_BYTES)
+        waiter = FetchWaiter(header.correlation_id, responder, order_key, request.offset, max_bytes,
+                             request.min_bytes, expired=request.max_wait_ms == 0)
+        partition.fetch(waiter, time.monotonic() + request.max_wait_ms / 1000)
+
+    def _list_offsets(self, header: protocol.RequestHeader, request: protocol.ListOffsetsRequest,
+                      responder: Responder) -> None:
+        log = self._partitions.get(request.topic, request.partition).log
+        if log.offline:
+            raise StorageError(f"[{log.name}] the partition is offline after a disk error")
+        timestamp = request.timestamp
+        if timestamp == protocol.LATEST_TIMESTAMP:
+            offset = log.high_watermark
+        elif timestamp == protocol.EARLIEST_TIMESTAMP:
+            offset = log.log_start_offset
+        elif timestamp < 0:
+            raise InvalidRequestError(f"timestamp {timestamp}: expected -1 (latest), -2 (earliest) or a "
+                                      f"time in ms")
+        else:
+            found = log.offset_for_timestamp(timestamp)
+            offset = -1 if found is None else found
+        responder(list_offsets_reply(header.correlation_id, offset))
+
+
+def _silent(request: protocol.Message) -> bool:
+    """Whether the client asked for no response at all (an acks=0 produce)."""
+    return isinstance(request, protocol.ProduceRequest) and request.acks == 0

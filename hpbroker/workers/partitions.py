@@ -1,0 +1,520 @@
+"""The partitions a worker owns: each one's log, its group commits in flight, and the requests
+waiting on it.
+
+A :class:`Partition` is one :class:`~hpbroker.io.PartitionLog` opened with
+``flush_on_append=False`` plus what waits on its high watermark:
+
+- *flushes in flight*: group commits (:class:`~hpbroker.io.log.FlushJob`) begun on the event loop
+  and run by the worker's one :class:`Flusher` thread, at most :data:`MAX_FLUSHES_IN_FLIGHT` per
+  log, applied in the order they were begun;
+- *produce waiters*: acks=1 produce requests, answered once the high watermark passes their last
+  offset.  They are answered in request order (an error decided at once, e.g. a corrupt batch,
+  waits behind the earlier requests of the same partition), so a producer that pipelines sees its
+  responses in order;
+- *fetch waiters*: long polls parked because less than ``min_bytes`` was readable, re-tried each
+  time a flush moves the high watermark and answered with what there is at their deadline.
+  Fetches of one client (or TCP connection) for one partition are answered in the order they
+  came: a later one waits behind an earlier parked one.
+
+Invariants: a record is acknowledged only after the flush that wrote it was applied (the high
+watermark passed it), so with ``flush_fsync`` only fdatasync'd records are acknowledged; every
+waiter is answered exactly once (by the flush, its deadline, the log going offline, the topic's
+deletion or the worker's graceful stop).  Single-threaded: everything here runs on the worker's
+event loop, except :meth:`Flusher.job_done`, which the flusher thread calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import logging
+import os
+import shutil
+from collections import deque
+from collections.abc import Callable, Hashable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from hpbroker import protocol
+from hpbroker.errors import (
+    HPBrokerError,
+    OffsetOutOfRangeError,
+    RequestTimedOutError,
+    StorageError,
+    UnknownTopicOrPartitionError,
+)
+from hpbroker.io import LogConfig, PartitionLog
+from hpbroker.io.files import fsync_dir
+from hpbroker.io.log import FlushJob
+from hpbroker.workers.backend import PartitionSpec
+from hpbroker.workers.replies import Responder, error_reply, fetch_error_reply, fetch_reply, produce_reply
+
+__all__ = [
+    "FETCH_MAX_BYTES",
+    "MAX_FLUSHES_IN_FLIGHT",
+    "DeadlineQueue",
+    "FetchWaiter",
+    "Flusher",
+    "Partition",
+    "PartitionSet",
+    "ProduceWaiter",
+    "partition_directory",
+]
+
+logger = logging.getLogger(__name__)
+
+# Group commits in flight per log: one being written, the next one queued behind it, so the
+# flusher never idles while the loop keeps appending (bench/test_bench_log.py measures the same).
+MAX_FLUSHES_IN_FLIGHT = 2
+# A fetch response must fit in one protocol message; its head is far below 4 KiB.
+FETCH_MAX_BYTES = protocol.MAX_MESSAGE_BYTES - 4096
+# Suffix a partition directory is renamed to before it is removed, so a crash halfway through a
+# delete leaves no half-deleted partition that a re-created topic would open (never a valid
+# partition directory name, which ends in ``-<digits>``).
+DELETING_SUFFIX = ".deleting"
+
+
+def partition_directory(data_dir: str, topic: str, partition: int) -> str:
+    return os.path.join(data_dir, f"{topic}-{partition}")
+
+
+class Flusher:
+    """The worker's one flusher thread: runs group commits (``FlushJob.run``: one ``writev`` and
+    an ``fdatasync``, both releasing the GIL) in the order they are submitted, off the event loop.
+
+    When a job is done the flusher thread records its partition and calls ``wake`` (which writes
+    the loop's wake-up fd); the loop collects them with :meth:`take_done`.  A job submitted after
+    :meth:`shutdown` is never run by the flusher; whoever completes it runs it (FlushJob's rule).
+    """
+
+    def __init__(self, wake: Callable[[], None]) -> None:
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="flusher")
+        self._done: deque[Partition] = deque()
+        self._wake = wake
+
+    def submit(self, job: FlushJob) -> None:
+        with contextlib.suppress(RuntimeError):  # shut down: complete_flush runs the job on the loop
+            self._executor.submit(job.run)
+
+    def job_done(self, partition: Partition) -> None:
+        """Called on the thread that ran the job (deque.append is atomic)."""
+        self._done.append(partition)
+        self._wake()
+
+    @property
+    def has_done(self) -> bool:
+        """Whether a job finished since the last :meth:`take_done`."""
+        return bool(self._done)
+
+    def take_done(self) -> list[Partition]:
+        done = []
+        while self._done:
+            done.append(self._done.popleft())
+        return done
+
+    def shutdown(self, *, wait: bool) -> None:
+        self._executor.shutdown(wait=wait, cancel_futures=not wait)
+
+
+class DeadlineQueue:
+    """Deadlines of waiting requests (``time.monotonic()`` seconds), soonest first.  Entries of
+    waiters answered meanwhile are skipped when they come up (lazy deletion)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Partition, Any]] = []
+        self._sequence = itertools.count()
+
+    def push(self, deadline: float, partition: Partition, waiter: ProduceWaiter | FetchWaiter) -> None:
+        heapq.heappush(self._heap, (deadline, next(self._sequence), partition, waiter))
+
+    def next_deadline(self) -> float | None:
+        heap = self._heap
+        while heap and heap[0][3].finished:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    def expire(self, now: float) -> None:
+        """Tell each partition about its waiters whose deadline has passed."""
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            _deadline, _sequence, partition, waiter = heapq.heappop(heap)
+            if not waiter.finished:
+                partition.expire(waiter)
+
+
+class ProduceWaiter:
+    """An acks=1 produce request: its records ``base_offset..last_offset`` are pending, or its
+    ``error`` is decided and waits only for the requests before it."""
+
+    __slots__ = ("base_offset", "correlation_id", "error", "finished", "last_offset", "responder",
+                 "timeout_ms")
+
+    def __init__(self, correlation_id: int, responder: Responder, *, base_offset: int = -1,
+                 last_offset: int = -1, timeout_ms: int = 0, error: HPBrokerError | None = None) -> None:
+        self.correlation_id = correlation_id
+        self.responder = responder
+        self.base_offset = base_offset
+        self.last_offset = last_offset
+        self.timeout_ms = timeout_ms
+        self.error = error
+        self.finished = False
+
+    def answer(self, log_start_offset: int) -> None:
+        self.finished = True
+        if self.error is None:
+            self.responder(produce_reply(self.correlation_id, self.base_offset, log_start_offset))
+        else:
+            self.responder(error_reply(protocol.ApiKey.PRODUCE, self.correlation_id, self.error,
+                                       log_start_offset=log_start_offset))
+
+
+class FetchWaiter:
+    """A fetch: read ``max_bytes`` from ``offset``; with less than ``min_bytes`` readable, wait
+    until more is flushed or the deadline (``expired`` once it has passed, or from the start when
+    the request may not wait)."""
+
+    __slots__ = ("correlation_id", "expired", "finished", "max_bytes", "min_bytes", "offset", "order_key",
+                 "responder")
+
+    def __init__(self, correlation_id: int, responder: Responder, order_key: Hashable, offset: int,
+                 max_bytes: int, min_bytes: int, *, expired: bool) -> None:
+        self.correlation_id = correlation_id
+        self.responder = responder
+        self.order_key = order_key
+        self.offset = offset
+        self.max_bytes = max_bytes
+        self.min_bytes = min_bytes
+        self.expired = expired
+        self.finished = False
+
+    def try_answer(self, log: PartitionLog) -> bool:
+        """Answer if enough is readable (or the wait is over); False if it must wait on."""
+        try:
+            file_slice = log.read(self.offset, self.max_bytes)
+        except OffsetOutOfRangeError as e:
+            reply = fetch_error_reply(self.correlation_id, e, log.high_watermark, log.log_start_offset)
+        except HPBrokerError as e:  # StorageError (offline), CorruptRecordError (damage met)
+            reply = fetch_error_reply(self.correlation_id, e)
+        else:
+            if file_slice.length < self.min_bytes and not self.expired:
+                return False
+            reply = fetch_reply(self.correlation_id, log.high_watermark, log.log_start_offset, file_slice)
+        self.finished = True
+        self.responder(reply)
+        return True
+
+    def fail(self, error: HPBrokerError) -> None:
+        self.finished = True
+        self.responder(fetch_error_reply(self.correlation_id, error))
+
+
+class Partition:
+    """One owned partition: its log, its flushes in flight and the requests waiting on it (see
+    the module docstring).  ``dirty`` is the set's set of partitions with records pending and not
+    yet handed to a flush, which the loop checks at their flush deadline."""
+
+    def __init__(self, topic: str, partition: int, log: PartitionLog, flusher: Flusher,
+                 deadlines: DeadlineQueue, dirty: set[Partition]) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.log = log
+        self.flushes: deque[FlushJob] = deque()
+        self.produces: deque[ProduceWaiter] = deque()
+        self.fetches: dict[Hashable, deque[FetchWaiter]] = {}
+        self.checkpointed = log.high_watermark  # the high watermark at the last checkpoint
+        self._flusher = flusher
+        self._deadlines = deadlines
+        self._dirty = dirty
+        self._on_flush_done = lambda job: flusher.job_done(self)
+
+    def __repr__(self) -> str:
+        return f"Partition({self.log.name})"
+
+    # --- produce -------------------------------------------------------------------------------
+
+    def produce(self, payload: memoryview, acks: int, correlation_id: int, responder: Responder,
+                deadline: float, timeout_ms: int) -> None:
+        """Append ``payload`` (whole, or nothing of it) and, for acks=1, answer once it is flushed."""
+        try:
+            info = self.log.append(payload)
+        except HPBrokerError as e:
+            if self.log.offline:
+                self.go_offline(e)
+            if acks == 0:
+                logger.debug("[%s] acks=0 produce %d refused: %s", self.log.name, correlation_id, e)
+                return
+            self._answer_in_order(ProduceWaiter(correlation_id, responder, error=e))
+            return
+        self.flush_if_due()
+        if self.log.flush_deadline_ms is not None:
+            self._dirty.add(self)
+        if acks == 0:
+            return
+        waiter = ProduceWaiter(correlation_id, responder, base_offset=info.first_offset,
+                               last_offset=info.last_offset, timeout_ms=timeout_ms)
+        self.produces.append(waiter)
+        self._deadlines.push(deadline, self, waiter)
+
+    def _answer_in_order(self, waiter: ProduceWaiter) -> None:
+        if self.produces:
+            self.produces.append(waiter)
+        else:
+            waiter.answer(self.log.log_start_offset)
+
+    def _settle_produces(self) -> None:
+        """Answer, front first, the produce requests whose records are flushed or whose error is
+        decided."""
+        produces = self.produces
+        if not produces:
+            return
+        high_watermark, log_start_offset = self.log.high_watermark, self.log.log_start_offset
+        while produces:
+            waiter = produces[0]
+            if waiter.error is None and waiter.last_offset >= high_watermark and not waiter.finished:
+                break
+            produces.popleft()
+            if not waiter.finished:
+                waiter.answer(log_start_offset)
+
+    # --- fetch ---------------------------------------------------------------------------------
+
+    def fetch(self, waiter: FetchWaiter, deadline: float) -> None:
+        """Answer now if enough is readable, else park until a flush or the deadline; behind an
+        earlier parked fetch with the same order key, wait for that one first."""
+        queue = self.fetches.get(waiter.order_key)
+        if queue is None:
+            if waiter.try_answer(self.log):
+                return
+            self.fetches[waiter.order_key] = deque((waiter,))
+        else:
+            queue.append(waiter)
+        self._deadlines.push(deadline, self, waiter)
+
+    def _drain_fetches(self, key: Hashable) -> None:
+        """Answer the fetches of ``key`` front first, as far as they can be answered now."""
+        queue = self.fetches.get(key)
+        while queue:
+            waiter = queue[0]
+            if not waiter.finished and not waiter.try_answer(self.log):
+                return
+            queue.popleft()
+        self.fetches.pop(key, None)
+
+    def _wake_fetches(self) -> None:
+        for key in list(self.fetches):
+            self._drain_fetches(key)
+
+    # --- deadlines, flushing ----------------------------------------------------------------
+
+    def expire(self, waiter: ProduceWaiter | FetchWaiter) -> None:
+        """``waiter``'s deadline has passed."""
+        if isinstance(waiter, FetchWaiter):
+            waiter.expired = True
+            self._drain_fetches(waiter.order_key)
+            return
+        waiter.error = RequestTimedOutError(
+            f"[{self.log.name}] offsets {waiter.base_offset}..{waiter.last_offset} were not flushed "
+            f"within timeout_ms {waiter.timeout_ms} (high watermark {self.log.high_watermark}); "
+            f"they may still be appended"
+        )
+        self._settle_produces()
+
+    def flush_if_due(self, now_ms: int | None = None) -> None:
+        """Begin a group commit of the pending records if one is due and fewer than
+        MAX_FLUSHES_IN_FLIGHT are running."""
+        if len(self.flushes) >= MAX_FLUSHES_IN_FLIGHT or not self.log.flush_due(now_ms):
+            return
+        try:
+            job = self.log.begin_flush(on_done=self._on_flush_done)
+        except StorageError as e:
+            self.go_offline(e)
+            return
+        if job is not None:
+            self.flushes.append(job)
+            self._flusher.submit(job)
+
+    @property
+    def flush_deadline_ms(self) -> int | None:
+        """When the loop must look at this partition again for its pending records (log clock
+        ms), None when only a finished flush can make it flush (or nothing is pending)."""
+        if len(self.flushes) >= MAX_FLUSHES_IN_FLIGHT:
+            return None
+        return self.log.flush_deadline_ms
+
+    def complete_flushes(self) -> None:
+        """Apply the finished flushes, oldest first; answer what they made answerable; begin the
+        next flush if one is due."""
+        applied = False
+        while self.flushes and self.flushes[0].done.is_set():
+            job = self.flushes.popleft()
+            try:
+                self.log.complete_flush(job)
+            except StorageError as e:
+                self.go_offline(e)
+                return
+            applied = True
+        if applied:
+            self._settle_produces()
+            self._wake_fetches()
+        self.flush_if_due()
+
+    def go_offline(self, error: HPBrokerError) -> None:
+        """The log is offline after a disk error: fail everything waiting on it."""
+        self.flushes.clear()
+        self._dirty.discard(self)
+        self.fail_waiters(StorageError(f"[{self.log.name}] the partition is offline: {error.message}"))
+
+    def fail_waiters(self, error: HPBrokerError) -> None:
+        while self.produces:
+            waiter = self.produces.popleft()
+            if not waiter.finished:
+                waiter.error = error
+                waiter.answer(-1)
+        fetches, self.fetches = self.fetches, {}
+        for queue in fetches.values():
+            for waiter in queue:
+                if not waiter.finished:
+                    waiter.fail(error)
+
+    # --- the end -----------------------------------------------------------------------------
+
+    def flush_and_answer(self) -> None:
+        """For a graceful stop: flush everything now, answer the produce requests it acknowledges
+        and every parked fetch with what there is."""
+        if not self.log.offline:
+            try:
+                self.log.flush()
+            except StorageError as e:
+                self.go_offline(e)
+        self.flushes.clear()
+        self._dirty.discard(self)
+        self._settle_produces()
+        for queue in self.fetches.values():
+            for waiter in queue:
+                waiter.expired = True
+        self._wake_fetches()
+        self.fail_waiters(StorageError(f"[{self.log.name}] the worker stopped before the records were "
+                                       f"flushed"))
+
+    def close(self) -> None:
+        """Close the log (a clean shutdown unless it is offline).  Never raises."""
+        self.flushes.clear()
+        self._dirty.discard(self)
+        try:
+            self.log.close()
+        except Exception:
+            logger.exception("[%s] closing the log failed", self.log.name)
+
+
+class PartitionSet:
+    """Every partition the worker owns, by ``(topic, partition)``, and the machinery they share:
+    the flusher, the deadlines of waiting requests, the partitions with records pending."""
+
+    def __init__(self, data_dir: str, default_config: LogConfig, flusher: Flusher) -> None:
+        self._data_dir = data_dir
+        self._default_config = default_config
+        self._flusher = flusher
+        self._by_key: dict[tuple[str, int], Partition] = {}
+        self._dirty: set[Partition] = set()
+        self.deadlines = DeadlineQueue()
+
+    def __iter__(self) -> Iterator[Partition]:
+        return iter(list(self._by_key.values()))
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def get(self, topic: str, partition: int) -> Partition:
+        found = self._by_key.get((topic, partition))
+        if found is None:
+            raise UnknownTopicOrPartitionError(f"partition {partition} of topic {topic!r} is not served by "
+                                               f"this worker")
+        return found
+
+    def open(self, spec: PartitionSpec) -> Partition:
+        """Open (creating if needed, recovering) the partition of ``spec``; one already open stays
+        as it is.  Raises StorageError or InvalidConfigError."""
+        key = (spec.topic, spec.partition)
+        if key in self._by_key:
+            return self._by_key[key]
+        config = self._default_config.replace(**spec.config)
+        name = f"{spec.topic}-{spec.partition}"
+        log = PartitionLog(partition_directory(self._data_dir, spec.topic, spec.partition), config,
+                           flush_on_append=False, name=name)
+        partition = Partition(spec.topic, spec.partition, log, self._flusher, self.deadlines, self._dirty)
+        self._by_key[key] = partition
+        return partition
+
+    def delete_topic(self, topic: str) -> list[str]:
+        """Close the topic's partitions and delete their directories; the errors met, if any."""
+        errors = []
+        for key in [key for key in self._by_key if key[0] == topic]:
+            partition = self._by_key.pop(key)
+            partition.fail_waiters(UnknownTopicOrPartitionError(f"topic {topic!r} was deleted"))
+            partition.close()
+            try:
+                _remove_directory(partition.log.directory)
+            except OSError as e:
+                logger.error("[%s] deleting %s failed: %s", partition.log.name, partition.log.directory, e)
+                errors.append(f"{partition.log.name}: {e}")
+            else:
+                logger.info("[%s] deleted with its topic", partition.log.name)
+        return errors
+
+    def complete_done_flushes(self) -> None:
+        for partition in self._flusher.take_done():
+            if self._by_key.get((partition.topic, partition.partition)) is partition:
+                partition.complete_flushes()
+
+    def flush_due(self, now_ms: int | None = None) -> None:
+        """Begin the group commits that are due on partitions with records pending."""
+        for partition in list(self._dirty):
+            partition.flush_if_due(now_ms)
+            if partition.log.flush_deadline_ms is None:
+                self._dirty.discard(partition)
+
+    def next_flush_deadline_ms(self) -> int | None:
+        deadlines = [d for d in (p.flush_deadline_ms for p in self._dirty) if d is not None]
+        return min(deadlines) if deadlines else None
+
+    def maintain(self) -> None:
+        """Retention, and a recovery checkpoint where the high watermark moved since the last one
+        (so a restart after a crash re-checks only what came after it).  Only logs that fdatasync
+        every flush are checkpointed here: for them the checkpoint's fsync finds little to write,
+        whereas for the others it could block the loop writing back what the page cache holds."""
+        for partition in self:
+            log = partition.log
+            if log.offline:
+                continue
+            try:
+                log.delete_old_segments()
+                if log.config.flush_fsync and log.high_watermark != partition.checkpointed:
+                    partition.checkpointed = log.high_watermark
+                    log.checkpoint()
+            except StorageError as e:
+                partition.go_offline(e)
+            except HPBrokerError as e:
+                logger.error("[%s] retention or checkpoint failed: %s", log.name, e)
+
+    def heartbeat_entries(self) -> list[dict[str, Any]]:
+        return [{"topic": p.topic, "partition": p.partition, "log_start_offset": p.log.log_start_offset,
+                 "high_watermark": p.log.high_watermark} for p in self]
+
+    def close_all(self) -> None:
+        """Graceful stop: flush and answer everything, then close every log cleanly."""
+        for partition in self:
+            partition.flush_and_answer()
+        for key in list(self._by_key):
+            self._by_key.pop(key).close()
+
+
+def _remove_directory(directory: str) -> None:
+    """Delete a partition directory so that a crash at any point leaves either all of it or
+    nothing under its name: rename it aside (durably), then remove it."""
+    doomed = directory.rstrip(os.sep) + DELETING_SUFFIX
+    if os.path.exists(doomed):
+        shutil.rmtree(doomed)
+    os.rename(directory, doomed)
+    fsync_dir(os.path.dirname(os.path.abspath(directory)))
+    shutil.rmtree(doomed)

@@ -1,0 +1,115 @@
+"""Responses a worker sends, built once and handed to whichever transport the request came on.
+
+A :class:`Reply` is a response ready to go: its head (header + body, as
+``hpbroker.protocol.encode_response`` lays it out) and its payload, either bytes in memory or a
+*file slice* (record batches in a segment file).  The ZeroMQ path reads a slice into a frame; the
+TCP data port sends it straight from the file with ``sendfile``.  Either way the head is the same
+bytes, so its ``payload_length`` (the last field of every body, see docs/PROTOCOL.md) is the
+slice's length.
+
+A *responder* is the callable a request's reply goes to (``responder(reply)``): bound to a client
+identity on the backend socket, or to a response slot of a TCP connection.  It is called exactly
+once per request that gets an answer, always from the worker's event loop thread, and never
+raises.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from hpbroker import protocol
+from hpbroker.errors import HPBrokerError, OffsetOutOfRangeError
+from hpbroker.io import FileSlice
+
+__all__ = [
+    "Reply",
+    "Responder",
+    "error_reply",
+    "fetch_error_reply",
+    "fetch_reply",
+    "list_offsets_reply",
+    "produce_reply",
+    "with_payload_length",
+]
+
+_PAYLOAD_LENGTH = struct.Struct("<I")  # the u32 that ends every message body
+
+
+@dataclass(slots=True)
+class Reply:
+    """One response: ``head`` (header + body), then ``payload`` or the bytes of ``file_slice``.
+
+    ``api_key`` and ``correlation_id`` travel along so a transport that fails to read the slice
+    can still answer with an error."""
+
+    api_key: int
+    correlation_id: int
+    head: bytes
+    payload: bytes | memoryview = b""
+    file_slice: FileSlice | None = None
+
+
+Responder = Callable[[Reply], None]
+
+
+@dataclass(slots=True)
+class _BareResponse(protocol.Message):
+    """A response of a request type the broker does not know: the header alone (and
+    ``payload_length`` 0), since there is no body schema to fill with -1."""
+
+    payload: bytes | memoryview = b""
+    SCHEMA: ClassVar = ()
+
+
+def with_payload_length(head: bytes, payload_length: int) -> bytes:
+    """``head`` with its ``payload_length`` (its last four bytes) replaced."""
+    return head[: -_PAYLOAD_LENGTH.size] + _PAYLOAD_LENGTH.pack(payload_length)
+
+
+def _reply(api_key: int, correlation_id: int, message: protocol.Message, error: HPBrokerError | None = None,
+           ) -> Reply:
+    code, text = (0, "") if error is None else (error.code, error.message)
+    frames = protocol.encode_response(message, correlation_id, code, text)
+    return Reply(api_key, correlation_id, frames[0], frames[1] if len(frames) > 1 else b"")
+
+
+def error_reply(api_key: int, correlation_id: int, error: HPBrokerError, **body: Any) -> Reply:
+    """The error response to a request of ``api_key``: the body's numbers are -1 except those
+    given in ``body`` (e.g. the offsets of an OffsetOutOfRangeError)."""
+    response_type = protocol.RESPONSE_TYPES.get(api_key, _BareResponse)
+    if len(error.message.encode("utf-8")) > 0xFFFF:  # a string field holds at most 65535 bytes
+        error = type(error)(error.message.encode("utf-8")[:0xFF00].decode("utf-8", "ignore"))
+    return _reply(api_key, correlation_id, response_type(**body), error)
+
+
+def produce_reply(correlation_id: int, base_offset: int, log_start_offset: int) -> Reply:
+    response = protocol.ProduceResponse(base_offset=base_offset, log_start_offset=log_start_offset)
+    return _reply(protocol.ApiKey.PRODUCE, correlation_id, response)
+
+
+def fetch_reply(correlation_id: int, high_watermark: int, log_start_offset: int,
+                file_slice: FileSlice) -> Reply:
+    """A fetch response whose payload is ``file_slice`` (possibly empty), not yet read."""
+    response = protocol.FetchResponse(high_watermark=high_watermark, log_start_offset=log_start_offset)
+    head = protocol.encode_response(response, correlation_id)[0]
+    if file_slice.length:
+        return Reply(protocol.ApiKey.FETCH, correlation_id, with_payload_length(head, file_slice.length),
+                     file_slice=file_slice)
+    return Reply(protocol.ApiKey.FETCH, correlation_id, head)
+
+
+def fetch_error_reply(correlation_id: int, error: HPBrokerError, high_watermark: int = -1,
+                      log_start_offset: int = -1) -> Reply:
+    """A fetch error; an OffsetOutOfRangeError carries the partition's offsets so the consumer can
+    reset without asking again."""
+    if isinstance(error, OffsetOutOfRangeError) and log_start_offset < 0:
+        log_start_offset = error.log_start_offset
+    return error_reply(protocol.ApiKey.FETCH, correlation_id, error, high_watermark=high_watermark,
+                       log_start_offset=log_start_offset)
+
+
+def list_offsets_reply(correlation_id: int, offset: int) -> Reply:
+    return _reply(protocol.ApiKey.LIST_OFFSETS, correlation_id, protocol.ListOffsetsResponse(offset=offset))

@@ -1,0 +1,426 @@
+"""The I/O worker process: :func:`run_worker`, called by the arbiter in a forked child.
+
+A worker owns the partitions of its slot (``hpbroker.workers.ownership``).  It opens (and so
+recovers) their logs, connects a DEALER to the arbiter's backend ROUTER with the routing id
+``backend.worker_identity(slot)``, says ``{"op": "ready"}`` and then runs one single-threaded event
+loop until told to stop.  The loop polls four things with one ``zmq.Poller``:
+
+- the DEALER: relayed requests (``hpbroker.workers.handlers``) and control messages (open
+  partitions, delete a topic; each acknowledged with ``{"op": "ack", "id", "error"}``);
+- a wake-up pipe, written by the flusher thread when a group commit is done and by the signal
+  machinery (``signal.set_wakeup_fd``) when a signal arrives;
+- the TCP data port (``hpbroker.workers.fetch_server``), through its epoll descriptor;
+
+and times out at the nearest deadline: a flush due (``PartitionLog.flush_deadline_ms``), a
+produce or long-poll deadline, the next heartbeat, the next retention pass.  There is no busy
+polling: with nothing to do the worker sleeps until a request, a flush or a deadline.
+
+Group commit (``hpbroker.workers.partitions``): appends happen on the loop; when a log's
+``flush_due()`` says so the loop begins a flush job and the one flusher thread writes and
+fdatasyncs it; when the thread wakes the loop, the loop applies the finished jobs in order and
+answers the produce requests and long polls they made answerable.  A produce is acknowledged
+only after the flush that wrote its records, so an acknowledged record is never lost.
+
+Signals (the handlers only set a flag; gunicorn's rule):
+
+- SIGTERM, SIGINT: graceful stop.  Stop accepting on the data port, serve what the arbiter has
+  already relayed, flush every log and answer the produce requests and long polls waiting on
+  it, close every log cleanly (``clean-shutdown`` marker), finish sending what the data port
+  owes its clients while time remains (80% of ``graceful_timeout_ms``), exit 0.
+- SIGQUIT, or the parent process gone (checked at every heartbeat): exit at once, nothing
+  flushed (unacknowledged records may be lost; acknowledged ones are on disk).
+
+Exit statuses (``hpbroker.workers.backend``): EXIT_OK after a stop; EXIT_BOOT_FAILED when the
+partitions could not be opened or the backend could not be connected, so the arbiter stops
+instead of respawning in a loop; 1 when the loop itself failed (a bug: logged, logs closed).
+
+Run standalone (for a manual test; the arbiter normally forks it)::
+
+    python -m hpbroker.workers.worker --slot 0 --backend ipc:///tmp/hpb/backend.sock \\
+        --run-dir /tmp/hpb --data-dir data orders:0 orders:1
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import math
+import os
+import signal
+import socket
+import time
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+import zmq
+
+from hpbroker.broker.config import BrokerConfig
+from hpbroker.errors import StorageError
+from hpbroker.io.files import pread_full
+from hpbroker.workers import backend, heartbeat
+from hpbroker.workers.backend import EXIT_BOOT_FAILED, EXIT_OK, PartitionSpec
+from hpbroker.workers.fetch_server import FetchServer
+from hpbroker.workers.handlers import RequestHandler
+from hpbroker.workers.partitions import Flusher, PartitionSet
+from hpbroker.workers.replies import Reply, error_reply, with_payload_length
+
+__all__ = ["RETENTION_CHECK_INTERVAL_S", "Worker", "main", "run_worker"]
+
+logger = logging.getLogger(__name__)
+
+# Seconds between retention passes (delete_old_segments) and recovery checkpoints.
+RETENTION_CHECK_INTERVAL_S = 60.0
+# Relayed messages read per loop turn, so flushes and deadlines get their turn under load.
+BACKEND_BATCH = 256
+# Messages read from the backend on a graceful stop: what the arbiter relayed before it stopped.
+STOP_DRAIN_MESSAGES = 100_000
+# Share of graceful_timeout_ms the worker gives itself, so it is done before the arbiter's SIGKILL.
+STOP_SHARE = 0.8
+# Exit status when the event loop failed unexpectedly (neither EXIT_OK nor EXIT_BOOT_FAILED).
+EXIT_LOOP_FAILED = 1
+
+_GRACEFUL, _IMMEDIATE = "graceful", "immediate"
+# Signals the arbiter may handle that mean nothing to a worker: the inherited handlers must go.
+_IGNORED_SIGNALS = ("SIGHUP", "SIGUSR1", "SIGUSR2", "SIGTTIN", "SIGTTOU")
+_DEFAULT_SIGNALS = ("SIGCHLD", "SIGWINCH")
+
+
+def run_worker(slot: int, config: BrokerConfig, partitions: list[PartitionSpec], data_listener: socket.socket,
+               backend_address: str, run_dir: str) -> int:
+    """Run the worker of ``slot`` until it is stopped; returns its exit status.
+
+    Call it in the forked child (it installs signal handlers and creates its ZeroMQ context), then
+    ``os._exit`` with the status.  ``data_listener`` is the slot's bound, listening TCP socket
+    (``config.fetch_port + slot``); ``backend_address`` the arbiter's backend ROUTER;
+    ``run_dir`` where heartbeats go."""
+    try:
+        return Worker(slot, config, data_listener, backend_address, run_dir).run(partitions)
+    except Exception:
+        logger.exception("the worker failed")
+        return EXIT_LOOP_FAILED
+
+
+class Worker:
+    """One worker process's state and event loop (see the module docstring)."""
+
+    def __init__(self, slot: int, config: BrokerConfig, data_listener: socket.socket, backend_address: str,
+                 run_dir: str) -> None:
+        self._slot = slot
+        self._config = config
+        self._listener = data_listener
+        self._backend_address = backend_address
+        self._run_dir = run_dir
+        self._stopping: str | None = None
+        self._stop_started = 0.0
+        self._ready = False
+        self._parent_pid = os.getppid()
+        self._wake_r = self._wake_w = -1
+        self._context: zmq.Context | None = None
+        self._backend: zmq.Socket | None = None
+        self._heartbeat_interval_s = config.heartbeat_interval_ms / 1000
+        self._next_heartbeat = self._next_maintenance = 0.0
+        self._flusher = Flusher(self._wake)
+        self._partitions = PartitionSet(config.data_dir, config.log, self._flusher)
+        self._handler = RequestHandler(self._partitions)
+        self._server: FetchServer | None = None
+
+    # --- boot ----------------------------------------------------------------------------------
+
+    def run(self, specs: Sequence[PartitionSpec]) -> int:
+        _install_log_prefix(self._slot)
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._install_signal_handlers()
+        self._write_heartbeat()
+        if not self._boot(specs):
+            self._flusher.shutdown(wait=False)
+            return EXIT_BOOT_FAILED
+        status = EXIT_OK
+        try:
+            self._loop()
+        except Exception:
+            logger.exception("the event loop failed; stopping")
+            status, self._stopping = EXIT_LOOP_FAILED, _GRACEFUL
+        if self._stopping == _IMMEDIATE:
+            self._stop_at_once()
+        else:
+            self._stop_gracefully()
+        return status
+
+    def _boot(self, specs: Sequence[PartitionSpec]) -> bool:
+        started = time.monotonic()
+        try:
+            for spec in specs:
+                self._partitions.open(spec)
+        except Exception as e:
+            logger.error("cannot open partition %s-%s: %s", spec.topic, spec.partition, e)
+            self._partitions.close_all()
+            return False
+        try:
+            self._context = zmq.Context()
+            self._backend = self._context.socket(zmq.DEALER)
+            self._backend.setsockopt(zmq.ROUTING_ID, backend.worker_identity(self._slot))
+            self._backend.setsockopt(zmq.SNDHWM, 0)  # never drop or block on a response
+            self._backend.setsockopt(zmq.LINGER, 0)  # set again on a graceful stop
+            self._backend.connect(self._backend_address)
+            self._server = FetchServer(self._listener, self._handler,
+                                       max_connections=self._config.max_connections,
+                                       max_request_bytes=self._config.max_request_bytes)
+        except (zmq.ZMQError, OSError) as e:
+            logger.error("cannot connect to the arbiter at %s or serve the data port: %s",
+                         self._backend_address, e)
+            self._partitions.close_all()
+            if self._context is not None:
+                self._context.destroy(linger=0)
+            return False
+        self._send_control("ready", slot=self._slot, pid=os.getpid())
+        self._ready = True
+        self._write_heartbeat()
+        now = time.monotonic()
+        self._next_heartbeat = now + self._heartbeat_interval_s
+        self._next_maintenance = now + RETENTION_CHECK_INTERVAL_S
+        logger.info("ready: %d partitions open in %.3f s, data port %s, backend %s", len(self._partitions),
+                    now - started, self._listener.getsockname(), self._backend_address)
+        return True
+
+    def _install_signal_handlers(self) -> None:
+        for name in _IGNORED_SIGNALS:
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+        for name in _DEFAULT_SIGNALS:
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGQUIT, self._on_signal)
+        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        """Only sets a flag (the wake-up fd has already woken the loop)."""
+        if signum == signal.SIGQUIT:
+            self._stopping = _IMMEDIATE
+        elif self._stopping is None:
+            self._stopping = _GRACEFUL
+            self._stop_started = time.monotonic()
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        assert self._backend is not None and self._server is not None
+        poller = zmq.Poller()
+        poller.register(self._backend, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        poller.register(self._server.fileno(), zmq.POLLIN)
+        backend_socket, wake_r, server = self._backend, self._wake_r, self._server
+        partitions = self._partitions
+        while self._stopping is None:
+            for target, _events in poller.poll(self._poll_timeout_ms()):
+                if target is backend_socket:
+                    self._read_backend(BACKEND_BATCH)
+                elif target == wake_r:
+                    _drain(wake_r)
+                else:
+                    server.process_events()
+            partitions.complete_done_flushes()
+            partitions.flush_due()
+            now = time.monotonic()
+            partitions.deadlines.expire(now)
+            if now >= self._next_heartbeat:
+                self._on_heartbeat(now)
+            if now >= self._next_maintenance:
+                self._next_maintenance = now + RETENTION_CHECK_INTERVAL_S
+                partitions.maintain()
+
+    def _poll_timeout_ms(self) -> int:
+        now = time.monotonic()
+        wake_at = min(self._next_heartbeat, self._next_maintenance)
+        deadline = self._partitions.deadlines.next_deadline()
+        if deadline is not None:
+            wake_at = min(wake_at, deadline)
+        timeout_ms = (wake_at - now) * 1000
+        flush_at_ms = self._partitions.next_flush_deadline_ms()
+        if flush_at_ms is not None:
+            timeout_ms = min(timeout_ms, flush_at_ms - time.time_ns() // 1_000_000)
+        return max(0, math.ceil(timeout_ms))
+
+    def _wake(self) -> None:
+        """Wake the loop (from the flusher thread); a full pipe already says "wake up"."""
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._wake_w, b"\0")
+
+    def _on_heartbeat(self, now: float) -> None:
+        self._next_heartbeat = now + self._heartbeat_interval_s
+        if os.getppid() != self._parent_pid:
+            logger.error("the arbiter (pid %d) is gone; exiting at once", self._parent_pid)
+            self._stopping = _IMMEDIATE
+            return
+        self._write_heartbeat()
+
+    def _write_heartbeat(self) -> None:
+        try:
+            heartbeat.write_heartbeat(self._run_dir, self._slot, ready=self._ready,
+                                      partitions=self._partitions.heartbeat_entries())
+        except OSError as e:
+            logger.warning("cannot write the heartbeat in %s: %s", self._run_dir, e)
+
+    # --- the backend ---------------------------------------------------------------------------
+
+    def _read_backend(self, limit: int) -> None:
+        assert self._backend is not None
+        for _ in range(limit):
+            try:
+                frames = self._backend.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                message = backend.decode(frames)
+            except ValueError as e:
+                logger.warning("dropped a backend message: %s", e)
+                continue
+            if isinstance(message, backend.Relay):
+                client = message.client
+                self._handler.handle_relayed(message.frames, partial(self._send_reply, client), client)
+            else:
+                self._on_control(message)
+            if self._flusher.has_done:  # keep the flusher busy and acks prompt under a stream
+                self._partitions.complete_done_flushes()
+
+    def _send_reply(self, client: bytes, reply: Reply) -> None:
+        """The responder of a relayed request: the reply goes back to the arbiter for ``client``;
+        a file slice is read into the payload frame here."""
+        frames: list[Any] = [backend.RELAY, client, reply.head]
+        if reply.file_slice is not None:
+            file_slice = reply.file_slice
+            try:
+                data = pread_full(file_slice.fd, file_slice.length, file_slice.position)
+            except OSError as e:
+                error = StorageError(f"reading {file_slice.length} bytes at position {file_slice.position} "
+                                     f"of {file_slice.path} failed: {e}")
+                frames[2] = error_reply(reply.api_key, reply.correlation_id, error).head
+            else:
+                if len(data) != file_slice.length:
+                    frames[2] = with_payload_length(reply.head, len(data))
+                if data:
+                    frames.append(data)
+        elif reply.payload:
+            frames.append(reply.payload)
+        self._send(frames)
+
+    def _send(self, frames: list[Any]) -> None:
+        assert self._backend is not None
+        try:
+            self._backend.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError as e:  # zmq.Again cannot happen with SNDHWM 0, but never block the loop
+            logger.warning("dropped a message to the arbiter: %s", e)
+
+    def _send_control(self, op: str, **body: Any) -> None:
+        self._send(backend.encode_control(op, **body))
+
+    def _on_control(self, message: backend.Control) -> None:
+        body = message.body
+        try:
+            if message.op == "open":
+                errors = self._open_partitions(body.get("partitions"))
+            elif message.op == "delete":
+                topic = body.get("topic")
+                if not isinstance(topic, str):
+                    raise ValueError(f"delete needs a topic name, got {topic!r}")
+                errors = self._partitions.delete_topic(topic)
+            else:
+                raise ValueError(f"unknown control op {message.op!r}")
+        except Exception as e:
+            logger.exception("control %s %r failed", message.op, body)
+            errors = [f"{type(e).__name__}: {e}"]
+        self._send_control("ack", id=body.get("id"), error="; ".join(errors) if errors else None)
+        self._next_heartbeat = 0.0  # tell the arbiter the new offsets soon
+
+    def _open_partitions(self, specs: Any) -> list[str]:
+        if not isinstance(specs, list):
+            raise ValueError(f"open needs a list of partition specs, got {specs!r}")
+        errors = []
+        for obj in specs:
+            try:
+                spec = PartitionSpec.from_json(obj)
+                self._partitions.open(spec)
+            except Exception as e:
+                logger.error("cannot open partition %r: %s", obj, e)
+                errors.append(f"{obj!r}: {e}")
+        return errors
+
+    # --- stopping ------------------------------------------------------------------------------
+
+    def _stop_gracefully(self) -> None:
+        assert self._backend is not None and self._context is not None and self._server is not None
+        started = self._stop_started or time.monotonic()
+        deadline = started + STOP_SHARE * self._config.graceful_timeout_ms / 1000
+        logger.info("stopping: flushing %d partitions", len(self._partitions))
+        self._server.stop_accepting()
+        self._read_backend(STOP_DRAIN_MESSAGES)  # what the arbiter relayed before it stopped relaying
+        self._server.stop_reading()
+        self._partitions.complete_done_flushes()
+        self._partitions.close_all()
+        self._flusher.shutdown(wait=True)
+        while self._server.has_output and time.monotonic() < deadline:
+            self._server.process_events(max(0.0, min(0.1, deadline - time.monotonic())))
+        self._server.close()
+        linger_ms = max(100, int((deadline - time.monotonic()) * 1000))
+        self._backend.close(linger=linger_ms)
+        self._context.term()
+        logger.info("stopped in %.3f s", time.monotonic() - started)
+
+    def _stop_at_once(self) -> None:
+        """Nothing flushed, nothing closed cleanly: the caller exits the process right away."""
+        logger.warning("stopping at once, without flushing")
+        self._flusher.shutdown(wait=False)
+        if self._context is not None:
+            self._context.destroy(linger=0)
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def _install_log_prefix(slot: int) -> None:
+    """Prefix every log message of this process with ``[worker=<slot>]`` (the process is ours
+    alone after the fork, so the record factory may be replaced)."""
+    previous = logging.getLogRecordFactory()
+    prefix = f"[worker={slot}] "
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        if isinstance(record.msg, str):
+            record.msg = prefix + record.msg
+        return record
+
+    logging.setLogRecordFactory(factory)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m hpbroker.workers.worker``: one worker without an arbiter (binds its own data
+    port), for manual tests against a hand-made backend ROUTER."""
+    parser = argparse.ArgumentParser(prog="python -m hpbroker.workers.worker", description=main.__doc__)
+    parser.add_argument("--slot", type=int, default=0)
+    parser.add_argument("--config", help="broker TOML file")
+    parser.add_argument("--data-dir")
+    parser.add_argument("--fetch-port", type=int, help="first data port; this worker binds fetch_port + slot")
+    parser.add_argument("--backend", required=True, help="the arbiter's backend address, e.g. ipc:///tmp/b.sock")
+    parser.add_argument("--run-dir", required=True, help="where the heartbeat file goes")
+    parser.add_argument("partitions", nargs="*", metavar="TOPIC:PARTITION")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    config = BrokerConfig.load(args.config, data_dir=args.data_dir, fetch_port=args.fetch_port)
+    specs = []
+    for text in args.partitions:
+        topic, _, number = text.rpartition(":")
+        if not topic or not number.isdigit():
+            parser.error(f"{text!r} is not TOPIC:PARTITION")
+        specs.append(PartitionSpec(topic, int(number)))
+    listener = socket.create_server((config.host, config.fetch_port + args.slot), reuse_port=False)
+    os._exit(run_worker(args.slot, config, specs, listener, args.backend, args.run_dir))
+
+
+if __name__ == "__main__":
+    main()
