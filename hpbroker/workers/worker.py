@@ -26,7 +26,9 @@ Signals (the handlers only set a flag; gunicorn's rule):
 - SIGTERM, SIGINT: graceful stop.  Stop accepting on the data port, serve what the arbiter has
   already relayed, flush every log and answer the produce requests and long polls waiting on
   it, close every log cleanly (``clean-shutdown`` marker), finish sending what the data port
-  owes its clients while time remains (80% of ``graceful_timeout_ms``), exit 0.
+  owes its clients while time remains (80% of ``graceful_timeout_ms``), exit 0.  A SIGINT that
+  was ignored when the worker started stays ignored (the arbiter arranges that, so a Ctrl-C
+  reaches only the arbiter, which then stops its workers with SIGTERM).
 - SIGQUIT, or the parent process gone (checked at every heartbeat): exit at once, nothing
   flushed (unacknowledged records may be lost; acknowledged ones are on disk).
 
@@ -190,8 +192,9 @@ class Worker:
         for name in _DEFAULT_SIGNALS:
             signal.signal(getattr(signal, name), signal.SIG_DFL)
         signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGQUIT, self._on_signal)
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # the Unix rule: ignored stays ignored
+            signal.signal(signal.SIGINT, self._on_signal)
         signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
