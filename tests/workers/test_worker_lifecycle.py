@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import socket
@@ -23,7 +24,7 @@ from worker_harness import (
 )
 
 from hpbroker.io import LogConfig, PartitionLog
-from hpbroker.protocol import ApiKey
+from hpbroker.protocol import EARLIEST_TIMESTAMP, ApiKey, ListOffsetsRequest
 from hpbroker.workers import backend, heartbeat
 from hpbroker.workers.backend import EXIT_BOOT_FAILED, EXIT_OK
 
@@ -221,3 +222,67 @@ def test_the_router_hands_a_respawned_workers_identity_over(start_worker, arbite
     header, _response = arbiter.call(0, produce_request("orders", 0, make_batch("after")))
     assert header.error_code == 0
     assert zmq.zmq_version_info() >= (4, 1)
+
+
+def test_sigint_stops_gracefully_unless_it_was_ignored_at_start(start_worker, arbiter):
+    worker = start_worker()
+    worker.signal(signal.SIGINT)
+    assert worker.wait() == EXIT_OK
+    assert "clean-shutdown" in os.listdir(worker.directory("orders", 0))
+
+    ignoring = start_worker(child_setup=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    ignoring.signal(signal.SIGINT)
+    assert arbiter.call(0, produce_request("orders", 0, make_batch("still here")))[0].error_code == 0
+    ignoring.signal(signal.SIGTERM)
+    assert ignoring.wait() == EXIT_OK
+
+
+def _check_retention_often() -> None:
+    from hpbroker.workers import worker
+
+    worker.RETENTION_CHECK_INTERVAL_S = 0.2
+
+
+def test_retention_runs_periodically_and_moves_the_log_start_offset(start_worker, arbiter):
+    start_worker(log={"segment_bytes": 1024, "retention_bytes": 2048, "file_delete_delay_ms": 0,
+                      "flush_fsync": True}, child_setup=_check_retention_often)
+    for i in range(30):  # ~450 bytes each: a dozen segments
+        assert arbiter.call(0, produce_request("orders", 0, make_batch(f"r{i}", count=10)))[0].error_code == 0
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        _header, earliest = arbiter.call(0, ListOffsetsRequest("orders", 0, EARLIEST_TIMESTAMP))
+        if earliest.offset > 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert earliest.offset > 200  # all but the last few kilobytes are gone
+    header, response = arbiter.call(0, fetch_request("orders", 0, 0))
+    assert header.error_code == 5 and response.log_start_offset == earliest.offset
+    _header, response = arbiter.call(0, fetch_request("orders", 0, earliest.offset))
+    assert values_of(response.payload)[0] == f"r{earliest.offset // 10}/0/".encode().ljust(32, b".")
+
+
+def _fail_fdatasync_after_the_first() -> None:
+    """Every fdatasync after the first (the first produce's flush) fails with EIO."""
+    real = os.fdatasync
+    calls = []
+
+    def fdatasync(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) > 1:
+            raise OSError(errno.EIO, "simulated disk failure")
+        real(fd)
+
+    os.fdatasync = fdatasync
+
+
+def test_a_disk_error_takes_the_partition_offline_and_fails_its_requests(start_worker, arbiter):
+    start_worker(log={"flush_fsync": True}, partitions=[("orders", 0)],
+                 child_setup=_fail_fdatasync_after_the_first)
+    header, response = arbiter.call(0, produce_request("orders", 0, make_batch("kept")))
+    assert (header.error_code, response.base_offset) == (0, 0)
+    header, _response = arbiter.call(0, produce_request("orders", 0, make_batch("lost")))
+    assert header.error_code == 7 and "offline" in header.error_message
+    for request in (produce_request("orders", 0, make_batch("after")), fetch_request("orders", 0, 0),
+                    ListOffsetsRequest("orders", 0, -1)):
+        header, _response = arbiter.call(0, request)
+        assert header.error_code == 7, request

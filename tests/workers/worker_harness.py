@@ -19,6 +19,7 @@ import sys
 import time
 import traceback
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -147,9 +148,13 @@ class WorkerProcess:
 
     def __init__(self, arbiter: FakeArbiter, data_dir: str, *, slot: int = 0,
                  partitions: list[tuple[str, int]] | None = None, log: dict[str, Any] | None = None,
-                 specs: list[PartitionSpec] | None = None, **config: Any) -> None:
+                 specs: list[PartitionSpec] | None = None, child_setup: Callable[[], None] | None = None,
+                 **config: Any) -> None:
+        """``child_setup`` runs in the child before run_worker (to ignore a signal, to break a
+        system call, to shorten an interval)."""
         self.arbiter = arbiter
         self.slot = slot
+        self.child_setup = child_setup
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         pairs = partitions or [("orders", 0), ("orders", 1)]
@@ -170,6 +175,8 @@ class WorkerProcess:
             status = 1
             try:
                 _child_logging()
+                if self.child_setup is not None:
+                    self.child_setup()
                 status = run_worker(self.slot, self.config, self.specs, self.listener, self.arbiter.address,
                                     self.arbiter.run_dir)
             except BaseException:
