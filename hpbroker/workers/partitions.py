@@ -119,14 +119,26 @@ class Flusher:
 
 class DeadlineQueue:
     """Deadlines of waiting requests (``time.monotonic()`` seconds), soonest first.  Entries of
-    waiters answered meanwhile are skipped when they come up (lazy deletion)."""
+    waiters answered meanwhile are skipped when they come up (lazy deletion), and swept out
+    whenever the heap has doubled since the last sweep, so a stream of produces acknowledged
+    long before their deadline keeps it small."""
+
+    _MIN_SWEEP = 4096
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, Partition, Any]] = []
         self._sequence = itertools.count()
+        self._sweep_at = self._MIN_SWEEP
+
+    def __len__(self) -> int:
+        return len(self._heap)
 
     def push(self, deadline: float, partition: Partition, waiter: ProduceWaiter | FetchWaiter) -> None:
         heapq.heappush(self._heap, (deadline, next(self._sequence), partition, waiter))
+        if len(self._heap) > self._sweep_at:
+            self._heap = [entry for entry in self._heap if not entry[3].finished]
+            heapq.heapify(self._heap)
+            self._sweep_at = max(self._MIN_SWEEP, 2 * len(self._heap))
 
     def next_deadline(self) -> float | None:
         heap = self._heap
