@@ -149,15 +149,22 @@ class FetchServer:
             conn = self._connections.get(fd)
             if conn is None:
                 continue
-            if events & select.EPOLLERR:
-                self._close(conn, "socket error")
-                continue
-            if events & select.EPOLLIN:
-                self._read(conn)
-            if events & select.EPOLLOUT and not conn.closed:
-                self._write(conn)
-            if events & select.EPOLLHUP and not conn.closed:
-                self._close(conn, "hung up")
+            try:
+                self._on_events(conn, events)
+            except Exception:  # a bug must cost one connection, not the worker
+                logger.exception("data port: unexpected error on %r; closing it", conn)
+                self._close(conn, "internal error")
+
+    def _on_events(self, conn: _Connection, events: int) -> None:
+        if events & select.EPOLLERR:
+            self._close(conn, "socket error")
+            return
+        if events & select.EPOLLIN:
+            self._read(conn)
+        if events & select.EPOLLOUT and not conn.closed:
+            self._write(conn)
+        if events & select.EPOLLHUP and not conn.closed:
+            self._close(conn, "hung up")
 
     # --- accepting -----------------------------------------------------------------------------
 

@@ -276,7 +276,7 @@ class Worker:
                 return
             try:
                 message = backend.decode(frames)
-            except ValueError as e:
+            except Exception as e:  # ValueError says what; anything else is a bug, still not fatal
                 logger.warning("dropped a backend message: %s", e)
                 continue
             if isinstance(message, backend.Relay):
