@@ -136,7 +136,7 @@ def test_long_poll_fetch_times_out_with_an_empty_payload(start_worker, arbiter):
 def test_fetches_of_one_client_for_one_partition_are_answered_in_order(start_worker, arbiter):
     start_worker()
     arbiter.call(0, produce_request("orders", 0, make_batch("a")))
-    parked = arbiter.relay(0, fetch_request("orders", 0, 3, max_wait_ms=400))  # at the end: parks
+    parked = arbiter.relay(0, fetch_request("orders", 0, 3, max_wait_ms=800))  # at the end: parks
     behind = arbiter.relay(0, fetch_request("orders", 0, 0))  # answerable now, but must wait
     other = arbiter.relay(0, fetch_request("orders", 0, 0), client=b"\x00other")  # another client: now
     header, _response = arbiter.response(ApiKey.FETCH, client=b"\x00other")
