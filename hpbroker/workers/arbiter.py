@@ -121,6 +121,7 @@ class Arbiter:
         self._prctl: Callable[..., int] | None = None
         self._last_check = 0.0
         self._all_serving_logged = False
+        self._slots_by_identity = {backend.worker_identity(s.index): s for s in self._slots}
 
     # --- life cycle -------------------------------------------------------------------------------
 
@@ -138,14 +139,14 @@ class Arbiter:
                 self._open_sockets()
             except zmq.ZMQError as e:
                 logger.error("[arbiter] cannot bind: %s", e)
-                self._exit_status = EXIT_ERROR
-                self._kill_all(signal.SIGTERM)
-                self._wait_all(time.monotonic() + self.config.graceful_timeout_ms / 1000)
+                self._halt("cannot bind")
+                self._wait_all(self._stop_deadline)
                 return self._exit_status
             self._loop()
             return self._exit_status
         except BaseException:
             logger.exception("[arbiter] crashed; killing the workers")
+            self._stopping = True
             self._kill_all(signal.SIGKILL)
             self._wait_all(float("inf"))
             return EXIT_ERROR
@@ -483,13 +484,12 @@ class Arbiter:
 
     def _drain_backend(self) -> None:
         assert self._back is not None and self._frontend is not None
-        slots_by_identity = {backend.worker_identity(s.index): s for s in self._slots}
         for _ in range(_BATCH):
             try:
                 frames = self._back.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            slot = slots_by_identity.get(frames[0].bytes)
+            slot = self._slots_by_identity.get(frames[0].bytes)
             try:
                 if slot is None:
                     raise ValueError(f"unknown worker identity {frames[0].bytes!r}")
