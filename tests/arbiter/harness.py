@@ -116,7 +116,8 @@ def start_standin(tmp_path: Path, *, workers: int = 2, modes: dict | None = None
                    "worker_timeout_ms": timeout_ms, "graceful_timeout_ms": 5000, **config}
     spec = {"config": spec_config, "modes": modes or {}, "marker_dir": str(tmp_path),
             "admin_timeout_s": admin_timeout_s}
-    broker = BrokerProcess([sys.executable, str(STANDIN), json.dumps(spec)], tmp_path / "broker.log")
+    log_path = next(path for n in itertools.count() if not (path := tmp_path / f"broker-{n}.log").exists())
+    broker = BrokerProcess([sys.executable, str(STANDIN), json.dumps(spec)], log_path)
     return broker, spec_config
 
 

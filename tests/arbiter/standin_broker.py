@@ -10,7 +10,10 @@ Usage: ``python standin_broker.py SPEC_JSON`` where the spec is
 - ``"silent_once"``: the first process in the slot reports ready but never heartbeats; its
   successors are normal;
 - ``"crash_after_ready"``: report ready, then exit with status 1;
-- ``"no_acks"``: never acknowledge a control.
+- ``"no_acks"``: never acknowledge a control;
+- ``"never_ready_once"``: the first process in the slot never reports ready;
+- ``"stubborn_once"``: the first process in the slot ignores SIGABRT and never heartbeats;
+- ``"ignore_term"``: ignore SIGTERM (only SIGKILL stops it).
 
 Each worker also accepts connections on its data listener and writes ``slot=S pid=P\\n`` to them.
 """
@@ -40,13 +43,16 @@ def standin_worker(modes, marker_dir):
         if mode == "boot_fail":
             print(f"[worker slot={slot}] cannot open partitions: stand-in boot failure", file=sys.stderr)
             return backend.EXIT_BOOT_FAILED
-        silent = False
-        if mode == "silent_once":
-            marker = os.path.join(marker_dir, f"silent-{slot}")
-            silent = not os.path.exists(marker)
+        first = False
+        if mode.endswith("_once"):
+            marker = os.path.join(marker_dir, f"{mode}-{slot}")
+            first = not os.path.exists(marker)
             open(marker, "w").close()
+        silent = first and mode in ("silent_once", "stubborn_once")
+        if first and mode == "stubborn_once":
+            signal.signal(signal.SIGABRT, signal.SIG_IGN)
         stop = []
-        signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "ignore_term" else lambda *_: stop.append(1))
         held = {(p.topic, p.partition): 0 for p in partitions}
         context = zmq.Context()
         dealer = context.socket(zmq.DEALER)
@@ -62,7 +68,8 @@ def standin_worker(modes, marker_dir):
                     for (t, p), n in held.items()])
 
         heartbeat()
-        dealer.send_multipart(backend.encode_control("ready", slot=slot, pid=os.getpid()))
+        if not (first and mode == "never_ready_once"):
+            dealer.send_multipart(backend.encode_control("ready", slot=slot, pid=os.getpid()))
         if mode == "crash_after_ready":
             time.sleep(0.05)
             return 1

@@ -101,6 +101,53 @@ def test_worker_that_stops_heartbeating_is_aborted_and_respawned(standin):
     assert header.error_code == 0
 
 
+def test_worker_not_ready_within_the_boot_timeout_is_aborted_and_respawned(standin):
+    broker, _, _ = standin(workers=2, modes={"1": "never_ready_once"}, worker_boot_timeout_ms=300)
+    broker.wait_for_log(r"worker slot=0 pid=\d+ serving")
+    stuck = broker.worker_pids()[1]
+    broker.wait_for_log(rf"worker slot=1 pid={stuck} not ready within 300 ms: SIGABRT", timeout_s=5)
+    broker.wait_for_log(r"all 2 workers serving", timeout_s=5)
+    assert broker.worker_pids()[1] != stuck and not pid_alive(stuck)
+
+
+def test_worker_ignoring_sigabrt_gets_sigkill_after_the_grace(standin):
+    broker, _, _ = standin(workers=1, modes={"0": "stubborn_once"}, timeout_ms=300)
+    broker.wait_for_log(r"all 1 workers serving")
+    stubborn = broker.worker_pids()[0]
+    broker.wait_for_log(rf"worker slot=0 pid={stubborn} no heartbeat for [\d.]+ s: SIGABRT", timeout_s=5)
+    broker.wait_for_log(rf"worker slot=0 pid={stubborn} still running: SIGKILL", timeout_s=5)
+    broker.wait_for_log(rf"worker slot=0 pid={stubborn} died \(signal SIGKILL\)", timeout_s=5)
+    broker.wait_for_log(r"worker slot=0 pid=\d+ serving", count=2, timeout_s=5)
+
+
+def test_worker_ignoring_sigterm_is_killed_at_the_graceful_deadline(standin):
+    broker, _, _ = standin(workers=2, modes={"1": "ignore_term"}, graceful_timeout_ms=700)
+    broker.wait_for_log(r"all 2 workers serving")
+    pids = broker.worker_pids()
+    started = time.monotonic()
+    broker.process.send_signal(signal.SIGTERM)
+    assert broker.wait_exit(timeout_s=10) == 0
+    assert 0.6 < time.monotonic() - started < 5
+    broker.wait_for_log(r"workers still running after 700 ms: SIGKILL")
+    broker.wait_for_log(rf"worker slot=1 pid={pids[1]} exited \(signal SIGKILL\)")
+    assert not any(pid_alive(pid) for pid in pids.values())
+
+
+def test_broker_whose_ports_are_taken_exits_with_an_error(standin):
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        broker, _, _ = standin(workers=1, port=taken)
+        assert broker.wait_exit(timeout_s=10) != 0
+        assert "cannot bind" in broker.log() and "Address already in use" in broker.log()
+        assert not any(pid_alive(pid) for pid in broker.worker_pids().values())
+        broker, _, _ = standin(workers=1, fetch_port=taken)
+        assert broker.wait_exit(timeout_s=10) != 0
+        assert f"cannot listen on data port 127.0.0.1:{taken}" in broker.log()
+        assert "forked worker" not in broker.log()
+
+
 def test_worker_failing_to_boot_stops_the_broker_with_an_error(standin):
     broker, _, _ = standin(workers=3, modes={"1": "boot_fail"})
     assert broker.wait_exit(timeout_s=10) != 0
@@ -247,7 +294,6 @@ def test_topics_survive_a_restart_and_workers_get_them_at_boot(tmp_path):
     finally:
         client.close()
         assert broker.stop() == 0
-    (tmp_path / "broker.log").rename(tmp_path / "first.log")
     broker, config = start_standin(tmp_path, workers=2)
     client = Client(config["port"])
     try:

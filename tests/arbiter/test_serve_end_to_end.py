@@ -15,8 +15,6 @@ from hpbroker import protocol
 from hpbroker.records import build_batch, decode_records, stamp_batch
 from hpbroker.workers.ownership import owner_slot
 
-pytest.importorskip("hpbroker.workers.worker", reason="the I/O worker has not landed")
-
 TOPIC = "events"
 PARTITIONS = 4
 WORKERS = 2
