@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import time
@@ -175,6 +176,20 @@ def test_sigterm_stops_every_worker_and_exits_zero(standin, tmp_path):
     assert time.monotonic() - started < 5  # graceful_timeout_ms
     assert not any(pid_alive(pid) for pid in pids)
     assert "[arbiter] stopped" in broker.log()
+    run_dir = re.search(r"run dir (\S+)", broker.log())[1]
+    assert os.path.basename(run_dir).startswith("hpb-") and not os.path.exists(run_dir)
+
+
+def test_unknown_topic_is_created_automatically_when_configured(standin, tmp_path):
+    broker, _, client = standin(workers=2, auto_create_topics=True, default_partitions=3)
+    broker.wait_for_log(r"all 2 workers serving")
+    header, _ = produce(client, "auto", 0)
+    assert header.error_code == 15  # being created: retry
+    wait_until(lambda: produce(client, "auto", 0)[0].error_code == 0, what="the new topic to serve")
+    assert produce(client, "auto", 3)[0].error_code == 6  # beyond default_partitions
+    assert client.request(protocol.ListOffsetsRequest("other", 0))[0].error_code == 6
+    _, response = client.request(protocol.MetadataRequest([]))
+    assert [(t.name, len(t.partitions)) for t in response.topics] == [("auto", 3)]
 
 
 def test_sighup_is_logged_and_ignored(standin):
