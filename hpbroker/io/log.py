@@ -362,21 +362,22 @@ class PartitionLog:
     # --- appending and flushing ------------------------------------------------------------
 
     @_disk_operation
-    def append(self, buf: BytesLike) -> AppendInfo:
+    def append(self, buf: BytesLike, *, immutable: bool = False) -> AppendInfo:
         """Append the whole batches in ``buf`` (as a producer sent them); returns the offsets given.
 
         Raises CorruptRecordError, InvalidRecordError or RecordTooLargeError (the log unchanged)
         when ``buf`` is not one or more valid batches of at most ``max_message_bytes`` each.  The
         records are pending until flushed.  A ``bytes`` object, or a view of one, is held, not
-        copied, until then; anything else is copied first (a bytearray, an mmap, and also a
-        read-only view of one: read-only says only that the view cannot change the bytes, not that
-        nobody can), since a caller changing it before the flush would put batches on disk that
-        fail their CRC.
+        copied, until then; so is any buffer the caller declares ``immutable`` (a received
+        ZeroMQ message: libzmq never changes one).  Anything else is copied first (a bytearray,
+        an mmap, and also a read-only view of one: read-only says only that the view cannot
+        change the bytes, not that nobody can), since a caller changing it before the flush
+        would put batches on disk that fail their CRC.
         """
         view = memoryview(buf)
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")
-        if not _backed_by_bytes(view):
+        if not immutable and not _backed_by_bytes(view):
             view = memoryview(view.tobytes())
         scan = _core.validate_batches(view, max_batch_bytes=self._config.max_message_bytes)
         now = self._clock()

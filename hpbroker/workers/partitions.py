@@ -246,10 +246,11 @@ class Partition:
     # --- produce -------------------------------------------------------------------------------
 
     def produce(self, payload: memoryview, acks: int, correlation_id: int, responder: Responder,
-                deadline: float, timeout_ms: int) -> None:
-        """Append ``payload`` (whole, or nothing of it) and, for acks=1, answer once it is flushed."""
+                deadline: float, timeout_ms: int, *, immutable: bool = False) -> None:
+        """Append ``payload`` (whole, or nothing of it) and, for acks=1, answer once it is flushed.
+        ``immutable``: nobody changes the payload's bytes, so the log need not copy them."""
         try:
-            info = self.log.append(payload)
+            info = self.log.append(payload, immutable=immutable)
         except HPBrokerError as e:
             if self.log.offline:
                 self.go_offline(e)

@@ -1,0 +1,295 @@
+"""The broker process: ingest over the ZeroMQ front-end and sendfile fetch over the data port, each
+next to this machine's raw limit for that path, measured in the same run.
+
+- ingest: pipelined ProduceRequests of pre-built ~1 MiB batches of 100-byte records (acks=1,
+  default flush policy: every acknowledged record is fdatasync'd) to a 2-partition topic served by
+  2 workers, against raw ZeroMQ loopback throughput of 1 MiB frames between two processes.
+  Target: >= 0.5 of the raw limit.
+- fetch: FetchRequests of 1 MiB on the TCP data port (the broker sendfile()s from the segment
+  file), against os.sendfile of the same cached file to a loopback socket.  Target: >= 0.7.
+
+A real ``hpbroker serve`` runs as a subprocess; the clients are plain protocol code (no client
+library), pipelining up to IN_FLIGHT requests.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import zmq
+
+from bench.conftest import ratio, throughput
+from hpbroker import protocol
+from hpbroker.records import BatchBuilder, read_header
+
+BATCHES = 64  # per round, about 64 MiB
+IN_FLIGHT = 8
+TOPIC = "bench"
+WORKERS = 2
+
+
+def _free_port_block(count: int) -> int:
+    """A base port with ``count`` consecutive free ports after it (best effort)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + count >= 65535:
+            continue
+        try:
+            held = []
+            for port in range(base, base + count):
+                s = socket.socket()
+                held.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+    raise RuntimeError("no block of free ports")
+
+
+@pytest.fixture(scope="module")
+def batch():
+    builder = BatchBuilder("bench", max_bytes=1 << 20)
+    value = os.urandom(100)
+    while builder.append(value):
+        pass
+    return builder.build()
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    base = _free_port_block(WORKERS + 1)
+    data = tmp_path_factory.mktemp("broker-data")
+    log = open(data.parent / "broker.log", "wb")  # noqa: SIM115 - lives as long as the broker
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hpbroker.cli", "serve", "--port", str(base), "--fetch-port", str(base + 1),
+         "--workers", str(WORKERS), "--data-dir", str(data)],
+        stdout=log, stderr=subprocess.STDOUT)
+    client = _Client(base)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            header, _ = client.call(protocol.CreateTopicRequest(TOPIC, WORKERS))
+            if header.error_code in (0, 11):
+                break
+            assert time.monotonic() < deadline, f"broker did not start: {header}"
+            time.sleep(0.2)
+        yield base, client
+    finally:
+        client.close()
+        process.terminate()
+        process.wait(timeout=60)
+        log.close()
+
+
+class _Client:
+    """A pipelining DEALER speaking the protocol directly."""
+
+    def __init__(self, port: int) -> None:
+        self.context = zmq.Context()
+        self.socket = self.context.socket(zmq.DEALER)
+        self.socket.connect(f"tcp://127.0.0.1:{port}")
+        self.next_id = 0
+
+    def send(self, request) -> int:
+        self.next_id += 1
+        self.socket.send_multipart(protocol.encode_request(request, self.next_id, "bench"), copy=False)
+        return self.next_id
+
+    def receive(self, api_key: int):
+        if not self.socket.poll(30_000):
+            raise TimeoutError("no response in 30 s")
+        return protocol.decode_response(api_key, self.socket.recv_multipart(copy=False))
+
+    def call(self, request):
+        self.send(request)
+        return self.receive(request.API_KEY)
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+        self.context.term()
+
+
+def _produce_round(client: _Client, batch: bytes) -> None:
+    sent = received = 0
+    while received < BATCHES:
+        while sent < BATCHES and sent - received < IN_FLIGHT:
+            client.send(protocol.ProduceRequest(TOPIC, sent % WORKERS, payload=batch))
+            sent += 1
+        header, _ = client.receive(protocol.ApiKey.PRODUCE)
+        assert header.error_code == 0, header
+        received += 1
+
+
+def _zmq_sink(port: int, frames: int) -> None:
+    context = zmq.Context()
+    pull = context.socket(zmq.PULL)
+    pull.bind(f"tcp://127.0.0.1:{port}")
+    done = context.socket(zmq.PUSH)
+    done.connect(f"tcp://127.0.0.1:{port + 1}")
+    while True:
+        for _ in range(frames):
+            if pull.recv(copy=False).bytes[:1] == b"q":
+                return
+        done.send(b"round")
+
+
+@pytest.fixture(scope="module")
+def zmq_sink(batch):
+    port = _free_port_block(2)
+    context = zmq.Context()
+    done = context.socket(zmq.PULL)
+    done.bind(f"tcp://127.0.0.1:{port + 1}")
+    sink = multiprocessing.get_context("spawn").Process(target=_zmq_sink, args=(port, BATCHES))
+    sink.start()
+    push = context.socket(zmq.PUSH)
+    push.connect(f"tcp://127.0.0.1:{port}")
+    yield push, done
+    for _ in range(BATCHES):
+        push.send(b"q")
+    sink.join(10)
+    push.close(linger=0)
+    done.close(linger=0)
+    context.term()
+
+
+def test_raw_zmq_loopback_1mib_frames(benchmark, batch, zmq_sink):
+    push, done = zmq_sink
+
+    def one_round():
+        for _ in range(BATCHES):
+            push.send(batch, copy=False)
+        assert done.poll(30_000)
+        done.recv()
+
+    benchmark.pedantic(one_round, rounds=7, warmup_rounds=1)
+    throughput(benchmark, records=BATCHES * read_header(batch).record_count, nbytes=BATCHES * len(batch))
+
+
+def test_broker_ingest(benchmark, batch, broker):
+    _port, client = broker
+    benchmark.pedantic(lambda: _produce_round(client, batch), rounds=7, warmup_rounds=1)
+    throughput(benchmark, records=BATCHES * read_header(batch).record_count, nbytes=BATCHES * len(batch))
+
+
+_FETCH_RESPONSE_OVERHEAD = 8 + 28  # TCP prefix + response header and FetchResponse body
+
+
+def _receive_exactly(connection: socket.socket, total: int, buffer: memoryview) -> None:
+    """Read ``total`` bytes into a reused buffer: the receiving side costs the same in both
+    the broker fetch and the raw baseline."""
+    received = 0
+    while received < total:
+        n = connection.recv_into(buffer, min(len(buffer), total - received))
+        assert n, "connection closed early"
+        received += n
+
+
+def _fetch_requests(batch: bytes, count: int) -> bytes:
+    """``count`` pipelined fetches of partition 0, one batch each (all batches are the same size,
+    so their offsets are known in advance)."""
+    per_batch = read_header(batch).record_count
+    return b"".join(
+        bytes(part)
+        for i in range(count)
+        for part in protocol.frame_tcp(protocol.encode_request(
+            protocol.FetchRequest(TOPIC, 0, i * per_batch, max_bytes=len(batch), max_wait_ms=0), i, "bench"))
+    )
+
+
+def _check_one_fetch(port: int, batch: bytes) -> None:
+    """The responses really are the batches: parse one round trip fully."""
+    with socket.create_connection(("127.0.0.1", port)) as connection:
+        connection.sendall(_fetch_requests(batch, 1))
+        decoder = protocol.TcpFrameDecoder()
+        messages = []
+        while not messages:
+            messages = decoder.feed(connection.recv(4 << 20))
+        header, response = protocol.decode_response(protocol.ApiKey.FETCH, messages[0])
+        assert header.error_code == 0 and len(response.payload) == len(batch), header
+        assert bytes(response.payload)[12:] == batch[12:]  # equal but for the stamped base offset
+
+
+def test_broker_sendfile_fetch(benchmark, batch, broker):
+    port, client = broker
+    _produce_round(client, batch)  # at least BATCHES // WORKERS batches in partition 0
+    count = BATCHES // WORKERS
+    fetch_port = port + 1 + _owner_of_partition_0(client)
+    _check_one_fetch(fetch_port, batch)
+    requests = _fetch_requests(batch, count)
+    buffer = memoryview(bytearray(4 << 20))
+
+    def one_round():
+        with socket.create_connection(("127.0.0.1", fetch_port)) as connection:
+            connection.sendall(requests)
+            _receive_exactly(connection, count * (_FETCH_RESPONSE_OVERHEAD + len(batch)), buffer)
+
+    benchmark.pedantic(one_round, rounds=7, warmup_rounds=1)
+    throughput(benchmark, nbytes=count * len(batch))
+
+
+def _owner_of_partition_0(client: _Client) -> int:
+    header, metadata = client.call(protocol.MetadataRequest([TOPIC]))
+    assert header.error_code == 0
+    port = metadata.topics[0].partitions[0].fetch_port
+    return port - metadata.brokers[0].fetch_port
+
+
+def _sendfile_source(port: int, path: str) -> None:
+    """Serve the file with sendfile to every connection that asks with b"g" (until killed)."""
+    fd = os.open(path, os.O_RDONLY)
+    size = os.fstat(fd).st_size
+    with socket.create_server(("127.0.0.1", port)) as server:
+        while True:
+            connection, _ = server.accept()
+            with connection:
+                if connection.recv(1) != b"g":
+                    continue  # a readiness probe
+                sent = 0
+                while sent < size:
+                    sent += os.sendfile(connection.fileno(), fd, sent, size - sent)
+
+
+def test_raw_sendfile_loopback(benchmark, batch, tmp_path):
+    count = BATCHES // WORKERS
+    path = tmp_path / "cached.log"
+    path.write_bytes(batch * count)
+    port = _free_port_block(1)
+    source = multiprocessing.get_context("spawn").Process(target=_sendfile_source, args=(port, str(path)))
+    source.start()
+    buffer = memoryview(bytearray(4 << 20))
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port)).close()  # a probe: the source ignores it
+            break
+        except ConnectionRefusedError:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+    def one_round():
+        with socket.create_connection(("127.0.0.1", port)) as connection:
+            connection.sendall(b"g")
+            _receive_exactly(connection, count * len(batch), buffer)
+
+    try:
+        benchmark.pedantic(one_round, rounds=7, warmup_rounds=1)
+    finally:
+        source.kill()
+        source.join(10)
+    throughput(benchmark, nbytes=count * len(batch))
+
+
+ratio("broker ingest / raw ZeroMQ loopback", "test_broker_ingest", "test_raw_zmq_loopback_1mib_frames", 0.5)
+ratio("broker sendfile fetch / raw sendfile loopback", "test_broker_sendfile_fetch",
+      "test_raw_sendfile_loopback", 0.7)
