@@ -146,3 +146,48 @@ def test_every_acknowledged_record_survives_a_worker_killed_during_produces(brok
         records = {r.offset: r.value for r in decode_records(fetch_all(client, partition, end))}
         for base, values in entries:
             assert [records.get(base + i) for i in range(len(values))] == values
+
+
+def test_every_acknowledged_record_survives_kill_9_of_the_whole_broker(tmp_path):
+    port = free_ports(WORKERS + 1)
+    argv = [sys.executable, "-m", "hpbroker.cli", "serve", "--port", str(port), "--fetch-port", str(port + 1),
+            "--workers", str(WORKERS), "--data-dir", str(tmp_path / "data"), "--host", "127.0.0.1"]
+    env = {"HPBROKER_HEARTBEAT_INTERVAL_MS": "50", "HPBROKER_GRACEFUL_TIMEOUT_MS": "5000"}
+    first = BrokerProcess(argv, tmp_path / "first.log", env)
+    client = Client(port)
+    acked: dict[int, list[tuple[int, list[bytes]]]] = {p: [] for p in range(PARTITIONS)}
+    try:
+        first.wait_for_log(rf"all {WORKERS} workers serving", timeout_s=20)
+        header, _ = client.request(protocol.CreateTopicRequest(TOPIC, PARTITIONS))
+        assert header.error_code == 0, header
+        pending = {}
+        for round_ in range(30):
+            for partition in range(PARTITIONS):
+                values = [b"r%d-p%d-%d" % (round_, partition, i) for i in range(25)]
+                request = protocol.ProduceRequest(TOPIC, partition, payload=build_batch(values))
+                pending[client.send(request)] = (partition, values)
+            if round_ == 29:  # the whole broker dies with requests in flight: no flush, no goodbye
+                for pid in [*first.worker_pids().values(), first.process.pid]:
+                    os.kill(pid, signal.SIGKILL)
+            for correlation_id, (partition, values) in list(pending.items())[: PARTITIONS * (round_ < 29)]:
+                header, response = client.receive(protocol.ApiKey.PRODUCE, correlation_id, timeout_s=10)
+                assert header.error_code == 0, header
+                acked[partition].append((response.base_offset, values))
+                del pending[correlation_id]
+    finally:
+        client.close()
+        first.process.wait(timeout=10)
+        first.stop()
+    second = BrokerProcess(argv, tmp_path / "second.log", env)
+    client = Client(port)
+    try:
+        second.wait_for_log(rf"all {WORKERS} workers serving", timeout_s=30)
+        for partition, entries in acked.items():
+            assert len(entries) == 29
+            end = max(base + len(values) for base, values in entries)
+            records = {r.offset: r.value for r in decode_records(fetch_all(client, partition, end))}
+            for base, values in entries:
+                assert [records.get(base + i) for i in range(len(values))] == values
+    finally:
+        client.close()
+        assert second.stop() == 0, second.log()
