@@ -248,17 +248,24 @@ def test_lowering_max_message_bytes_does_not_make_old_batches_corrupt(open_log, 
 # --- damage inside the log ---------------------------------------------------------------------
 
 
-def test_corrupt_batch_in_a_closed_segment_truncates_there_and_drops_later_ones(open_log, log_dir, caplog):
+def _corrupt_fourth_batch_of_first_segment(open_log, log_dir):
+    """Three or more closed segments; a byte near the end of the first segment's fourth batch
+    flipped (its CRC fails).  (stored batches, segment bases, the victim batch, its position)."""
     stored = _write(open_log, 40, segment_bytes=1024)
     bases = sorted(int(n[:20]) for n in os.listdir(log_dir) if n.endswith(".log"))
     assert len(bases) >= 3
-    victim = [b for b in stored if b[0] < bases[1]][3]  # the fourth batch of the first segment
+    victim = [b for b in stored if b[0] < bases[1]][3]
     position = sum(len(b) for off, b in stored if off < victim[0])
     with open(_segment_file(log_dir, 0, ".log"), "r+b") as f:
         f.seek(position + len(victim[1]) - 3)
         byte = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0x55]))
+    return stored, bases, victim, position
+
+
+def test_corrupt_batch_in_a_closed_segment_truncates_there_and_drops_later_ones(open_log, log_dir, caplog):
+    stored, bases, victim, position = _corrupt_fourth_batch_of_first_segment(open_log, log_dir)
     os.unlink(os.path.join(log_dir, CHECKPOINT))  # a crash before any checkpoint: recover everything
     log = open_log(segment_bytes=1024)
     assert read_all(log) == [b for b in stored if b[0] < victim[0]]
@@ -271,17 +278,8 @@ def test_corrupt_batch_in_a_closed_segment_truncates_there_and_drops_later_ones(
 
 
 def test_rot_in_a_trusted_segment_is_kept_and_reported_not_cut(open_log, log_dir, caplog):
-    stored = _write(open_log, 40, segment_bytes=1024)
-    bases = sorted(int(n[:20]) for n in os.listdir(log_dir) if n.endswith(".log"))
-    assert len(bases) >= 3
-    victim = [b for b in stored if b[0] < bases[1]][3]  # the fourth batch of the first segment
-    position = sum(len(b) for off, b in stored if off < victim[0])
+    stored, bases, victim, position = _corrupt_fourth_batch_of_first_segment(open_log, log_dir)
     path = _segment_file(log_dir, 0, ".log")
-    with open(path, "r+b") as f:
-        f.seek(position + len(victim[1]) - 3)
-        byte = f.read(1)
-        f.seek(-1, os.SEEK_CUR)
-        f.write(bytes([byte[0] ^ 0x55]))
     damaged = Path(path).read_bytes()
     os.unlink(_segment_file(log_dir, 0, ".index"))  # the index check fails: the segment is re-read
     log = open_log(segment_bytes=1024)
