@@ -1,7 +1,8 @@
 """Build script for the compiled core; metadata lives in pyproject.toml.
 
 ``python setup.py build_ext --inplace`` (or ``pip install -e .``) cythonizes ``hpbroker/_core.pyx``
-together with the C helpers in ``hpbroker/_csrc``.
+(record batches) and ``hpbroker/io/_writer.pyx`` (group-commit I/O off the GIL) together with
+the C helpers in ``hpbroker/_csrc``.
 """
 
 from Cython.Build import cythonize
@@ -13,6 +14,13 @@ extensions = [
         sources=["hpbroker/_core.pyx", "hpbroker/_csrc/crc32c.c"],
         include_dirs=["hpbroker/_csrc"],
         extra_compile_args=["-O3", "-fno-strict-aliasing"],
+    ),
+    Extension(
+        "hpbroker.io._writer",
+        sources=["hpbroker/io/_writer.pyx", "hpbroker/_csrc/group_commit.c"],
+        include_dirs=["hpbroker/_csrc"],
+        extra_compile_args=["-O2", "-pthread"],
+        extra_link_args=["-pthread"],
     ),
 ]
 

@@ -5,8 +5,8 @@ file or log opened, in a fresh directory, before the timing starts: the raw base
 ``os.write`` (and ``os.fdatasync`` after every batch), the log with ``PartitionLog.append``
 (which validates every record, stamps offsets, writes with ``writev`` and, by default,
 fdatasyncs each flush), both with the flush on the appending thread (synchronous) and with each
-group commit run by a flusher thread while the owner appends (pipelined, as the broker's workers
-do).  Target: the log reaches >= 0.7 of the raw throughput, with and without fsync.  Ratios are
+group commit run by a native writer thread while the owner appends (pipelined, as the broker's
+workers do).  Target: the log reaches >= 0.7 of the raw throughput, with and without fsync.  Ratios are
 printed at the end of the run.
 """
 
@@ -15,12 +15,12 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from bench.conftest import ratio, throughput
 from hpbroker.io import LogConfig, PartitionLog
+from hpbroker.io._writer import WriterThread
 from hpbroker.records import BatchBuilder
 
 BATCHES = 48
@@ -77,18 +77,18 @@ def _log_append(log, batches):
     assert log.pending_records == 0
 
 
-def _log_append_pipelined(log, batches, flusher, depth=2):
-    """The broker's pattern: append on the owner's thread, group commits on the flusher's.  Up to
-    ``depth`` jobs are in flight, so the flusher always has the next group queued while the
+def _log_append_pipelined(log, batches, writer, depth=2):
+    """The broker's pattern: append on the owner's thread, group commits on the writer's.  Up to
+    ``depth`` jobs are in flight, so the writer always has the next group queued while the
     owner keeps appending; each job takes everything appended since the previous one."""
     jobs = []
     for batch in batches:
         log.append(batch)
-        while jobs and jobs[0].done.is_set():
+        while jobs and jobs[0].done:
             log.complete_flush(jobs.pop(0))
         if len(jobs) < depth:
             job = log.begin_flush()
-            flusher.submit(job.run)
+            writer.submit(job.io)
             jobs.append(job)
     for job in jobs:
         log.complete_flush(job)
@@ -123,9 +123,10 @@ def test_log_append(benchmark, batches, tmp_path, fsync):
 def test_log_append_pipelined(benchmark, batches, tmp_path, fsync):
     config = LogConfig(flush_fsync=fsync, flush_messages=1)
     rounds = Rounds(tmp_path, lambda d: PartitionLog(d, config, flush_on_append=False), PartitionLog.close)
-    with ThreadPoolExecutor(1) as flusher:
-        benchmark.pedantic(lambda log: _log_append_pipelined(log, batches, flusher), setup=rounds.setup,
-                           rounds=ROUNDS)
+    writer = WriterThread()
+    benchmark.pedantic(lambda log: _log_append_pipelined(log, batches, writer), setup=rounds.setup,
+                       rounds=ROUNDS)
+    writer.stop(drain=True)
     rounds.finish()
     throughput(benchmark, records=_records(batches), nbytes=sum(map(len, batches)))
 

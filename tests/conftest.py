@@ -1,4 +1,4 @@
-"""Shared test set-up: refuse to run against anything but the freshly compiled core."""
+"""Shared test set-up: refuse to run against anything but the freshly compiled extensions."""
 
 from __future__ import annotations
 
@@ -7,16 +7,19 @@ from pathlib import Path
 
 import hpbroker
 from hpbroker import _core
+from hpbroker.io import _writer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def pytest_configure(config):
-    """A failed build must not pass CI: the loaded _core has to be the compiled extension in this tree."""
-    core_path = Path(_core.__file__).resolve()
-    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
-    if not core_path.name.endswith(suffixes):
-        raise RuntimeError(f"hpbroker._core loaded from {core_path}, which is not a compiled extension")
+    """A failed build must not pass CI: the compiled modules loaded have to be the extensions
+    built in this tree."""
     package_dir = Path(hpbroker.__file__).resolve().parent
-    if core_path.parent != package_dir:
-        raise RuntimeError(f"hpbroker._core loaded from {core_path}, outside the package at {package_dir}")
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    for module, home in ((_core, package_dir), (_writer, package_dir / "io")):
+        path = Path(module.__file__).resolve()
+        if not path.name.endswith(suffixes):
+            raise RuntimeError(f"{module.__name__} loaded from {path}, which is not a compiled extension")
+        if path.parent != home:
+            raise RuntimeError(f"{module.__name__} loaded from {path}, outside the package at {home}")

@@ -12,6 +12,8 @@ guarantees), :class:`LogConfig`, and the values they return, :class:`FileSlice` 
 - ``checkpoint``  the recovery-point checkpoint file, replaced atomically
 - ``loader``      opening a directory: cleanup, trusted load or recovery of each segment
 - ``log``         PartitionLog: append, group-commit flush, roll, read, retention
+- ``_writer``     compiled: group-commit I/O (writev + fdatasync) run without the GIL, and the
+                  native writer thread that runs it off the owner's thread
 
 Storage never imports networking (zmq) or coordination (kazoo) code.
 """

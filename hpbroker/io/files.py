@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-from collections.abc import Sequence
 
 __all__ = [
     "CHECKPOINT_FILE_NAME",
@@ -42,7 +41,6 @@ __all__ = [
     "segment_file_name",
     "unlink_if_exists",
     "write_all",
-    "writev_all",
 ]
 
 LOG_SUFFIX = ".log"  # batches
@@ -54,9 +52,6 @@ CHECKPOINT_FILE_NAME = "recovery-point-offset-checkpoint"  # see hpbroker.io.che
 CLEAN_SHUTDOWN_FILE_NAME = "clean-shutdown"  # written by a clean close, removed by open; ditto
 LOCK_FILE_NAME = ".lock"  # flock'ed by the one log that has the directory open; holds its pid
 _OFFSET_DIGITS = 20  # enough for any non-negative i64
-
-# Linux refuses writev with more buffers than this; sysconf knows, 1024 is the usual answer.
-IOV_MAX = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 1024
 
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
@@ -87,24 +82,6 @@ def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
     while view:
         written = os.write(fd, view)
         view = view[written:]
-
-
-def writev_all(fd: int, buffers: Sequence[bytes | bytearray | memoryview]) -> int:
-    """Write ``buffers`` in order with as few ``writev`` calls as IOV_MAX allows; returns bytes."""
-    total = 0
-    for start in range(0, len(buffers), IOV_MAX):
-        chunk = list(buffers[start : start + IOV_MAX])
-        want = sum(len(b) for b in chunk)
-        written = os.writev(fd, chunk)
-        total += written
-        while written < want:  # short write: drop what went out, retry the rest
-            want -= written
-            while written >= len(chunk[0]):
-                written -= len(chunk.pop(0))
-            chunk[0] = memoryview(chunk[0])[written:]
-            written = os.writev(fd, chunk)
-            total += written
-    return total
 
 
 def pread_full(fd: int, length: int, position: int) -> bytes:

@@ -17,9 +17,10 @@ which an event loop calls at :attr:`PartitionLog.flush_deadline_ms`), on a roll,
 Only flushed records are readable: ``high_watermark`` is the end of the flushed data.
 
 Pipelined group commit: with ``flush_on_append=False`` the owner starts each flush itself
-(:meth:`PartitionLog.begin_flush`), runs the returned :class:`FlushJob` on a flusher thread, and
-applies it with :meth:`PartitionLog.complete_flush` when the job is done.  ``writev`` and
-``fdatasync`` release the GIL, so validating and appending the next requests overlaps the disk
+(:meth:`PartitionLog.begin_flush`), runs the returned :class:`FlushJob` on a flusher (a native
+:class:`~hpbroker.io._writer.WriterThread`, or any thread), and applies it with
+:meth:`PartitionLog.complete_flush` when the job is done.  The job's ``writev`` and ``fdatasync``
+run in C without the GIL, so validating and appending the next requests overlaps the disk
 write of the previous group.  Any number of jobs may be in flight; they write in the order they
 were begun (each waits for its predecessor) and are applied in that order.  Rolls, ``flush()``
 and ``close()`` first complete every job in flight: they wait for one a flusher thread is
@@ -73,18 +74,17 @@ from __future__ import annotations
 
 import bisect
 import collections
-import errno
 import functools
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TypeVar
 
 from hpbroker import _core
 from hpbroker.errors import CorruptRecordError, OffsetOutOfRangeError, StorageError
+from hpbroker.io._writer import WriteJob
 from hpbroker.io.checkpoint import CleanShutdownMarker, RecoveryPointCheckpoint
 from hpbroker.io.config import LogConfig
 from hpbroker.io.files import fsync_dir, lock_directory, make_directory, pread_full
@@ -117,69 +117,70 @@ class AppendInfo:
     batch_count: int
 
 
-@dataclass(eq=False, slots=True)
 class FlushJob:
     """One group commit in flight: the batches pending when :meth:`PartitionLog.begin_flush` was
-    called, to be written by :meth:`run` on any thread.
+    called, written by :meth:`run` on any thread.
 
-    :meth:`run` does only I/O on the active segment's ``.log`` (one ``writev``, then
-    ``fdatasync`` when ``fsync``) and touches no state of the log; ``writev`` and ``fdatasync``
-    release the GIL, so the owner goes on validating and appending meanwhile.  The owner applies
+    The I/O is a native :class:`~hpbroker.io._writer.WriteJob` (one ``writev``, then
+    ``fdatasync`` when ``fsync``, all without the GIL, so the owner goes on validating and
+    appending meanwhile and a flusher never waits for the GIL between the two); it touches no
+    state of the log.  Hand it to a :class:`~hpbroker.io._writer.WriterThread` with
+    ``writer.submit(job.io)``, or call :meth:`run` from a thread of your own.  The owner applies
     the result with :meth:`PartitionLog.complete_flush`.
 
     Several jobs may be in flight; they write in the order they were begun because each one,
-    once claimed, first waits for its ``previous`` job to be done (and does not write at all if
-    that one failed).  A flusher that runs jobs in the order it gets them never waits long.
+    once claimed, first waits for the job begun before it (and writes nothing if that one failed).
 
     A job runs at most once: whoever calls :meth:`run` first *claims* it (pending -> running ->
     done); a later call does nothing.  The owner never waits for a job nobody has claimed: when
-    it needs the result (a roll, :meth:`PartitionLog.flush`, close) it runs the job itself,
-    and it waits only for a job some thread is actually running.  So a job handed to a flusher
-    that is gone (an executor shut down) costs nothing but the pipelining.  ``on_done(job)``, if
-    given, is called once, by the thread that ran the job (the owner's, if it did), e.g. to wake
-    an event loop; a job cancelled by closing an abandoned or offline log is never run.
+    it needs the result (a roll, :meth:`PartitionLog.flush`, close) it runs the job itself, and
+    it waits only for a job some thread is actually running.  So a job queued on a writer that
+    stopped costs nothing but the pipelining.  A job cancelled by closing an abandoned or
+    offline log never runs.
     """
 
-    segment: Segment
-    batches: list[PendingBatch]
-    fsync: bool
-    records: int
-    size: int
-    on_done: Callable[[FlushJob], None] | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-    written: int = 0
-    error: OSError | None = None
-    applied: bool = False  # set by the log once it has taken the result in
-    previous: FlushJob | None = None  # the job begun before this one, until it is done
-    _claim: threading.Lock = field(default_factory=threading.Lock)  # held forever by the claimer
+    __slots__ = ("segment", "batches", "fsync", "records", "size", "io", "applied")
+
+    def __init__(self, segment: Segment, batches: list[PendingBatch], fsync: bool, records: int, size: int,
+                 previous: FlushJob | None) -> None:
+        self.segment = segment
+        self.batches = batches
+        self.fsync = fsync
+        self.records = records
+        self.size = size
+        self.io = WriteJob(segment.log.fd, segment.buffers(batches), fsync,
+                           previous.io if previous is not None else None)
+        self.applied = False  # set by the log once it has taken the result in
+
+    def __repr__(self) -> str:
+        return (f"FlushJob({self.segment.path}, batches={len(self.batches)}, records={self.records}, "
+                f"size={self.size}, done={self.done}, applied={self.applied})")
 
     def run(self) -> None:
-        """Write (and sync) the batches, unless the job was already claimed: then do nothing."""
-        if not self._claim.acquire(blocking=False):
-            return
-        try:
-            previous, self.previous = self.previous, None
-            if previous is not None:
-                previous.done.wait()
-                if previous.error is not None:
-                    raise OSError(errno.ECANCELED, f"not written: an earlier flush failed: {previous.error}")
-            self.written = self.segment.write(self.batches)
-            if self.fsync:
-                os.fdatasync(self.segment.log.fd)
-        except OSError as e:
-            self.error = e
-        finally:
-            self.done.set()
-            if self.on_done is not None:
-                self.on_done(self)
+        """Write (and sync) the batches here, unless the job was claimed already: then do nothing."""
+        self.io.run()
+
+    @property
+    def done(self) -> bool:
+        return self.io.done
+
+    def wait(self) -> None:
+        """Block until the job is done (whoever runs it)."""
+        self.io.wait()
+
+    @property
+    def written(self) -> int:
+        return self.io.written
+
+    @property
+    def error(self) -> OSError | None:
+        return self.io.error
 
     def cancel(self) -> None:
         """Make sure the job never runs (its descriptor is about to be closed), unless it was
-        claimed already; either way it is done once this returns."""
-        if self._claim.acquire(blocking=False):
-            self.error = OSError(errno.ECANCELED, "flush cancelled: the log was closed before it ran")
-            self.done.set()
-        self.done.wait()  # a job already running: never close a descriptor it is writing to
+        claimed already; either way it is done once this returns (never close a descriptor a
+        job is writing to)."""
+        self.io.cancel()
 
 
 def _backed_by_bytes(view: memoryview) -> bool:
@@ -433,21 +434,20 @@ class PartitionLog:
         return True
 
     @_disk_operation
-    def begin_flush(self, on_done: Callable[[FlushJob], None] | None = None) -> FlushJob | None:
-        """Hand the pending batches to a :class:`FlushJob` for another thread to :meth:`~FlushJob.run`;
-        None when nothing is pending.  Jobs already in flight are fine: each writes after the one
-        begun before it.  Until :meth:`complete_flush` the job's records are neither pending nor
+    def begin_flush(self) -> FlushJob | None:
+        """Hand the pending batches to a :class:`FlushJob` for another thread to run; None when
+        nothing is pending.  Jobs already in flight are fine: each writes after the one begun
+        before it.  Until :meth:`complete_flush` the job's records are neither pending nor
         readable."""
         if not self._pending:
             return None
-        job = self._take_pending(self._config.flush_fsync, on_done)
-        job.previous = self._in_flight[-1] if self._in_flight else None
+        job = self._take_pending(self._config.flush_fsync, self._in_flight[-1] if self._in_flight else None)
         self._in_flight.append(job)
         return job
 
-    def _take_pending(self, fsync: bool, on_done: Callable[[FlushJob], None] | None) -> FlushJob:
+    def _take_pending(self, fsync: bool, previous: FlushJob | None) -> FlushJob:
         job = FlushJob(self._segments[-1], self._pending, fsync, self._pending_records, self._pending_bytes,
-                       on_done)
+                       previous)
         self._pending = []
         self._pending_bytes = self._pending_records = 0
         self._pending_since_ms = None
@@ -470,7 +470,7 @@ class PartitionLog:
     def _apply(self, job: FlushJob) -> None:
         """Apply ``job``, which is either the oldest in flight or one not yet in flight."""
         job.run()  # here and now, unless a flusher has claimed it: then wait for that
-        job.done.wait()
+        job.wait()
         if self._in_flight and self._in_flight[0] is job:
             self._in_flight.popleft()
         job.applied = True

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from hpbroker import _core
 from hpbroker.errors import CorruptRecordError, HPBrokerError
 from hpbroker.io.config import LogConfig
-from hpbroker.io.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, segment_file_name, writev_all
+from hpbroker.io.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, segment_file_name
 from hpbroker.io.index import IndexCorruptError, OffsetIndex, TimeIndex
 from hpbroker.io.logfile import FileSlice, LogFile, core_detail
 
@@ -126,23 +126,21 @@ class Segment:
     # --- writing -----------------------------------------------------------------------------
 
     # Appending is two halves, so that a flusher thread can do the I/O (and the fdatasync between
-    # them) while the owner goes on: write(), then commit() on the owner's thread.
+    # them) while the owner goes on: a write job of buffers(), then commit() on the owner's thread.
 
-    def write(self, batches: Sequence[PendingBatch]) -> int:
-        """Write ``batches`` (offsets continuing ``next_offset``) at the end of the ``.log`` in
-        one ``writev`` (no fsync); returns the bytes written.  Touches no state, so it may run on
-        another thread while the owner goes on (the owner must not write this file or call
-        :meth:`commit` meanwhile)."""
-        buffers = []
+    @staticmethod
+    def buffers(batches: Sequence[PendingBatch]) -> list[bytearray | memoryview]:
+        """What a flush writes for ``batches``, in order: each one's stamped head, then its body."""
+        buffers: list[bytearray | memoryview] = []
         for batch in batches:
             buffers.append(batch.head)
             buffers.append(batch.body)
-        return writev_all(self.log.fd, buffers)
+        return buffers
 
     def commit(self, batches: Sequence[PendingBatch], written: int) -> None:
-        """On the owner's thread once :meth:`write` returned: the ``.log`` grew by ``written``
-        bytes holding ``batches``; index them in memory (index files are written by
-        :meth:`write_index_entries`)."""
+        """On the owner's thread once the write job of :meth:`buffers` is done: the ``.log`` grew
+        by ``written`` bytes holding ``batches``; index them in memory (index files are written
+        by :meth:`write_index_entries`)."""
         position = self.log.size
         positions = []
         for batch in batches:

@@ -5,8 +5,8 @@ A :class:`Partition` is one :class:`~hpbroker.io.PartitionLog` opened with
 ``flush_on_append=False`` plus what waits on its high watermark:
 
 - *flushes in flight*: group commits (:class:`~hpbroker.io.log.FlushJob`) begun on the event loop
-  and run by the worker's one :class:`Flusher` thread, at most :data:`MAX_FLUSHES_IN_FLIGHT` per
-  log, applied in the order they were begun;
+  and run by the worker's one :class:`Flusher` (a native writer thread), at most
+  :data:`MAX_FLUSHES_IN_FLIGHT` per log, applied in the order they were begun;
 - *produce waiters*: acks=1 produce requests, answered once the high watermark passes their last
   offset.  They are answered in request order (an error decided at once, e.g. a corrupt batch,
   waits behind the earlier requests of the same partition), so a producer that pipelines sees its
@@ -20,20 +20,18 @@ Invariants: a record is acknowledged only after the flush that wrote it was appl
 watermark passed it), so with ``flush_fsync`` only fdatasync'd records are acknowledged; every
 waiter is answered exactly once (by the flush, its deadline, the log going offline, the topic's
 deletion or the worker's graceful stop).  Single-threaded: everything here runs on the worker's
-event loop, except :meth:`Flusher.job_done`, which the flusher thread calls.
+event loop; the flusher's thread runs native code only and touches no Python object.
 """
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import itertools
 import logging
 import os
 import shutil
 from collections import deque
-from collections.abc import Callable, Hashable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Hashable, Iterator
 from typing import Any
 
 from hpbroker import protocol
@@ -45,6 +43,7 @@ from hpbroker.errors import (
     UnknownTopicOrPartitionError,
 )
 from hpbroker.io import LogConfig, PartitionLog
+from hpbroker.io._writer import WriterThread
 from hpbroker.io.files import fsync_dir
 from hpbroker.io.log import FlushJob
 from hpbroker.workers.backend import PartitionSpec
@@ -80,41 +79,48 @@ def partition_directory(data_dir: str, topic: str, partition: int) -> str:
 
 
 class Flusher:
-    """The worker's one flusher thread: runs group commits (``FlushJob.run``: one ``writev`` and
-    an ``fdatasync``, both releasing the GIL) in the order they are submitted, off the event loop.
+    """The worker's one flusher: a native :class:`~hpbroker.io._writer.WriterThread` running the
+    group commits (one ``writev`` and an ``fdatasync`` each, without the GIL) in the order they
+    are submitted, off the event loop.
 
-    When a job is done the flusher thread records its partition and calls ``wake`` (which writes
-    the loop's wake-up fd); the loop collects them with :meth:`take_done`.  A job submitted after
-    :meth:`shutdown` is never run by the flusher; whoever completes it runs it (FlushJob's rule).
+    When a job is done the thread writes a byte to the loop's wake-up fd (once per turn of the
+    loop, however many jobs finish); the loop then collects, with :meth:`take_done`, the
+    partitions whose oldest flush is done.  Until :meth:`start` (and after :meth:`shutdown`) no
+    job is run by the flusher; whoever completes one runs it (FlushJob's rule).  Start it in the
+    process that uses it (after ``fork()``).
     """
 
-    def __init__(self, wake: Callable[[], None]) -> None:
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="flusher")
-        self._done: deque[Partition] = deque()
-        self._wake = wake
+    def __init__(self) -> None:
+        self._writer: WriterThread | None = None
+        self._flushing: set[Partition] = set()  # partitions that had a flush in flight
 
-    def submit(self, job: FlushJob) -> None:
-        with contextlib.suppress(RuntimeError):  # shut down: complete_flush runs the job on the loop
-            self._executor.submit(job.run)
+    def start(self, wake_fd: int) -> None:
+        self._writer = WriterThread(wake_fd)
 
-    def job_done(self, partition: Partition) -> None:
-        """Called on the thread that ran the job (deque.append is atomic)."""
-        self._done.append(partition)
-        self._wake()
+    def submit(self, partition: Partition, job: FlushJob) -> None:
+        self._flushing.add(partition)
+        if self._writer is not None:
+            self._writer.submit(job.io)  # refused once stopping: complete_flush runs it on the loop
 
     @property
     def has_done(self) -> bool:
         """Whether a job finished since the last :meth:`take_done`."""
-        return bool(self._done)
+        return self._writer is not None and self._writer.notified
 
     def take_done(self) -> list[Partition]:
-        done = []
-        while self._done:
-            done.append(self._done.popleft())
+        """The partitions whose oldest flush in flight is done (clearing the notification first,
+        so a job finishing meanwhile wakes the loop again)."""
+        if self._writer is not None:
+            self._writer.take_notification()
+        done = [p for p in self._flushing if p.flushes and p.flushes[0].done]
+        self._flushing = {p for p in self._flushing if p.flushes}
         return done
 
     def shutdown(self, *, wait: bool) -> None:
-        self._executor.shutdown(wait=wait, cancel_futures=not wait)
+        """Stop the thread: ``wait`` runs the jobs queued first, otherwise they are left to their
+        logs (which run or cancel them when completed or closed)."""
+        if self._writer is not None:
+            self._writer.stop(drain=wait)
 
 
 class DeadlineQueue:
@@ -238,7 +244,6 @@ class Partition:
         self._flusher = flusher
         self._deadlines = deadlines
         self._dirty = dirty
-        self._on_flush_done = lambda job: flusher.job_done(self)
 
     def __repr__(self) -> str:
         return f"Partition({self.log.name})"
@@ -339,13 +344,13 @@ class Partition:
         if len(self.flushes) >= MAX_FLUSHES_IN_FLIGHT or not self.log.flush_due(now_ms):
             return
         try:
-            job = self.log.begin_flush(on_done=self._on_flush_done)
+            job = self.log.begin_flush()
         except StorageError as e:
             self.go_offline(e)
             return
         if job is not None:
             self.flushes.append(job)
-            self._flusher.submit(job)
+            self._flusher.submit(self, job)
 
     @property
     def flush_deadline_ms(self) -> int | None:
@@ -359,7 +364,7 @@ class Partition:
         """Apply the finished flushes, oldest first; answer what they made answerable; begin the
         next flush if one is due."""
         applied = False
-        while self.flushes and self.flushes[0].done.is_set():
+        while self.flushes and self.flushes[0].done:
             job = self.flushes.popleft()
             try:
                 self.log.complete_flush(job)

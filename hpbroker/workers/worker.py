@@ -45,7 +45,6 @@ Run standalone (for a manual test; the arbiter normally forks it)::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import math
 import os
@@ -123,7 +122,7 @@ class Worker:
         self._backend: zmq.Socket | None = None
         self._heartbeat_interval_s = config.heartbeat_interval_ms / 1000
         self._next_heartbeat = self._next_maintenance = 0.0
-        self._flusher = Flusher(self._wake)
+        self._flusher = Flusher()
         self._partitions = PartitionSet(config.data_dir, config.log, self._flusher)
         self._handler = RequestHandler(self._partitions)
         self._server: FetchServer | None = None
@@ -133,6 +132,7 @@ class Worker:
     def run(self, specs: Sequence[PartitionSpec]) -> int:
         _install_log_prefix(self._slot)
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._flusher.start(self._wake_w)
         self._install_signal_handlers()
         self._write_heartbeat()
         if not self._boot(specs):
@@ -244,11 +244,6 @@ class Worker:
         if flush_at_ms is not None:
             timeout_ms = min(timeout_ms, flush_at_ms - time.time_ns() // 1_000_000)
         return max(0, math.ceil(timeout_ms))
-
-    def _wake(self) -> None:
-        """Wake the loop (from the flusher thread); a full pipe already says "wake up"."""
-        with contextlib.suppress(BlockingIOError):
-            os.write(self._wake_w, b"\0")
 
     def _on_heartbeat(self, now: float) -> None:
         self._next_heartbeat = now + self._heartbeat_interval_s

@@ -16,9 +16,12 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def disk_events(monkeypatch) -> DiskEvents:
-    """Every write, sync, rename, unlink and mkdir storage makes from now on, in order."""
-    return DiskEvents().install(monkeypatch)
+def disk_events(monkeypatch):
+    """Every write, sync, rename, unlink and mkdir storage makes from now on, in order (the
+    native flush jobs' writev and fdatasync included)."""
+    events = DiskEvents().install(monkeypatch)
+    yield events
+    events.uninstall()
 
 
 @pytest.fixture

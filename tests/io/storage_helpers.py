@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from hpbroker import _core
-from hpbroker.io import LogConfig, PartitionLog
+from hpbroker.io import LogConfig, PartitionLog, _writer
 
 START_MS = 1_700_000_000_000
 
@@ -101,7 +101,8 @@ class DiskEvents:
     ``unlink``, ``mkdir``...), ``path`` the file or directory it touched (for ``replace``, the
     destination), ``probe`` whatever the test wants sampled at that moment (None by default).
     Each call is recorded once it has returned, so an event means "done".  Install with
-    :meth:`install` (a pytest monkeypatch undoes it).
+    :meth:`install` (a pytest monkeypatch undoes the ``os`` part; :meth:`uninstall` stops the
+    trace of the native flush jobs, whose ``writev`` and ``fdatasync`` do not go through ``os``).
     """
 
     _BY_FD = ("write", "writev", "pwrite", "ftruncate", "fsync", "fdatasync")
@@ -123,7 +124,11 @@ class DiskEvents:
             self.events.append(("replace", os.fspath(dst), self.probe()))
 
         monkeypatch.setattr(os, "replace", replace)
+        _writer.set_trace(lambda op, fd: self.events.append((op, fd_path(fd), self.probe())))
         return self
+
+    def uninstall(self) -> None:
+        _writer.set_trace(None)
 
     def _wrap(self, name, original, *, by_fd: bool):
         def recorded(target, *args, **kwargs):

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from storage_helpers import TEST_CONFIG, make_batch, make_unwritable, read_all, stamped
 
 from hpbroker.errors import StorageError
-from hpbroker.io import PartitionLog
+from hpbroker.io import PartitionLog, _writer
+from hpbroker.io._writer import WriterThread
 
 
 @pytest.fixture
@@ -55,21 +55,22 @@ def test_records_in_flight_are_unreadable_until_the_flush_completes(pipelined):
 def test_a_flusher_thread_writes_exactly_what_a_synchronous_log_writes(tmp_path, pipelined, clock):
     batches = [make_batch(1 + i % 5, value_bytes=40 + i, tag=i) for i in range(300)]
     log = pipelined(segment_bytes=16_384)
-    begun, done = [], []
-    with ThreadPoolExecutor(1) as flusher:
-        job = None
-        for batch in batches:
-            log.append(batch)
-            if job is not None and job.done.is_set():
-                log.complete_flush(job)
-                job = None
-            if job is None:
-                job = log.begin_flush(on_done=done.append)
-                begun.append(job)
-                flusher.submit(job.run)
-        log.complete_flush(job)
+    begun = []
+    writer = WriterThread()
+    job = None
+    for batch in batches:
+        log.append(batch)
+        if job is not None and job.done:
+            log.complete_flush(job)
+            job = None
+        if job is None:
+            job = log.begin_flush()
+            begun.append(job)
+            assert writer.submit(job.io)
+    log.complete_flush(job)
+    writer.stop(drain=True)
     assert len(begun) > 5 and len(log.segments) > 3, "many jobs, some completed by rolls"
-    assert sorted(map(id, done)) == sorted(map(id, begun)), "on_done once per job"
+    assert all(job.done and job.applied and job.error is None for job in begun)
     log.flush()
     with PartitionLog(os.path.join(tmp_path, "sync"), TEST_CONFIG.replace(segment_bytes=16_384),
                       clock=clock) as reference:
@@ -130,12 +131,11 @@ def test_close_runs_a_flush_job_that_no_flusher_ever_ran(log_dir, pipelined):
     log = pipelined()
     log.append(make_batch(3))
     job = log.begin_flush()
-    with ThreadPoolExecutor(1) as gone:
-        pass
-    with pytest.raises(RuntimeError):
-        gone.submit(job.run)  # the flusher is gone (the broker is shutting down)
+    gone = WriterThread()
+    gone.stop(drain=False)
+    assert not gone.submit(job.io), "the flusher is gone (the broker is shutting down)"
     assert _in_thread(log.close), "close() must not wait for a job nobody will run"
-    assert job.done.is_set() and job.applied
+    assert job.done and job.applied
     with PartitionLog(log_dir, TEST_CONFIG) as reopened:
         assert reopened.high_watermark == 3, "the job's records were written, not dropped"
 
@@ -145,39 +145,41 @@ def test_the_owner_runs_a_job_nobody_claimed(pipelined, call, high_watermark):
     log = pipelined()
     first, second = make_batch(2, tag=1), make_batch(1, tag=2)
     log.append(first)
-    done_by = []
-    job = log.begin_flush(on_done=done_by.append)
+    job = log.begin_flush()
     log.append(second)
     args = (job,) if call == "complete_flush" else ()
     assert _in_thread(lambda: getattr(log, call)(*args)), f"{call} waited for a job nobody runs"
-    assert (log.high_watermark, log.flushes_in_flight, done_by) == (high_watermark, (), [job])
+    assert (log.high_watermark, log.flushes_in_flight, job.done) == (high_watermark, (), True)
+    size = os.path.getsize(log.segments[0].path)
     job.run()  # the flusher turns up late: the job is done already
-    assert done_by == [job], "on_done is called once, by whoever ran the job"
+    assert os.path.getsize(log.segments[0].path) == size, "a job runs once"
     log.flush()
     assert read_all(log) == [(0, stamped(first, 0)), (2, stamped(second, 2))], "each batch written once"
 
 
-def test_the_owner_waits_for_a_job_a_flusher_is_running_and_does_not_run_it_again(pipelined, monkeypatch):
+def test_the_owner_waits_for_a_job_a_flusher_is_running_and_does_not_run_it_again(pipelined):
     log = pipelined()
     batch = make_batch(2)
     log.append(batch)
     job = log.begin_flush()
     segment = log.segments[-1]
     started, release = threading.Event(), threading.Event()
-    write = segment.write
 
-    def slow_write(batches):
-        started.set()
-        release.wait(5)
-        return write(batches)
+    def hold_after_write(operation, fd):  # the job is still running while this blocks
+        if operation == "writev":
+            started.set()
+            release.wait(5)
 
-    monkeypatch.setattr(segment, "write", slow_write)
-    flusher = threading.Thread(target=job.run)
-    flusher.start()
-    assert started.wait(5)
-    threading.Timer(0.05, release.set).start()
-    log.flush()  # waits for the job being written, applies it
-    flusher.join(5)
+    _writer.set_trace(hold_after_write)
+    try:
+        flusher = threading.Thread(target=job.run)
+        flusher.start()
+        assert started.wait(5)
+        threading.Timer(0.05, release.set).start()
+        log.flush()  # waits for the job being written, applies it
+        flusher.join(5)
+    finally:
+        _writer.set_trace(None)
     assert read_all(log) == [(0, stamped(batch, 0))]
     assert os.path.getsize(segment.path) == len(batch), "written once"
 
@@ -193,7 +195,7 @@ def test_a_job_cut_off_by_an_abandoned_log_never_writes(log_dir, pipelined):
         job.run()  # the flusher turns up late
     finally:
         os.close(reused)
-    assert job.done.is_set() and job.written == 0
+    assert job.done and job.written == 0
     assert os.path.getsize(path) == 0
 
 
@@ -262,7 +264,7 @@ def test_jobs_in_flight_write_in_the_order_begun_whoever_runs_them(pipelined):
     late = threading.Thread(target=jobs[2].run)  # claims the last job first: it must wait
     late.start()
     late.join(0.1)
-    assert late.is_alive() and not jobs[2].done.is_set(), "the last job waits for the ones before"
+    assert late.is_alive() and not jobs[2].done, "the last job waits for the ones before"
     threading.Thread(target=jobs[0].run).start()
     log.complete_flush(jobs[1])  # applies jobs 0 and 1 in order, running job 1 here
     late.join(5)
@@ -277,13 +279,17 @@ def test_a_job_after_a_failed_one_writes_nothing(pipelined):
     first = log.begin_flush()
     log.append(make_batch(1, tag=2))
     second = log.begin_flush()
-    size_before = os.fstat(log.segments[-1].log.fd).st_size
-    first.error = OSError("disk gone")  # as if its write had failed
-    first._claim.acquire()
-    first.done.set()
+    fd, path = log.segments[-1].log.fd, log.segments[-1].path
+    size_before = os.fstat(fd).st_size
+    make_unwritable(fd, path)
+    first.run()
+    assert isinstance(first.error, OSError)
+    writable = os.open(path, os.O_WRONLY | os.O_APPEND)  # the disk is back
+    os.dup2(writable, fd)
+    os.close(writable)
     second.run()
     assert second.error is not None and "an earlier flush failed" in str(second.error)
-    assert os.fstat(log.segments[-1].log.fd).st_size == size_before
-    with pytest.raises(StorageError, match="disk gone"):
+    assert os.fstat(fd).st_size == size_before
+    with pytest.raises(StorageError, match="complete_flush failed"):
         log.complete_flush(second)
     assert log.offline

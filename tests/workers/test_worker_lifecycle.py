@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
 import socket
@@ -23,7 +22,7 @@ from worker_harness import (
     values_of,
 )
 
-from hpbroker.io import LogConfig, PartitionLog
+from hpbroker.io import LogConfig, PartitionLog, _writer
 from hpbroker.protocol import EARLIEST_TIMESTAMP, ApiKey, ListOffsetsRequest
 from hpbroker.workers import backend, heartbeat
 from hpbroker.workers.backend import EXIT_BOOT_FAILED, EXIT_OK
@@ -261,23 +260,23 @@ def test_retention_runs_periodically_and_moves_the_log_start_offset(start_worker
     assert values_of(response.payload)[0] == f"r{earliest.offset // 10}/0/".encode().ljust(32, b".")
 
 
-def _fail_fdatasync_after_the_first() -> None:
-    """Every fdatasync after the first (the first produce's flush) fails with EIO."""
-    real = os.fdatasync
-    calls = []
+def _fail_writes_after_the_first_flush() -> None:
+    """The disk goes away after the first flush (the first produce's): from then on the segment's
+    descriptor refuses writes (EBADF), so the next flush fails."""
 
-    def fdatasync(fd: int) -> None:
-        calls.append(fd)
-        if len(calls) > 1:
-            raise OSError(errno.EIO, "simulated disk failure")
-        real(fd)
+    def on_disk_call(operation: str, fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if operation == "fdatasync" and path.endswith(".log"):
+            read_only = os.open(path, os.O_RDONLY)
+            os.dup2(read_only, fd)
+            os.close(read_only)
 
-    os.fdatasync = fdatasync
+    _writer.set_trace(on_disk_call)
 
 
 def test_a_disk_error_takes_the_partition_offline_and_fails_its_requests(start_worker, arbiter):
     start_worker(log={"flush_fsync": True}, partitions=[("orders", 0)],
-                 child_setup=_fail_fdatasync_after_the_first)
+                 child_setup=_fail_writes_after_the_first_flush)
     header, response = arbiter.call(0, produce_request("orders", 0, make_batch("kept")))
     assert (header.error_code, response.base_offset) == (0, 0)
     header, _response = arbiter.call(0, produce_request("orders", 0, make_batch("lost")))
