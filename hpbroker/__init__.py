@@ -7,7 +7,28 @@ Layout (imports point down this list, never up):
 - ``hpbroker.records``  the public face of the record format over ``_core``
 - ``hpbroker.io``       storage: segments, indexes and the partition log (no zmq, no kazoo)
 - ``hpbroker.protocol`` the wire protocol, sans I/O: requests and responses to and from bytes
+- ``hpbroker.client``   the client library: Producer, Consumer (protocol + records, never storage)
+- ``hpbroker.broker``, ``hpbroker.workers``  the broker process: config, topics, arbiter, workers
 - ``hpbroker.cli``      the ``hpbroker`` command
+
+``Producer``, ``Consumer`` and the rest of ``hpbroker.client``'s public API are importable from
+here too (loaded on first use).
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 __version__ = "0.1.0"
+
+
+_CLIENT_API = frozenset({"Admin", "Consumer", "ConsumerRecord", "Producer", "RecordMetadata", "TopicPartition",
+                         "create_message_streams"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CLIENT_API:
+        import hpbroker.client
+
+        return getattr(hpbroker.client, name)
+    raise AttributeError(f"module 'hpbroker' has no attribute {name!r}")

@@ -28,6 +28,7 @@ code  class                            retriable  meaning
 13    InvalidTopicError                no         a topic name is empty, too long or has bad characters
 14    InvalidPartitionsError           no         a partition count is out of range
 15    PartitionNotAvailableError       yes        the partition's worker is starting or restarting
+16    BrokerNotAvailableError          yes        client side: the broker cannot be reached (never sent)
 ====  ===============================  =========  =====================================================
 """
 
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 __all__ = [
     "ERRORS_BY_CODE",
+    "BrokerNotAvailableError",
     "CorruptRecordError",
     "HPBrokerError",
     "InvalidConfigError",
@@ -157,6 +159,14 @@ class PartitionNotAvailableError(HPBrokerError):
     retriable = True
 
 
+class BrokerNotAvailableError(HPBrokerError):
+    """Raised by clients, never sent by a broker: no connection to the broker (refused, lost, or
+    no answer within the client's timeout)."""
+
+    code = 16
+    retriable = True
+
+
 ERRORS_BY_CODE: dict[int, type[HPBrokerError]] = {
     cls.code: cls
     for cls in (
@@ -175,6 +185,7 @@ ERRORS_BY_CODE: dict[int, type[HPBrokerError]] = {
         InvalidTopicError,
         InvalidPartitionsError,
         PartitionNotAvailableError,
+        BrokerNotAvailableError,
     )
 }
 

@@ -16,7 +16,7 @@ import zmq
 
 from hpbroker import protocol
 
-STANDIN = Path(__file__).resolve().parent / "standin_broker.py"
+STANDIN = Path(__file__).resolve().parent / "arbiter" / "standin_broker.py"
 
 
 def free_ports(count: int) -> int:
@@ -104,6 +104,26 @@ class BrokerProcess:
                 self.process.wait()
         self._log_file.close()
         return self.process.returncode
+
+
+BROKER_TEST_ENV = {"HPBROKER_HEARTBEAT_INTERVAL_MS": "50", "HPBROKER_WORKER_TIMEOUT_MS": "3000",
+                   "HPBROKER_GRACEFUL_TIMEOUT_MS": "5000"}
+
+
+def start_broker(data_dir: Path, log_path: Path, *, workers: int = 2, port: int | None = None,
+                 env: dict[str, str] | None = None, config: Path | None = None) -> tuple[BrokerProcess, int]:
+    """A real ``hpbroker serve`` on 127.0.0.1, its front-end on ``port`` (free ports if None) and
+    data ports after it, once every worker serves.  Start it again with the same ``port`` and
+    ``data_dir`` to restart it."""
+    if port is None:
+        port = free_ports(workers + 1)
+    argv = [sys.executable, "-m", "hpbroker.cli", "serve", "--port", str(port), "--fetch-port", str(port + 1),
+            "--workers", str(workers), "--data-dir", str(data_dir), "--host", "127.0.0.1"]
+    if config is not None:
+        argv += ["--config", str(config)]
+    process = BrokerProcess(argv, log_path, {**BROKER_TEST_ENV, **(env or {})})
+    process.wait_for_log(rf"all {workers} workers serving", timeout_s=20)
+    return process, port
 
 
 def start_standin(tmp_path: Path, *, workers: int = 2, modes: dict | None = None, timeout_ms: int = 1000,

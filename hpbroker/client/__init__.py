@@ -1,0 +1,45 @@
+"""The client library: what applications use to produce to and consume from hpbroker.
+
+Public API (also importable from ``hpbroker``): :class:`Producer`, :class:`Consumer`,
+:func:`create_message_streams`, :class:`TopicPartition`, :class:`ConsumerRecord`,
+:class:`RecordMetadata`, :class:`Admin`.
+
+Modules, one responsibility each (imports point down this list):
+
+- ``connection``    one ZeroMQ request/response channel to a broker's front-end, by correlation id
+- ``metadata``      topics, partitions and the data port serving each, refreshed on demand
+- ``partitioner``   which partition a record goes to: a stable hash of the key, or spread evenly
+- ``_accumulator``  compiled: per-partition batch building behind ``Producer.send``
+- ``producer``      the batching producer: linger, in-flight requests, retries, futures
+- ``fetcher``       fetches over a worker's TCP data port, pipelined
+- ``consumer``      the pulling consumer and message streams
+- ``admin``         create, list, describe and delete topics
+
+The client uses the record format (``hpbroker.records``), the protocol (``hpbroker.protocol``)
+and the errors; it never imports storage (``hpbroker.io``) or broker code.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Producer": "hpbroker.client.producer",
+    "RecordMetadata": "hpbroker.client.producer",
+    "Consumer": "hpbroker.client.consumer",
+    "ConsumerRecord": "hpbroker.client.consumer",
+    "TopicPartition": "hpbroker.client.consumer",
+    "create_message_streams": "hpbroker.client.consumer",
+    "Admin": "hpbroker.client.admin",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """Import on first use, so ``import hpbroker`` stays cheap for storage and broker code."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hpbroker.client' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
