@@ -22,8 +22,8 @@ from typing import Any
 __version__ = "0.1.0"
 
 
-_CLIENT_API = frozenset({"Admin", "Consumer", "ConsumerRecord", "Producer", "RecordMetadata", "TopicPartition",
-                         "create_message_streams"})
+_CLIENT_API = frozenset({"Admin", "Consumer", "ConsumerRecord", "Producer", "RecordMetadata",
+                         "TopicPartition", "create_message_streams"})
 
 
 def __getattr__(name: str) -> Any:

@@ -11,7 +11,7 @@ import hpbroker.client
 
 
 def test_the_package_exports_exactly_the_client_api():
-    assert hpbroker._CLIENT_API == set(hpbroker.client.__all__)
+    assert set(hpbroker.client.__all__) == hpbroker._CLIENT_API
 
 
 def test_client_modules_import_neither_storage_nor_broker_code():
@@ -19,5 +19,6 @@ def test_client_modules_import_neither_storage_nor_broker_code():
     script = (f"import sys\nfor name in {modules!r}:\n    __import__(name)\n"
               "print(sorted(m for m in sys.modules if m.startswith(('hpbroker.io', 'hpbroker.workers', "
               "'hpbroker.broker', 'kazoo'))))")
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                            check=True)
     assert result.stdout.strip() == "[]"
