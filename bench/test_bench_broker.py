@@ -17,13 +17,12 @@ from __future__ import annotations
 import multiprocessing
 import os
 import socket
-import subprocess
-import sys
 import time
 
 import pytest
 import zmq
 
+from bench.brokers import free_port_block, running_broker
 from bench.conftest import ratio, throughput
 from hpbroker import protocol
 from hpbroker.records import BatchBuilder, read_header
@@ -32,29 +31,6 @@ BATCHES = 64  # per round, about 64 MiB
 IN_FLIGHT = 8
 TOPIC = "bench"
 WORKERS = 2
-
-
-def _free_port_block(count: int) -> int:
-    """A base port with ``count`` consecutive free ports after it (best effort)."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + count >= 65535:
-            continue
-        try:
-            held = []
-            for port in range(base, base + count):
-                s = socket.socket()
-                held.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in held:
-                s.close()
-    raise RuntimeError("no block of free ports")
 
 
 @pytest.fixture(scope="module")
@@ -68,28 +44,14 @@ def batch():
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
-    base = _free_port_block(WORKERS + 1)
-    data = tmp_path_factory.mktemp("broker-data")
-    log = open(data.parent / "broker.log", "wb")  # noqa: SIM115 - lives as long as the broker
-    process = subprocess.Popen(
-        [sys.executable, "-m", "hpbroker.cli", "serve", "--port", str(base), "--fetch-port", str(base + 1),
-         "--workers", str(WORKERS), "--data-dir", str(data)],
-        stdout=log, stderr=subprocess.STDOUT)
-    client = _Client(base)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
+    with running_broker(tmp_path_factory.mktemp("broker")) as base:
+        client = _Client(base)
+        try:
             header, _ = client.call(protocol.CreateTopicRequest(TOPIC, WORKERS))
-            if header.error_code in (0, 11):
-                break
-            assert time.monotonic() < deadline, f"broker did not start: {header}"
-            time.sleep(0.2)
-        yield base, client
-    finally:
-        client.close()
-        process.terminate()
-        process.wait(timeout=60)
-        log.close()
+            assert header.error_code == 0, header
+            yield base, client
+        finally:
+            client.close()
 
 
 class _Client:
@@ -146,7 +108,7 @@ def _zmq_sink(port: int, frames: int) -> None:
 
 @pytest.fixture(scope="module")
 def zmq_sink(batch):
-    port = _free_port_block(2)
+    port = free_port_block(2)
     context = zmq.Context()
     done = context.socket(zmq.PULL)
     done.bind(f"tcp://127.0.0.1:{port + 1}")
@@ -264,7 +226,7 @@ def test_raw_sendfile_loopback(benchmark, batch, tmp_path):
     count = BATCHES // WORKERS
     path = tmp_path / "cached.log"
     path.write_bytes(batch * count)
-    port = _free_port_block(1)
+    port = free_port_block(1)
     source = multiprocessing.get_context("spawn").Process(target=_sendfile_source, args=(port, str(path)))
     source.start()
     buffer = memoryview(bytearray(4 << 20))
