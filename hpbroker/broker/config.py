@@ -51,8 +51,9 @@ class BrokerConfig:
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
     #: directory holding the topic store and one directory per partition.  Default ``./data``.
     data_dir: str = "data"
-    #: directory for the backend socket and heartbeat files; empty: a fresh one under /tmp
-    #: (ipc:// paths are limited to about 100 bytes).  Default empty.
+    #: directory for the backend socket and heartbeat files; empty: ``<data_dir>/.run`` (the data
+    #: directory's lock makes it this broker's alone), or a fresh one under /tmp, removed at exit,
+    #: when that path is too long (ipc:// paths are limited to about 100 bytes).  Default empty.
     run_dir: str = ""
     #: ms between a worker's heartbeats.  Default 500.  Range [10, 60_000].
     heartbeat_interval_ms: int = 500

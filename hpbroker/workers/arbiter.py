@@ -7,8 +7,9 @@ dying in a loop).
 
 **Start.**  Create the data directory and lock it (``.lock``, ``flock``; the lock's descriptor is
 inherited by the workers, so a second broker cannot start on the directory while any process of
-this one lives), load the topic store, make the run directory (``config.run_dir``, or a fresh
-short one under /tmp that is removed at exit), and create every slot's TCP data listening socket
+this one lives), load the topic store, make the run directory (``config.run_dir``, or
+``<data_dir>/.run``, cleared of what a crashed predecessor left; a fresh short one under /tmp,
+removed at exit, if that path is too long for ipc://), and create every slot's TCP data listening socket
 (``fetch_port + slot``, SO_REUSEADDR) *before* forking, so a respawned worker takes over the same
 socket and clients never see the port closed.  Then fork one worker per slot, and only then
 create the ZeroMQ context and bind the front-end ROUTER (``tcp://host:port``) and the backend
@@ -18,11 +19,12 @@ its slot's identity, ``ROUTER_MANDATORY`` so a send to an absent worker fails in
 **Fork and ZeroMQ.**  A ZeroMQ context must not be used across ``fork``.  The first workers are
 forked before the arbiter's context exists.  Respawns fork while it exists: the child never
 touches it (nor any arbiter socket); it resets the signal handlers, closes the other slots'
-listeners, asks the kernel for SIGTERM should the arbiter die (``PR_SET_PDEATHSIG``), calls the
-worker entry point, which makes its own context, and leaves with ``os._exit`` whatever happens,
-so it never returns into arbiter code and runs no ``atexit`` handler (pyzmq's included).  The
-child inherits the descriptors of the arbiter's ZeroMQ sockets; it does not use them, and they
-close when it exits.
+listeners and every other inherited socket and anonymous-inode descriptor (the ZeroMQ context's
+TCP, ipc, eventfd and epoll descriptors: a worker outliving a killed arbiter must not keep its
+front-end port bound), keeps the data directory's lock, asks the kernel for SIGTERM should the
+arbiter die (``PR_SET_PDEATHSIG``), calls the worker entry point, which makes its own context,
+and leaves with ``os._exit`` whatever happens, so it never returns into arbiter code and runs no
+``atexit`` handler (pyzmq's included).
 
 **The loop.**  Single-threaded.  Signal handlers only enqueue the signal; ``signal.set_wakeup_fd``
 makes the ZeroMQ poller (which also watches the front-end and the backend) return, and the loop
@@ -54,6 +56,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import sys
 import tempfile
 import time
@@ -85,6 +88,7 @@ ADMIN_TIMEOUT_S = 30.0  # a create or delete not finished by then is answered wi
 _POLL_MS = 100  # the longest the loop sleeps without looking at heartbeats and deadlines
 _BATCH = 256  # messages taken from one socket before looking at the other
 _MAX_IPC_PATH = 100  # bytes; sun_path is 108 on Linux
+RUN_DIR_NAME = ".run"  # the default run directory, inside the data directory
 _PR_SET_PDEATHSIG = 1  # prctl option: signal this process when its parent dies
 _SIGNALS = {signal.SIGTERM: "term", signal.SIGINT: "int", signal.SIGQUIT: "quit", signal.SIGHUP: "hup",
             signal.SIGCHLD: "chld"}
@@ -158,9 +162,11 @@ class Arbiter:
         make_directory(config.data_dir)
         self._lock_fd = lock_directory(config.data_dir)
         store = TopicStore(config.data_dir)
-        if config.run_dir:
-            os.makedirs(config.run_dir, exist_ok=True)
-            self._run_dir = os.path.abspath(config.run_dir)
+        run_dir = config.run_dir or os.path.join(os.path.abspath(config.data_dir), RUN_DIR_NAME)
+        if config.run_dir or len(f"{run_dir}/backend.sock".encode()) <= _MAX_IPC_PATH:
+            os.makedirs(run_dir, exist_ok=True)
+            self._run_dir = os.path.abspath(run_dir)
+            _remove_stale_socket(self._run_dir)
         else:
             self._run_dir = tempfile.mkdtemp(prefix="hpb-")
             self._own_run_dir = True
@@ -224,6 +230,7 @@ class Arbiter:
             else:
                 for slot in self._slots:
                     _remove_heartbeat(self._run_dir, slot.index)
+                _remove_stale_socket(self._run_dir)
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
@@ -332,6 +339,7 @@ class Arbiter:
         for i, listener in enumerate(self._listeners):
             if i != index:
                 listener.close()
+        _close_inherited_sockets(keep={self._listeners[index].fileno()})
         if self._prctl is not None:
             self._prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         if os.getppid() != self._pid:  # the arbiter died before prctl took effect
@@ -558,6 +566,29 @@ def _data_listener(host: str, port: int, backlog: int) -> socket.socket:
         sock.close()
         raise OSError(e.errno, f"cannot listen on data port {host}:{port}: {e.strerror}") from None
     return sock
+
+
+def _close_inherited_sockets(keep: set[int]) -> None:
+    """In a forked worker: close every socket and anonymous-inode descriptor (eventfd, epoll)
+    above stderr except ``keep``.  Regular files stay open (the data directory's lock)."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd <= 2 or fd in keep:
+            continue
+        try:
+            is_socket = stat.S_ISSOCK(os.fstat(fd).st_mode)
+            if is_socket or os.readlink(f"/proc/self/fd/{fd}").startswith("anon_inode:"):
+                os.close(fd)
+        except OSError:
+            pass  # the listing's own descriptor, already gone
+
+
+def _remove_stale_socket(run_dir: str) -> None:
+    """The backend socket file (left behind by a broker killed with SIGKILL, or by ZeroMQ at
+    exit) is ours to remove: the data directory's lock says no other broker uses this run
+    directory."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(run_dir, "backend.sock"))
 
 
 def _heartbeat_mtime(run_dir: str, slot: int) -> float:

@@ -3,6 +3,7 @@ workers, graceful stop.  The workers are the stand-in of standin_broker.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -88,6 +89,46 @@ def test_killed_worker_is_reaped_and_respawned_into_its_slot(standin):
     assert read_data_port(config["fetch_port"] + 1) == ["slot=1", f"pid={new_pid}"]
     header, response = produce(client, "orders", 1 - partition)  # the other slot never stopped
     assert header.error_code == 0 and response.log_start_offset == broker.worker_pids()[0]
+
+
+def _listening_inodes(port: int) -> set[str]:
+    """Inodes of the TCP sockets listening on ``port`` (from /proc/net/tcp and tcp6)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":
+                    inodes.add(fields[9])
+    return inodes
+
+
+def _socket_inodes_of(pid: int) -> set[str]:
+    inodes = set()
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    return inodes
+
+
+def test_a_respawned_worker_holds_none_of_the_arbiters_sockets(standin):
+    """Forked while the arbiter's ZeroMQ context runs, the worker closes what it inherited: a worker
+    outliving a killed arbiter must not keep the front-end port bound."""
+    broker, config, client = standin(workers=2)
+    broker.wait_for_log(r"all 2 workers serving")
+    old_pid = broker.worker_pids()[1]
+    os.kill(old_pid, signal.SIGKILL)
+    new_pid = wait_until(lambda: broker.worker_pids()[1] != old_pid and broker.worker_pids()[1],
+                         what="the respawn")
+    broker.wait_for_log(rf"worker slot=1 pid={new_pid} serving")
+    front_end = _listening_inodes(config["port"])
+    assert front_end and front_end <= _socket_inodes_of(broker.process.pid), "the arbiter listens"
+    held = _socket_inodes_of(new_pid)
+    assert not front_end & held, "the respawned worker holds the front-end's listening socket"
+    assert _listening_inodes(config["fetch_port"] + 1) <= held, "it keeps its own data port"
+    assert not _listening_inodes(config["fetch_port"]) & held, "and not the other slot's"
 
 
 def test_worker_that_stops_heartbeating_is_aborted_and_respawned(standin):
@@ -177,7 +218,18 @@ def test_sigterm_stops_every_worker_and_exits_zero(standin, tmp_path):
     assert not any(pid_alive(pid) for pid in pids)
     assert "[arbiter] stopped" in broker.log()
     run_dir = re.search(r"run dir (\S+)", broker.log())[1]
-    assert os.path.basename(run_dir).startswith("hpb-") and not os.path.exists(run_dir)
+    assert run_dir == str(tmp_path / "data" / ".run"), "the default run dir is in the data dir"
+    assert os.listdir(run_dir) == [], "heartbeats and the backend socket are gone"
+
+
+def test_a_broker_starts_over_what_a_killed_one_left_in_its_run_dir(standin, tmp_path):
+    run_dir = tmp_path / "data" / ".run"
+    run_dir.mkdir(parents=True)
+    for name in ("backend.sock", "worker-0.json", "worker-1.json"):
+        (run_dir / name).write_text("left by a broker killed with SIGKILL")
+    broker, _, client = standin(workers=2)
+    broker.wait_for_log(r"all 2 workers serving")
+    create(client, "orders", 2)
 
 
 def test_unknown_topic_is_created_automatically_when_configured(standin, tmp_path):
