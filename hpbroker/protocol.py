@@ -68,6 +68,10 @@ __all__ = [
 # The largest message either framing accepts (header, body and payload): a 64 MiB produce is
 # already far beyond a sane batch, and a bound keeps a hostile length from costing memory.
 MAX_MESSAGE_BYTES = 64 << 20
+# The data ports serve only requests without a payload (fetch, list offsets): a message to one
+# is refused beyond this, whatever the broker's max_request_bytes (a head with the longest
+# client id and topic name is about 64 KiB).
+DATA_PORT_MAX_REQUEST_BYTES = 256 << 10
 # ListOffsets timestamps with a special meaning.
 LATEST_TIMESTAMP = -1  # the high watermark: the offset the next flushed record will get
 EARLIEST_TIMESTAMP = -2  # the log start offset

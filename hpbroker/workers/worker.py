@@ -57,6 +57,7 @@ from typing import Any
 
 import zmq
 
+from hpbroker import protocol
 from hpbroker.broker.config import BrokerConfig
 from hpbroker.errors import StorageError
 from hpbroker.io.files import pread_full
@@ -168,7 +169,8 @@ class Worker:
             self._backend.connect(self._backend_address)
             self._server = FetchServer(self._listener, self._handler,
                                        max_connections=self._config.max_connections,
-                                       max_request_bytes=self._config.max_request_bytes)
+                                       max_request_bytes=min(self._config.max_request_bytes,
+                                                             protocol.DATA_PORT_MAX_REQUEST_BYTES))
         except (zmq.ZMQError, OSError) as e:
             logger.error("cannot connect to the arbiter at %s or serve the data port: %s",
                          self._backend_address, e)

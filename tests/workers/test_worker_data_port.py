@@ -101,6 +101,16 @@ def test_garbage_closes_that_connection_while_another_keeps_working(start_worker
         client.close()
 
 
+def test_a_request_over_the_data_port_limit_closes_the_connection(start_worker):
+    """The data port serves requests without payload: 256 KiB is refused although max_request_bytes
+    (64 MiB) would take it."""
+    worker = start_worker()
+    client = TcpClient(worker.port)
+    client.sock.sendall(struct.pack("<II", 100, protocol.DATA_PORT_MAX_REQUEST_BYTES))
+    assert client.is_closed_by_peer()
+    client.close()
+
+
 def test_tcp_long_poll_wakes_on_a_flush_and_answers_in_request_order(start_worker, arbiter):
     worker = start_worker(log={"flush_messages": 1_000_000, "flush_ms": 5})
     client = TcpClient(worker.port)
