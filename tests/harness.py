@@ -127,15 +127,15 @@ def start_broker(data_dir: Path, log_path: Path, *, workers: int = 2, port: int 
 
 
 def start_standin(tmp_path: Path, *, workers: int = 2, modes: dict | None = None, timeout_ms: int = 1000,
-                  admin_timeout_s: float = 5.0, **config) -> tuple[BrokerProcess, dict]:
+                  **config) -> tuple[BrokerProcess, dict]:
     import json
 
     port = free_ports(workers + 1)
     spec_config = {"port": port, "fetch_port": port + 1, "workers": workers,
                    "data_dir": str(tmp_path / "data"), "heartbeat_interval_ms": 50,
-                   "worker_timeout_ms": timeout_ms, "graceful_timeout_ms": 5000, **config}
-    spec = {"config": spec_config, "modes": modes or {}, "marker_dir": str(tmp_path),
-            "admin_timeout_s": admin_timeout_s}
+                   "worker_timeout_ms": timeout_ms, "graceful_timeout_ms": 5000, "admin_timeout_ms": 5000,
+                   **config}
+    spec = {"config": spec_config, "modes": modes or {}, "marker_dir": str(tmp_path)}
     log_path = next(path for n in itertools.count() if not (path := tmp_path / f"broker-{n}.log").exists())
     broker = BrokerProcess([sys.executable, str(STANDIN), json.dumps(spec)], log_path)
     return broker, spec_config

@@ -67,6 +67,12 @@ class BrokerConfig:
     max_request_bytes: int = 64 << 20
     #: open TCP data connections per worker; more are closed at once.  Default 1024.
     max_connections: int = 1024
+    #: ms between a worker's checks for segments to delete by retention (each also writes the
+    #: recovery checkpoint of logs whose high watermark moved).  Default 60_000.
+    retention_check_interval_ms: int = 60_000
+    #: ms a create or delete topic may take (every worker owning a partition opening or removing
+    #: it) before it is answered with error 12.  Default 30_000.
+    admin_timeout_ms: int = 30_000
     #: whether a produce or fetch for an unknown topic creates it.  Default False.
     auto_create_topics: bool = False
     #: partitions of an automatically created topic.  Default 1.
@@ -85,6 +91,8 @@ class BrokerConfig:
         _check_int("graceful_timeout_ms", self.graceful_timeout_ms, 0, 2**31 - 1)
         _check_int("max_request_bytes", self.max_request_bytes, 1024, 2**31 - 1)
         _check_int("max_connections", self.max_connections, 1, 1_000_000)
+        _check_int("retention_check_interval_ms", self.retention_check_interval_ms, 10, 2**31 - 1)
+        _check_int("admin_timeout_ms", self.admin_timeout_ms, 1, 2**31 - 1)
         _check_int("default_partitions", self.default_partitions, 1, 100_000)
         for name in ("host", "data_dir", "run_dir"):
             if not isinstance(getattr(self, name), str):

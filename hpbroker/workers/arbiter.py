@@ -84,7 +84,6 @@ EXIT_ERROR = 1  # could not start, or gave up
 WorkerMain = Callable[[int, BrokerConfig, list[backend.PartitionSpec], socket.socket, str, str], int]
 
 KILL_GRACE_S = 2.0  # between SIGABRT and SIGKILL for a silent worker
-ADMIN_TIMEOUT_S = 30.0  # a create or delete not finished by then is answered with error 12
 _POLL_MS = 100  # the longest the loop sleeps without looking at heartbeats and deadlines
 _BATCH = 256  # messages taken from one socket before looking at the other
 _MAX_IPC_PATH = 100  # bytes; sun_path is 108 on Linux
@@ -98,11 +97,9 @@ class Arbiter:
     """The broker's master process (module docstring).  ``worker_main`` defaults to
     ``hpbroker.workers.worker.run_worker``, imported when :meth:`run` starts."""
 
-    def __init__(self, config: BrokerConfig, *, worker_main: WorkerMain | None = None,
-                 admin_timeout_s: float = ADMIN_TIMEOUT_S) -> None:
+    def __init__(self, config: BrokerConfig, *, worker_main: WorkerMain | None = None) -> None:
         self.config = config
         self._worker_main = worker_main
-        self._admin_timeout_s = admin_timeout_s
         self._slots = [Slot(i) for i in range(config.workers)]
         self._signal_queue: collections.deque[int] = collections.deque()
         self._wakeup: tuple[int, int] | None = None
@@ -184,7 +181,7 @@ class Arbiter:
 
             self._worker_main = run_worker
         self._frontend = Frontend(config, store, self._slots, self._run_dir,
-                                  admin_timeout_s=self._admin_timeout_s)
+                                  admin_timeout_s=config.admin_timeout_ms / 1000)
         if sys.platform.startswith("linux"):
             with contextlib.suppress(OSError, AttributeError):
                 self._prctl = ctypes.CDLL(None, use_errno=True).prctl

@@ -68,12 +68,10 @@ from hpbroker.workers.handlers import RequestHandler
 from hpbroker.workers.partitions import Flusher, PartitionSet
 from hpbroker.workers.replies import Reply, error_reply, with_payload_length
 
-__all__ = ["RETENTION_CHECK_INTERVAL_S", "Worker", "main", "run_worker"]
+__all__ = ["Worker", "main", "run_worker"]
 
 logger = logging.getLogger(__name__)
 
-# Seconds between retention passes (delete_old_segments) and recovery checkpoints.
-RETENTION_CHECK_INTERVAL_S = 60.0
 # Relayed messages read per loop turn, so flushes and deadlines get their turn under load.
 BACKEND_BATCH = 256
 # Messages read from the backend on a graceful stop: what the arbiter relayed before it stopped.
@@ -183,7 +181,7 @@ class Worker:
         self._write_heartbeat()
         now = time.monotonic()
         self._next_heartbeat = now + self._heartbeat_interval_s
-        self._next_maintenance = now + RETENTION_CHECK_INTERVAL_S
+        self._next_maintenance = now + self._config.retention_check_interval_ms / 1000
         logger.info("ready: %d partitions open in %.3f s, data port %s, backend %s", len(self._partitions),
                     now - started, self._listener.getsockname(), self._backend_address)
         return True
@@ -232,7 +230,7 @@ class Worker:
             if now >= self._next_heartbeat:
                 self._on_heartbeat(now)
             if now >= self._next_maintenance:
-                self._next_maintenance = now + RETENTION_CHECK_INTERVAL_S
+                self._next_maintenance = now + self._config.retention_check_interval_ms / 1000
                 partitions.maintain()
 
     def _poll_timeout_ms(self) -> int:

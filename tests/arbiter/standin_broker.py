@@ -1,8 +1,8 @@
 """Runs an Arbiter whose workers are a small stand-in, for the arbiter's process tests.
 
 Usage: ``python standin_broker.py SPEC_JSON`` where the spec is
-``{"config": {BrokerConfig fields}, "modes": {"<slot>": mode}, "marker_dir": path,
-"admin_timeout_s": s}``.  Modes of a slot's stand-in worker:
+``{"config": {BrokerConfig fields}, "modes": {"<slot>": mode}, "marker_dir": path}``.  Modes of a
+slot's stand-in worker:
 
 - ``"normal"`` (default): connect, heartbeat, report ready, answer every relayed request with a
   canned response naming its slot and pid, acknowledge every control, stop on SIGTERM;
@@ -127,7 +127,7 @@ def main():
     log = LogConfig(**config_fields.pop("log", {}))
     config = BrokerConfig(**config_fields, log=log)
     worker = standin_worker(spec.get("modes", {}), spec.get("marker_dir", "."))
-    arbiter = Arbiter(config, worker_main=worker, admin_timeout_s=spec.get("admin_timeout_s", 30.0))
+    arbiter = Arbiter(config, worker_main=worker)
     return arbiter.run()
 
 

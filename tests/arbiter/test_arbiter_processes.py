@@ -344,7 +344,7 @@ def test_garbage_gets_error_responses_or_is_dropped_and_the_broker_keeps_serving
 
 
 def test_create_not_acknowledged_in_time_is_answered_with_a_timeout(standin):
-    broker, _, client = standin(workers=1, modes={"0": "no_acks"}, admin_timeout_s=0.5)
+    broker, _, client = standin(workers=1, modes={"0": "no_acks"}, admin_timeout_ms=500)
     broker.wait_for_log(r"all 1 workers serving")
     header, _ = client.request(protocol.CreateTopicRequest("orders", 1))
     assert header.error_code == 12 and "waiting for worker slots [0]" in header.error_message

@@ -236,15 +236,9 @@ def test_sigint_stops_gracefully_unless_it_was_ignored_at_start(start_worker, ar
     assert ignoring.wait() == EXIT_OK
 
 
-def _check_retention_often() -> None:
-    from hpbroker.workers import worker
-
-    worker.RETENTION_CHECK_INTERVAL_S = 0.2
-
-
 def test_retention_runs_periodically_and_moves_the_log_start_offset(start_worker, arbiter):
     start_worker(log={"segment_bytes": 1024, "retention_bytes": 2048, "file_delete_delay_ms": 0,
-                      "flush_fsync": True}, child_setup=_check_retention_often)
+                      "flush_fsync": True}, retention_check_interval_ms=200)
     for i in range(30):  # ~450 bytes each: a dozen segments
         assert arbiter.call(0, produce_request("orders", 0, make_batch(f"r{i}", count=10)))[0].error_code == 0
     deadline = time.monotonic() + TIMEOUT_S
