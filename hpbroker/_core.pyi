@@ -105,8 +105,11 @@ def stamp_batch(buf: bytearray | memoryview, position: int, base_offset: int, le
     ``buf`` (the log stamps a copy of just that prefix)."""
 
 class Record:
-    """One decoded record.  ``sequence`` is the batch's base_sequence plus the offset delta, or -1."""
+    """One decoded record.  ``sequence`` is the batch's base_sequence plus the offset delta, or -1.
+    ``topic`` and ``partition`` are where a consumer fetched it (None and -1 when not given)."""
 
+    topic: str | None
+    partition: int
     offset: int
     timestamp: int
     key: bytes | None
@@ -115,9 +118,18 @@ class Record:
     producer: str
     sequence: int
 
-def decode_records(buf: Buffer, *, verify_crc: bool = True) -> list[Record]:
+def decode_records(
+    buf: Buffer,
+    *,
+    verify_crc: bool = True,
+    topic: str | None = None,
+    partition: int = -1,
+    min_offset: int = -(2**63),
+) -> list[Record]:
     """Every record of every batch in ``buf`` (whole batches only), decompressing as needed.
-    Raises CorruptRecordError on a bad CRC, truncated batch or bad framing."""
+    Raises CorruptRecordError on a bad CRC, truncated batch or bad framing.  Every record carries
+    ``topic`` and ``partition``; records below ``min_offset`` are checked but left out (a fetch
+    starts at the batch holding the offset asked for)."""
 
 def iter_records(buf: Buffer, *, verify_crc: bool = True) -> Iterator[Record]:
     """Like :func:`decode_records`, batch by batch, for buffers too large to decode at once."""

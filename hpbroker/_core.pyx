@@ -44,7 +44,7 @@ from cpython cimport array
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
-from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+from libc.stdint cimport INT64_MIN, int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy, memset
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
@@ -357,13 +357,17 @@ def stamp_batch(buf, Py_ssize_t position, int64_t base_offset, int32_t leader_ep
 
 @cython.freelist(1024)
 cdef class Record:
-    """One decoded record; ``producer`` is the name its batch carries, ``sequence`` -1 if none."""
+    """One decoded record; ``producer`` is the name its batch carries, ``sequence`` -1 if none.
 
-    cdef readonly int64_t offset, timestamp, sequence
-    cdef readonly object key, value, headers, producer
+    ``topic`` and ``partition`` say where a consumer fetched it from (None and -1 when decoded
+    without them): the client hands these objects to applications as they are."""
+
+    cdef readonly int64_t offset, timestamp, sequence, partition
+    cdef readonly object key, value, headers, producer, topic
 
     def __repr__(self):
-        return (f"Record(offset={self.offset}, timestamp={self.timestamp}, key={self.key!r}, "
+        where = "" if self.topic is None else f"topic={self.topic!r}, partition={self.partition}, "
+        return (f"Record({where}offset={self.offset}, timestamp={self.timestamp}, key={self.key!r}, "
                 f"value={self.value!r}, headers={self.headers!r}, producer={self.producer!r}, "
                 f"sequence={self.sequence})")
 
@@ -376,16 +380,18 @@ cdef class Record:
         return hash(self._astuple())
 
     def _astuple(self):
-        return (self.offset, self.timestamp, self.key, self.value, self.headers, self.producer, self.sequence)
+        return (self.offset, self.timestamp, self.key, self.value, self.headers, self.producer, self.sequence,
+                self.topic, self.partition)
 
     def __reduce__(self):
         return (_make_record, self._astuple())
 
 
-def _make_record(offset, timestamp, key, value, headers, producer, sequence):
+def _make_record(offset, timestamp, key, value, headers, producer, sequence, topic=None, partition=-1):
     cdef Record r = Record.__new__(Record)
     r.offset, r.timestamp, r.key, r.value = offset, timestamp, key, value
     r.headers, r.producer, r.sequence = headers, producer, sequence
+    r.topic, r.partition = topic, partition
     return r
 
 
@@ -457,11 +463,13 @@ cdef bint _records_look_valid(const unsigned char* cur, const unsigned char* end
     return ok and cur == end and max_delta == max_timestamp_delta
 
 
-cdef object _walk_batch(const unsigned char* p, Header* h, list out):
+cdef object _walk_batch(const unsigned char* p, Header* h, list out, object topic=None,
+                        int64_t partition=-1, int64_t min_offset=INT64_MIN):
     """Decode (``out`` not None) or just check every record of a CRC-checked batch.
 
     Returns None, or why the records disagree with the framing ("record ...") or with the
-    header ("header ...").  Appends Record objects to ``out``.
+    header ("header ...").  Appends Record objects to ``out``, tagged with ``topic`` and
+    ``partition``, for the records at ``min_offset`` and after (every record is still checked).
     """
     cdef const unsigned char* cur
     cdef const unsigned char* end
@@ -537,7 +545,7 @@ cdef object _walk_batch(const unsigned char* p, Header* h, list out):
             headers = tuple(hlist)
         if cur != rec_end:
             return f"record {i}: {rec_end - cur} unparsed bytes inside the record"
-        if out is not None:
+        if out is not None and h.base_offset + i >= min_offset:
             rec = Record.__new__(Record)
             rec.offset = h.base_offset + i
             rec.timestamp = h.first_timestamp + ts_delta
@@ -546,6 +554,8 @@ cdef object _walk_batch(const unsigned char* p, Header* h, list out):
             rec.value = value
             rec.headers = headers
             rec.producer = producer
+            rec.topic = topic
+            rec.partition = partition
             out.append(rec)
     if cur != end:
         return f"{end - cur} bytes left after record {h.record_count - 1} of the records section"
@@ -554,7 +564,8 @@ cdef object _walk_batch(const unsigned char* p, Header* h, list out):
     return None
 
 
-cdef Py_ssize_t _decode_one(const unsigned char* p, Py_ssize_t avail, Py_ssize_t position, bint verify_crc, list out) except -1:
+cdef Py_ssize_t _decode_one(const unsigned char* p, Py_ssize_t avail, Py_ssize_t position, bint verify_crc, list out,
+                            object topic=None, int64_t partition=-1, int64_t min_offset=INT64_MIN) except -1:
     """Decode the batch at ``p`` into ``out``; returns its size.  Raises on any defect."""
     cdef Header h
     cdef int code = 0
@@ -571,19 +582,24 @@ cdef Py_ssize_t _decode_one(const unsigned char* p, Py_ssize_t avail, Py_ssize_t
     if msg is None and (h.record_count < 1 or (h.attributes & CODEC_MASK_) > CODEC_LZ4_):
         msg = f"record_count {h.record_count}, attributes 0x{h.attributes:02x} are not decodable"
     if msg is None:
-        msg = _walk_batch(p, &h, out)
+        msg = _walk_batch(p, &h, out, topic, partition, min_offset)
     if msg is not None:
         raise CorruptRecordError(f"batch at position {position} (base offset {h.base_offset if avail >= C_HEADER_SIZE else -1}): {msg}")
     return h.size
 
 
-def decode_records(buf, *, bint verify_crc=True):
-    """Every record of the whole batches in ``buf``, in order.  Raises CorruptRecordError."""
+def decode_records(buf, *, bint verify_crc=True, topic=None, int64_t partition=-1,
+                   int64_t min_offset=INT64_MIN):
+    """Every record of the whole batches in ``buf``, in order.  Raises CorruptRecordError.
+
+    A consumer passes ``topic`` and ``partition`` (carried by every record) and its fetch offset
+    as ``min_offset``: a fetch starts at the batch holding that offset, and the records before it
+    are checked but not returned."""
     cdef const unsigned char[::1] view = buf
     cdef Py_ssize_t n = view.shape[0], pos = 0
     cdef list out = []
     while pos < n:
-        pos += _decode_one(&view[0] + pos, n - pos, pos, verify_crc, out)
+        pos += _decode_one(&view[0] + pos, n - pos, pos, verify_crc, out, topic, partition, min_offset)
     return out
 
 
