@@ -98,6 +98,7 @@ def serve(args: argparse.Namespace) -> int:
     import logging
 
     from hpbroker.broker.config import BrokerConfig
+    from hpbroker.broker.memory import tune_allocator
     from hpbroker.errors import InvalidConfigError
     from hpbroker.workers.arbiter import Arbiter
 
@@ -110,6 +111,7 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(process)d %(levelname)s %(message)s")
+    tune_allocator()  # before the workers are forked: they inherit it
     last_port = config.fetch_port + config.workers - 1
     print(f"hpbroker {__version__}: broker {config.broker_id} on tcp://{config.host}:{config.port} "
           f"(ZeroMQ), data ports {config.fetch_port}..{last_port} (TCP), {config.workers} workers, "
