@@ -22,6 +22,12 @@ extensions = [
         extra_compile_args=["-O2", "-pthread"],
         extra_link_args=["-pthread"],
     ),
+    Extension(
+        "hpbroker.client._accumulator",
+        sources=["hpbroker/client/_accumulator.pyx", "hpbroker/_csrc/crc32c.c"],
+        include_dirs=["hpbroker/_csrc"],
+        extra_compile_args=["-O3", "-fno-strict-aliasing"],
+    ),
 ]
 
 setup(

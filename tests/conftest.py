@@ -17,7 +17,8 @@ def pytest_configure(config):
     built in this tree."""
     package_dir = Path(hpbroker.__file__).resolve().parent
     suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
-    for module, home in ((_core, package_dir), (_writer, package_dir / "io")):
+    for module, home in ((_core, package_dir), (_writer, package_dir / "io"),
+                         (importlib.import_module("hpbroker.client._accumulator"), package_dir / "client")):
         path = Path(module.__file__).resolve()
         if not path.name.endswith(suffixes):
             raise RuntimeError(f"{module.__name__} loaded from {path}, which is not a compiled extension")

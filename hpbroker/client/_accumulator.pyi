@@ -1,0 +1,104 @@
+"""Type stub for the producer's compiled core (``hpbroker/client/_accumulator.pyx``).
+
+``Producer`` subclasses :class:`RecordAccumulator`; ``send`` and ``send_many`` are its send path.
+The methods after them are the I/O thread's (see the module docstring of the ``.pyx``).
+"""
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+Buffer = bytes | bytearray | memoryview
+Headers = Sequence[tuple[str, Buffer | None]]
+Ready = list[tuple["PartitionQueue", list["Batch"]]]
+
+PARTITIONER_STICKY: int
+PARTITIONER_ROUND_ROBIN: int
+PARTITIONER_CALLABLE: int
+
+def partition_for_key(key: Buffer, partition_count: int) -> int:
+    """CRC32C of the key's bytes (unsigned 32-bit) modulo ``partition_count``."""
+
+class Batch:
+    """One partition's batch; after :meth:`RecordAccumulator.build_payload`, what settling it needs."""
+
+    length: int  # bytes of the batch uncompressed, header included
+    record_count: int
+    first_timestamp: int
+    max_timestamp: int
+    min_timestamp: int
+    created_s: float  # time.monotonic() of its first record
+    batch_id: int
+    base_sequence: int  # -1 until drained
+    crc: int  # set by build_payload
+    waiters: list[tuple[int, int, Any]] | None  # (index in batch, timestamp, future or callback)
+
+class PartitionQueue:
+    topic: str
+    partition: int
+    muted: bool  # a request of this partition is in flight or waiting for a retry
+    @property
+    def empty(self) -> bool: ...
+
+class TopicState:
+    name: str
+    partition_count: int
+
+class RecordAccumulator:
+    header_room: int  # 56 + bytes of the producer name
+    batch_bytes: int
+    codec: int
+    linger_s: float
+    buffered_bytes: int
+    buffer_bytes: int
+    closed: bool
+
+    def __init__(
+        self,
+        producer_name: str = "",
+        codec: int = 0,
+        batch_bytes: int = 1 << 20,
+        linger_ms: float = 5,
+        buffer_bytes: int = 32 << 20,
+        partitioner: int | Callable[[str, bytes | None, int], int] = ...,
+        wake_fd: int = -1,
+    ) -> None: ...
+    def send(
+        self,
+        topic: str,
+        value: Buffer | None,
+        key: Buffer | None = None,
+        headers: Headers | None = None,
+        timestamp: int | None = None,
+        partition: int | None = None,
+        callback: Any = None,
+    ) -> None:
+        """Append one record to its partition's open batch.  ``callback``: a Future or a callable
+        ``(metadata, error)``, told when the record is acknowledged or failed."""
+    def send_many(
+        self,
+        topic: str,
+        values: Sequence[Buffer | None],
+        keys: Sequence[Buffer | None] | None = None,
+        partition: int | None = None,
+        timestamp: int | None = None,
+    ) -> int:
+        """Append every value, in order, with one timestamp; the number appended."""
+    def set_partition_count(self, topic: str, count: int) -> None: ...
+    def partition_count(self, topic: str) -> int: ...
+    # --- the producer's side
+    def set_wake_fd(self, fd: int) -> None: ...
+    def wake(self) -> None: ...
+    def woken(self) -> None: ...
+    def mark_flush(self) -> int: ...
+    def unfinished_through(self, batch_id: int) -> bool: ...
+    @property
+    def unfinished_batches(self) -> int: ...
+    def close_for_sends(self) -> None: ...
+    def drain(self, now_s: float, max_request_bytes: int) -> tuple[Ready, float]: ...
+    def take_all(self) -> Ready: ...
+    def build_payload(self, batches: list[Batch]) -> bytes: ...
+    def finish(self, batches: list[Batch]) -> None: ...
+    # --- hooks a subclass overrides
+    def _topic_partition_count(self, topic: str) -> int: ...
+    def _wait_for_room(self) -> None: ...
+    def _raise_closed(self) -> None: ...

@@ -1,0 +1,736 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""Compiled core of the producer: records go into per-partition batches, one call at a time.
+
+``Producer.send`` *is* :meth:`RecordAccumulator.send` (the producer subclasses this class, the
+way pyzmq's sockets subclass their compiled backend), so a record's whole way in (topic lookup,
+partition choice, timestamp, encoding into its partition's open batch) runs here without any
+Python-level work; the producer's Python code runs once per batch or per request, never per record.
+
+Who calls what:
+
+- application threads: :meth:`send`, :meth:`send_many` (and the producer's flush/close);
+- the producer's I/O thread: :meth:`drain` (take the batches that are due), :meth:`build_payload`
+  (finish them into the bytes of a ProduceRequest), :meth:`finish` (account for completed batches).
+
+There is no lock: every method runs with the GIL held and never lets it go while it changes
+shared state (the only calls that may release it, lz4 and the producer's blocking hooks, happen
+on batches already detached, or before anything is touched).
+
+Batch buffers.  An open batch is one ``malloc``'d buffer: ``header_room`` bytes (the 56-byte fixed
+header and the producer name, written when the batch is finished) followed by its records,
+encoded exactly as ``docs/FORMAT.md`` says::
+
+    [0, header_room)            header and producer name, filled by build_payload
+    [header_room, length)       records: length, timestamp_delta (zigzag), offset_delta, key_length,
+                                key, value_length, value, header_count, headers
+
+so finishing a batch is one copy and one CRC.  ``batch_bytes`` bounds ``length`` (the batch as it
+would be sent uncompressed).  Freed buffers go to a small pool, so a steady stream reuses the same
+few buffers.
+
+Sizes and flow control.  ``buffered_bytes`` counts the encoded records of every batch not yet
+finished (open, closed, in flight, retrying); :meth:`send` calls the producer's
+``_wait_for_room`` while it is at ``buffer_bytes`` or above, and the I/O thread lowers it in
+:meth:`finish`.
+
+Invariants:
+- a partition's batches are drained in the order they were opened, and a muted partition (one
+  with a request in flight or waiting to be retried) is not drained at all;
+- every batch that ever held a record is in ``_unfinished`` (by ``batch_id``, which increases in
+  the order batches are opened) until :meth:`finish` is called with it.
+"""
+
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.dict cimport PyDict_GetItem
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.object cimport PyObject
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc, realloc
+from libc.string cimport memcpy, memset
+from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
+from posix.unistd cimport write
+
+from hpbroker._clib cimport *
+
+import os as _os
+
+import lz4.frame as _lz4frame
+
+from hpbroker.errors import RecordTooLargeError, UnknownTopicOrPartitionError
+
+# How keyless records are spread (the partitioner names of hpbroker.client.partitioner).
+PARTITIONER_STICKY = 0  # fill one partition's batch, then move to the next partition
+PARTITIONER_ROUND_ROBIN = 1  # each record to the next partition
+PARTITIONER_CALLABLE = 2  # the application's function decides every record without partition=
+
+cdef enum:
+    INITIAL_BUFFER = 64 * 1024  # first allocation of a batch buffer; grows by doubling
+    POOL_SIZE = 8  # free batch buffers kept for reuse
+    # Bytes a record may need beyond its key, value and headers: five varints of at most 10
+    # bytes.  Used only to decide when the exact (slower) size check is worth running.
+    RECORD_OVERHEAD_MAX = 50
+
+cdef double _INFINITY = float("inf")
+
+
+cdef inline int64_t _now_ms() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_REALTIME, &ts)
+    return <int64_t>ts.tv_sec * 1000 + ts.tv_nsec // 1000000
+
+
+cdef inline double _monotonic_s() noexcept nogil:
+    """The clock of Python's time.monotonic (CLOCK_MONOTONIC on Linux), in seconds."""
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <double>ts.tv_sec + <double>ts.tv_nsec * 1e-9
+
+
+cdef inline int _uvarint_size(uint64_t v) noexcept nogil:
+    cdef int n = 1
+    while v >= 0x80:
+        v >>= 7
+        n += 1
+    return n
+
+
+cdef inline unsigned char* _write_uvarint(unsigned char* p, uint64_t v) noexcept nogil:
+    while v >= 0x80:
+        p[0] = <unsigned char>((v & 0x7F) | 0x80)
+        v >>= 7
+        p += 1
+    p[0] = <unsigned char>v
+    return p + 1
+
+
+cdef inline uint64_t _zigzag(int64_t v) noexcept nogil:
+    return (<uint64_t>v << 1) ^ <uint64_t>(v >> 63)
+
+
+def partition_for_key(key, Py_ssize_t partition_count):
+    """CRC32C of the key's bytes, as an unsigned 32-bit number, modulo ``partition_count``:
+    the partition of a keyed record (docs/CLIENT.md, "Partitioning")."""
+    cdef const unsigned char[::1] view
+    if partition_count < 1:
+        raise ValueError(f"partition_count must be at least 1, got {partition_count}")
+    if isinstance(key, str):
+        raise TypeError("record keys must be bytes-like, not str (encode it first)")
+    view = key
+    if view.shape[0] == 0:
+        return 0
+    return crc32c_update(0, &view[0], <size_t>view.shape[0]) % <uint32_t>partition_count
+
+
+cdef inline int _borrow(object obj, Py_buffer* view, const unsigned char** ptr, Py_ssize_t* size,
+                        str what) except -1:
+    """Pointer and size of a bytes-like; 1 when ``view`` must be released."""
+    if PyBytes_CheckExact(obj):
+        ptr[0] = <const unsigned char*>PyBytes_AS_STRING(obj)
+        size[0] = PyBytes_GET_SIZE(obj)
+        return 0
+    if isinstance(obj, str):
+        raise TypeError(f"record {what}s must be bytes-like or None, not str (encode it first)")
+    try:
+        PyObject_GetBuffer(obj, view, PyBUF_SIMPLE)
+    except TypeError:
+        raise TypeError(f"record {what}s must be bytes-like or None, not {type(obj).__name__}") from None
+    ptr[0] = <const unsigned char*>view.buf
+    size[0] = view.len
+    return 1
+
+
+cdef bytes _encode_headers(object headers):
+    """``header_count`` and the headers, encoded: [(str key, bytes-like value or None), ...]."""
+    cdef bytearray out = bytearray()
+    cdef unsigned char tmp[10]
+    items = list(headers)
+    out += (<char*>tmp)[:_write_uvarint(tmp, len(items)) - tmp]
+    for item in items:
+        try:
+            hkey, hvalue = item
+        except (TypeError, ValueError):
+            raise TypeError(f"headers must be (str key, bytes value) pairs, got {item!r}") from None
+        if not isinstance(hkey, str):
+            raise TypeError(f"header keys must be str, not {type(hkey).__name__}")
+        k = hkey.encode("utf-8")
+        out += (<char*>tmp)[:_write_uvarint(tmp, len(k)) - tmp]
+        out += k
+        if hvalue is None:
+            out.append(0)
+            continue
+        if isinstance(hvalue, str):
+            raise TypeError(f"header {hkey!r}: values must be bytes-like or None, not str")
+        v = bytes(hvalue)
+        out += (<char*>tmp)[:_write_uvarint(tmp, len(v) + 1) - tmp]
+        out += v
+    return bytes(out)
+
+
+cdef class Batch:
+    """One batch of one partition: filling while open, then what the I/O thread needs to settle it
+    (its records' count, who waits for which record, when it was opened)."""
+
+    cdef unsigned char* buf
+    cdef Py_ssize_t capacity
+    cdef readonly Py_ssize_t length  # bytes used, header room included (the uncompressed batch size)
+    cdef readonly int32_t record_count
+    cdef readonly int64_t first_timestamp, max_timestamp, min_timestamp
+    cdef readonly double created_s  # time.monotonic() when its first record arrived
+    cdef readonly int64_t batch_id
+    cdef readonly int64_t base_sequence  # set when drained
+    cdef readonly uint32_t crc  # set by build_payload
+    cdef readonly object waiters  # None, or a list of (index in batch, timestamp, future or callback)
+
+    def __dealloc__(self):
+        free(self.buf)
+
+    def __repr__(self):
+        return (f"Batch(id={self.batch_id}, records={self.record_count}, bytes={self.length}, "
+                f"base_sequence={self.base_sequence})")
+
+
+cdef class PartitionQueue:
+    """One partition's batches: the open one and the closed ones waiting to be sent, oldest first."""
+
+    cdef readonly str topic
+    cdef readonly int partition
+    cdef Batch open
+    cdef list closed
+    cdef public bint muted  # a request of this partition is in flight or waiting for a retry
+    cdef int64_t next_sequence
+    cdef TopicState topic_state
+
+    def __repr__(self):
+        return f"PartitionQueue({self.topic}-{self.partition}, closed={len(self.closed)}, muted={self.muted})"
+
+    @property
+    def empty(self):
+        return self.open is None and not self.closed
+
+
+cdef class TopicState:
+    """A topic's partition queues, and where its keyless records go next."""
+
+    cdef readonly str name
+    cdef readonly Py_ssize_t partition_count
+    cdef list partitions
+    cdef Py_ssize_t next_partition  # sticky or round-robin cursor
+
+    cdef inline Py_ssize_t check_partition(self, object partition) except -1:
+        cdef Py_ssize_t p
+        if not isinstance(partition, int):
+            raise TypeError(f"partition must be an int, not {type(partition).__name__}")
+        if not 0 <= partition < self.partition_count:
+            raise UnknownTopicOrPartitionError(
+                f"topic {self.name!r} has {self.partition_count} partitions (0..{self.partition_count - 1}), "
+                f"no partition {partition}")
+        p = partition
+        return p
+
+
+cdef class RecordAccumulator:
+    """Per-partition batches behind :meth:`send` (module docstring).  Subclassed by ``Producer``,
+    which supplies the hooks ``_topic_partition_count``, ``_wait_for_room`` and ``_raise_closed``."""
+
+    cdef dict _topics
+    cdef bytes _producer_name
+    cdef readonly Py_ssize_t header_room
+    cdef readonly Py_ssize_t batch_bytes
+    cdef readonly int codec
+    cdef readonly double linger_s
+    cdef readonly int64_t buffered_bytes
+    cdef readonly int64_t buffer_bytes
+    cdef int64_t _last_batch_id
+    cdef int64_t _flush_through  # batches with an id up to this are due now, linger or not
+    cdef set _unfinished
+    cdef bint _wake_pending
+    cdef int _wake_fd
+    cdef readonly bint closed
+    cdef int _partitioner_kind
+    cdef object _partitioner
+    cdef unsigned char* _pool[POOL_SIZE]
+    cdef Py_ssize_t _pool_capacity[POOL_SIZE]
+    cdef int _pool_count
+
+    def __cinit__(self, *args, **kwargs):
+        self._topics = {}
+        self._unfinished = set()
+        self._wake_fd = -1
+        self._pool_count = 0
+
+    def __init__(self, producer_name="", int codec=0, Py_ssize_t batch_bytes=1 << 20, double linger_ms=5,
+                 int64_t buffer_bytes=32 << 20, partitioner=PARTITIONER_STICKY, int wake_fd=-1):
+        name = producer_name.encode("utf-8") if isinstance(producer_name, str) else bytes(producer_name)
+        if len(name) > MAX_PRODUCER_NAME:
+            raise ValueError(f"producer name is {len(name)} bytes of UTF-8; at most {MAX_PRODUCER_NAME} fit")
+        if codec not in (CODEC_NONE_, CODEC_LZ4_):
+            raise ValueError(f"unknown compression codec {codec} (0 none, 1 lz4)")
+        if batch_bytes < C_HEADER_SIZE + len(name) + 8 or batch_bytes > 0x7FFFFFFF:
+            raise ValueError(f"batch_bytes {batch_bytes} must hold the {C_HEADER_SIZE + len(name)}-byte header "
+                             f"and a record, and be below 2 GiB")
+        self._producer_name = name
+        self.header_room = C_HEADER_SIZE + len(name)
+        self.codec = codec
+        self.batch_bytes = batch_bytes
+        self.linger_s = linger_ms / 1000.0
+        self.buffer_bytes = buffer_bytes
+        if callable(partitioner):
+            self._partitioner_kind, self._partitioner = PARTITIONER_CALLABLE, partitioner
+        elif partitioner in (PARTITIONER_STICKY, PARTITIONER_ROUND_ROBIN):
+            self._partitioner_kind = partitioner
+        else:
+            raise ValueError(f"unknown partitioner {partitioner!r}")
+        self._wake_fd = wake_fd
+
+    def __dealloc__(self):
+        cdef int i
+        for i in range(self._pool_count):
+            free(self._pool[i])
+        self._pool_count = 0
+
+    # --- the application's side ---------------------------------------------------------------
+
+    def send(self, topic, value, key=None, headers=None, timestamp=None, partition=None, callback=None):
+        """Append one record to its partition's batch; returns None.  See ``Producer.send``."""
+        cdef PyObject* found
+        cdef TopicState t
+        cdef int64_t ts
+        cdef Py_ssize_t p
+        if self.closed:
+            self._raise_closed()
+        if self.buffered_bytes >= self.buffer_bytes:
+            self._wait_for_room()
+        found = PyDict_GetItem(self._topics, topic)
+        t = self._new_topic(topic) if found == NULL else <TopicState>found
+        if timestamp is None:
+            ts = _now_ms()
+        else:
+            ts = timestamp
+            if ts < 0:
+                raise ValueError(f"timestamp {ts} is negative: milliseconds since the epoch expected")
+        if partition is not None:
+            p = t.check_partition(partition)
+        else:
+            p = self._choose(t, key)
+        self._append(<PartitionQueue>PyList_GET_ITEM(t.partitions, p), value, key, ts, headers, callback)
+
+    def send_many(self, topic, values, keys=None, partition=None, timestamp=None):
+        """Append every value of ``values`` (a list or other sequence), in order; returns the count.
+        ``keys``: None or one key per value.  One timestamp (now, unless given) for them all."""
+        cdef PyObject* found
+        cdef TopicState t
+        cdef int64_t ts
+        cdef Py_ssize_t i, n, p = -1
+        cdef list vals = values if type(values) is list else list(values)
+        cdef list key_list = None
+        n = PyList_GET_SIZE(vals)
+        if keys is not None:
+            key_list = keys if type(keys) is list else list(keys)
+            if PyList_GET_SIZE(key_list) != n:
+                raise ValueError(f"{PyList_GET_SIZE(key_list)} keys for {n} values")
+        if self.closed:
+            self._raise_closed()
+        found = PyDict_GetItem(self._topics, topic)
+        t = self._new_topic(topic) if found == NULL else <TopicState>found
+        ts = _now_ms() if timestamp is None else timestamp
+        if ts < 0:
+            raise ValueError(f"timestamp {ts} is negative: milliseconds since the epoch expected")
+        if partition is not None:
+            p = t.check_partition(partition)
+        for i in range(n):
+            if self.buffered_bytes >= self.buffer_bytes:
+                self._wait_for_room()
+                if self.closed:
+                    self._raise_closed()
+            key = None if key_list is None else <object>PyList_GET_ITEM(key_list, i)
+            self._append(<PartitionQueue>PyList_GET_ITEM(t.partitions, self._choose(t, key) if p < 0 else p),
+                         <object>PyList_GET_ITEM(vals, i), key, ts, None, None)
+        return n
+
+    cdef TopicState _new_topic(self, object topic):
+        """First record of a topic: learn its partition count (the producer asks the broker)."""
+        if type(topic) is not str:
+            raise TypeError(f"topic must be a str, not {type(topic).__name__}")
+        count = self._topic_partition_count(topic)
+        return self._register_topic(topic, count)
+
+    cdef TopicState _register_topic(self, str topic, Py_ssize_t count):
+        cdef TopicState t
+        cdef PartitionQueue q
+        found = self._topics.get(topic)
+        if found is not None:  # another thread got there first while the GIL was released
+            t = <TopicState>found
+        else:
+            t = TopicState.__new__(TopicState)
+            t.name = topic
+            t.partitions = []
+            t.next_partition = int.from_bytes(_os.urandom(4), "little") % count
+            self._topics[topic] = t
+        while t.partition_count < count:
+            q = PartitionQueue.__new__(PartitionQueue)
+            q.topic, q.partition, q.closed, q.topic_state = topic, t.partition_count, [], t
+            t.partitions.append(q)
+            t.partition_count += 1
+        return t
+
+    def set_partition_count(self, str topic, Py_ssize_t count):
+        """Record that ``topic`` has ``count`` partitions (more than before: add queues).  A
+        count that shrank is ignored here; the I/O thread fails what cannot be delivered."""
+        if count < 1:
+            raise ValueError(f"topic {topic!r}: partition count {count} is below 1")
+        self._register_topic(topic, count)
+
+    def partition_count(self, str topic):
+        """Partitions known for ``topic``, or 0 if it was never used."""
+        found = self._topics.get(topic)
+        return 0 if found is None else (<TopicState>found).partition_count
+
+    cdef Py_ssize_t _choose(self, TopicState t, object key) except -1:
+        cdef Py_ssize_t p
+        cdef const unsigned char* kptr = NULL
+        cdef Py_ssize_t klen = 0
+        cdef Py_buffer kbuf
+        cdef int krel
+        if self._partitioner_kind == PARTITIONER_CALLABLE:
+            return t.check_partition(self._partitioner(t.name, key, t.partition_count))
+        if key is None:
+            p = t.next_partition
+            if self._partitioner_kind == PARTITIONER_ROUND_ROBIN:
+                t.next_partition = p + 1 if p + 1 < t.partition_count else 0
+            return p
+        krel = _borrow(key, &kbuf, &kptr, &klen, "key")
+        p = crc32c_update(0, kptr, <size_t>klen) % <uint32_t>t.partition_count if klen else 0
+        if krel:
+            PyBuffer_Release(&kbuf)
+        return p
+
+    cdef int _append(self, PartitionQueue q, object value, object key, int64_t ts, object headers,
+                     object waiter) except -1:
+        """Encode one record at the end of ``q``'s open batch, closing it first if it is full."""
+        cdef Py_buffer vbuf, kbuf
+        cdef const unsigned char* vptr = NULL
+        cdef const unsigned char* kptr = NULL
+        cdef Py_ssize_t vlen = 0, klen = 0, hlen = 0, body, total
+        cdef uint64_t vfield = 0, kfield = 0
+        cdef int vrel = 0, krel = 0
+        cdef int64_t delta
+        cdef unsigned char* w
+        cdef bytes encoded_headers = None
+        cdef Batch b
+        if headers:
+            encoded_headers = _encode_headers(headers)
+            hlen = PyBytes_GET_SIZE(encoded_headers)
+        try:
+            if value is not None:
+                vrel = _borrow(value, &vbuf, &vptr, &vlen, "value")
+                vfield = <uint64_t>vlen + 1
+            if key is not None:
+                krel = _borrow(key, &kbuf, &kptr, &klen, "key")
+                kfield = <uint64_t>klen + 1
+            if vlen + klen + hlen + RECORD_OVERHEAD_MAX > self.batch_bytes - self.header_room:
+                self._check_record_fits(vlen, klen, hlen, vfield, kfield)
+            b = q.open
+            if b is not None:
+                delta = ts - b.first_timestamp
+                body = (_uvarint_size(_zigzag(delta)) + _uvarint_size(<uint64_t>b.record_count)
+                        + _uvarint_size(kfield) + klen + _uvarint_size(vfield) + vlen + (hlen if hlen else 1))
+                total = _uvarint_size(<uint64_t>body) + body
+                if b.length + total > self.batch_bytes:
+                    self._close(q)
+                    b = None
+            if b is None:
+                b = self._open(q, ts)
+                body = 2 + _uvarint_size(kfield) + klen + _uvarint_size(vfield) + vlen + (hlen if hlen else 1)
+                total = _uvarint_size(<uint64_t>body) + body
+                delta = 0
+            if b.length + total > b.capacity:
+                self._grow(b, b.length + total)
+            w = b.buf + b.length
+            w = _write_uvarint(w, <uint64_t>body)
+            w = _write_uvarint(w, _zigzag(delta))
+            w = _write_uvarint(w, <uint64_t>b.record_count)
+            w = _write_uvarint(w, kfield)
+            if klen:
+                memcpy(w, kptr, klen)
+                w += klen
+            w = _write_uvarint(w, vfield)
+            if vlen:
+                memcpy(w, vptr, vlen)
+                w += vlen
+            if hlen:
+                memcpy(w, PyBytes_AS_STRING(encoded_headers), hlen)
+            else:
+                w[0] = 0
+        finally:
+            if vrel:
+                PyBuffer_Release(&vbuf)
+            if krel:
+                PyBuffer_Release(&kbuf)
+        if waiter is not None:
+            if b.waiters is None:
+                b.waiters = []
+            b.waiters.append((b.record_count, ts, waiter))
+        b.length += total
+        b.record_count += 1
+        if ts > b.max_timestamp:
+            b.max_timestamp = ts
+        elif ts < b.min_timestamp:
+            b.min_timestamp = ts
+        self.buffered_bytes += total
+        return 0
+
+    cdef int _check_record_fits(self, Py_ssize_t vlen, Py_ssize_t klen, Py_ssize_t hlen, uint64_t vfield,
+                                uint64_t kfield) except -1:
+        """Refuse a record that could not fit even alone in a batch (its size as a first record)."""
+        cdef Py_ssize_t body = 2 + _uvarint_size(kfield) + klen + _uvarint_size(vfield) + vlen + (hlen if hlen else 1)
+        cdef Py_ssize_t size = self.header_room + _uvarint_size(<uint64_t>body) + body
+        if size > self.batch_bytes:
+            raise RecordTooLargeError(
+                f"a record with a {klen}-byte key, a {vlen}-byte value and {hlen} bytes of headers makes a "
+                f"{size}-byte batch on its own, over batch_bytes {self.batch_bytes}")
+        return 0
+
+    cdef Batch _open(self, PartitionQueue q, int64_t ts):
+        cdef Batch b = Batch.__new__(Batch)
+        if self._pool_count:
+            self._pool_count -= 1
+            b.buf = self._pool[self._pool_count]
+            b.capacity = self._pool_capacity[self._pool_count]
+        else:
+            self._grow(b, min(<Py_ssize_t>INITIAL_BUFFER, self.batch_bytes))
+        b.length = self.header_room
+        b.first_timestamp = b.max_timestamp = b.min_timestamp = ts
+        b.created_s = _monotonic_s()
+        b.base_sequence = -1
+        self._last_batch_id += 1
+        b.batch_id = self._last_batch_id
+        self._unfinished.add(b.batch_id)
+        q.open = b
+        self._wake()
+        return b
+
+    cdef int _grow(self, Batch b, Py_ssize_t want) except -1:
+        cdef Py_ssize_t cap = b.capacity or INITIAL_BUFFER
+        cdef unsigned char* grown
+        while cap < want:
+            cap *= 2
+        if cap > self.batch_bytes:
+            cap = max(self.batch_bytes, want)
+        grown = <unsigned char*>realloc(b.buf, cap)
+        if grown == NULL:
+            raise MemoryError(f"cannot grow a batch buffer to {cap} bytes")
+        b.buf = grown
+        b.capacity = cap
+        return 0
+
+    cdef void _close(self, PartitionQueue q, bint wake=True):
+        """The open batch is complete: queue it, and send keyless records elsewhere next."""
+        cdef TopicState t = q.topic_state
+        q.closed.append(q.open)
+        q.open = None
+        if self._partitioner_kind == PARTITIONER_STICKY and t.next_partition == q.partition:
+            t.next_partition = q.partition + 1 if q.partition + 1 < t.partition_count else 0
+        if wake:
+            self._wake()
+
+    cdef inline void _wake(self):
+        """Tell the I/O thread there is news (a batch opened or closed), once until it looks."""
+        cdef char byte = 120  # "x"
+        if not self._wake_pending and self._wake_fd >= 0:
+            self._wake_pending = True
+            write(self._wake_fd, &byte, 1)  # a non-blocking pipe: if it is full, a wake-up is pending anyway
+
+    # --- the producer's side ------------------------------------------------------------------
+
+    def wake(self):
+        """Wake the I/O thread (from any thread), unless a wake-up is already pending."""
+        self._wake()
+
+    def set_wake_fd(self, int fd):
+        """Where :meth:`wake` writes (-1: nowhere, once the I/O thread is gone)."""
+        self._wake_fd = fd
+
+    def woken(self):
+        """The I/O thread saw the wake-up: the next news must wake it again.  Called before it
+        looks at the accumulator, so nothing that happens afterwards goes unnoticed."""
+        self._wake_pending = False
+
+    def mark_flush(self):
+        """Make every batch opened so far due now; the id of the newest one (0 if none)."""
+        self._flush_through = self._last_batch_id
+        self._wake()
+        return self._last_batch_id
+
+    def unfinished_through(self, int64_t batch_id):
+        """Whether a batch with an id up to ``batch_id`` is not yet finished."""
+        for other in self._unfinished:
+            if <int64_t>other <= batch_id:
+                return True
+        return False
+
+    @property
+    def unfinished_batches(self):
+        return len(self._unfinished)
+
+    def close_for_sends(self):
+        """From now on :meth:`send` raises (through ``_raise_closed``)."""
+        self.closed = True
+        self._flush_through = self._last_batch_id
+        self._wake()
+
+    def drain(self, double now_s, Py_ssize_t max_request_bytes):
+        """The batches due now, per partition: ``(ready, next_due_s)``.
+
+        ``ready`` lists ``(queue, batches)`` for every partition that is not muted and has a due
+        batch: its closed batches, oldest first, then its open one if its linger time has passed
+        or a flush asked for it, as many as fit in ``max_request_bytes`` (at least one).  They
+        leave the accumulator and get their ``base_sequence``.  ``next_due_s``: when the earliest
+        open batch left behind becomes due (infinity if none).
+        """
+        cdef list ready = []
+        cdef double next_due = _INFINITY, due
+        cdef TopicState t
+        cdef PartitionQueue q
+        cdef Batch b
+        cdef list taken
+        cdef Py_ssize_t size, i, n
+        for t in self._topics.values():
+            for q in t.partitions:
+                if q.muted or (q.open is None and not q.closed):
+                    continue
+                taken = []
+                size = 0
+                n = len(q.closed)
+                i = 0
+                while i < n:
+                    b = <Batch>q.closed[i]
+                    if taken and size + b.length > max_request_bytes:
+                        break
+                    taken.append(b)
+                    size += b.length
+                    i += 1
+                del q.closed[:i]
+                if i < n:
+                    next_due = now_s  # more closed batches than one request takes
+                b = q.open
+                if i == n and b is not None:
+                    due = b.created_s + self.linger_s
+                    if ((due <= now_s or b.batch_id <= self._flush_through)
+                            and (not taken or size + b.length <= max_request_bytes)):
+                        self._close(q, False)
+                        del q.closed[:]
+                        taken.append(b)
+                    elif due < next_due:
+                        next_due = due
+                if taken:
+                    for b in taken:
+                        b.base_sequence = q.next_sequence
+                        q.next_sequence += b.record_count
+                    ready.append((q, taken))
+        return ready, next_due
+
+    def take_all(self):
+        """Every batch still in the accumulator, muted partitions too (when the producer gives up
+        at close); their buffers are freed.  Returns ``[(queue, batches)]``."""
+        cdef list out = []
+        cdef TopicState t
+        cdef PartitionQueue q
+        cdef Batch b
+        for t in self._topics.values():
+            for q in t.partitions:
+                if q.open is not None:
+                    q.closed.append(q.open)
+                    q.open = None
+                if q.closed:
+                    for b in q.closed:
+                        self._recycle(b)
+                    out.append((q, q.closed))
+                    q.closed = []
+        return out
+
+    def build_payload(self, list batches):
+        """The bytes of one ProduceRequest: ``batches`` (one partition's, drained, in order)
+        finished as FORMAT.md says (header, producer name, records section lz4-compressed when
+        the producer compresses and it helps), back to back.  Each batch's buffer goes back to
+        the pool; the Batch objects keep what settling them needs (``crc``, counts, waiters)."""
+        cdef list sections = []
+        cdef Py_ssize_t total = 0, pos = 0, records_len, section_len, i
+        cdef Batch b
+        cdef object section
+        cdef unsigned char* out
+        for b in batches:
+            records_len = b.length - self.header_room
+            section = None
+            if self.codec == CODEC_LZ4_:
+                compressed = _lz4frame.compress(<unsigned char[:records_len]>(b.buf + self.header_room),
+                                                store_size=True)
+                if len(compressed) < records_len:  # incompressible data goes as it is
+                    section = compressed
+            sections.append(section)
+            total += self.header_room + (records_len if section is None else len(section))
+        result = PyBytes_FromStringAndSize(NULL, total)
+        out = <unsigned char*>PyBytes_AS_STRING(result)
+        for i in range(len(batches)):
+            b = <Batch>batches[i]
+            section = sections[i]
+            if section is None:
+                section_len = b.length - self.header_room
+                memcpy(out + pos + self.header_room, b.buf + self.header_room, section_len)
+            else:
+                section_len = len(section)
+                memcpy(out + pos + self.header_room, PyBytes_AS_STRING(section), section_len)
+            self._write_header(out + pos, b, section_len, CODEC_NONE_ if section is None else CODEC_LZ4_)
+            pos += self.header_room + section_len
+            self._recycle(b)
+        return result
+
+    cdef void _write_header(self, unsigned char* out, Batch b, Py_ssize_t section_len, int codec):
+        cdef Py_ssize_t size = self.header_room + section_len
+        memset(out, 0, C_HEADER_SIZE)
+        store_i32le(out + P_BATCH_LENGTH, <int32_t>(size - C_LOG_OVERHEAD))
+        out[P_MAGIC] = MAGIC_V1
+        out[P_ATTRIBUTES] = <unsigned char>codec
+        out[P_PRODUCER_LEN] = <unsigned char>(self.header_room - C_HEADER_SIZE)
+        store_i32le(out + P_LAST_OFFSET_DELTA, b.record_count - 1)
+        store_i32le(out + P_RECORD_COUNT, b.record_count)
+        store_i64le(out + P_FIRST_TIMESTAMP, b.first_timestamp)
+        store_i64le(out + P_MAX_TIMESTAMP, b.max_timestamp)
+        store_i64le(out + P_BASE_SEQUENCE, b.base_sequence)
+        if self.header_room > C_HEADER_SIZE:
+            memcpy(out + C_HEADER_SIZE, PyBytes_AS_STRING(self._producer_name), self.header_room - C_HEADER_SIZE)
+        b.crc = crc32c_update(0, out + C_CRC_START, <size_t>(size - C_CRC_START))
+        store_u32le(out + P_CRC, b.crc)
+
+    cdef void _recycle(self, Batch b):
+        if b.buf == NULL:
+            return
+        if self._pool_count < POOL_SIZE:
+            self._pool[self._pool_count] = b.buf
+            self._pool_capacity[self._pool_count] = b.capacity
+            self._pool_count += 1
+        else:
+            free(b.buf)
+        b.buf = NULL
+        b.capacity = 0
+
+    def finish(self, list batches):
+        """``batches`` are settled (acknowledged or failed): their bytes no longer count against
+        ``buffer_bytes`` and they no longer hold up a flush."""
+        cdef Batch b
+        for b in batches:
+            if b.batch_id in self._unfinished:
+                self._unfinished.discard(b.batch_id)
+                self.buffered_bytes -= b.length - self.header_room
+            self._recycle(b)
+
+    # --- hooks the producer overrides ---------------------------------------------------------
+
+    def _topic_partition_count(self, topic):
+        raise UnknownTopicOrPartitionError(f"topic {topic!r} is unknown to this accumulator")
+
+    def _wait_for_room(self):
+        pass
+
+    def _raise_closed(self):
+        raise RuntimeError("the accumulator is closed")

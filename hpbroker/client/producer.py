@@ -1,0 +1,740 @@
+"""The batching producer: records in, per-partition batches out, acknowledgements back.
+
+Two threads (the Kafka paper's asynchronous producer: latency traded for throughput):
+
+- **application threads** call :meth:`Producer.send` (compiled: ``RecordAccumulator.send``), which
+  appends the record to its partition's open batch and returns; no per-record Python work, no
+  future unless asked for (:meth:`Producer.send_future`, or ``callback=``);
+- **the I/O thread** (:class:`_Sender`) owns the ZeroMQ connection and the cluster metadata.  It
+  sleeps in one poll on the connection, a ZeroMQ monitor of it and a wake-up pipe, and each turn:
+  reads the responses, drains the batches that are due (full, lingered ``linger_ms``, or flushed),
+  finishes them into one ProduceRequest per partition and sends them, retries what failed.  The
+  application wakes it through the pipe at most once per batch opened or closed, never per record.
+
+**Order.**  A partition has at most one produce request in flight or waiting for a retry (its
+queue is *muted* meanwhile), and a request carries every batch that became due while its
+predecessor was out (up to ``max_request_bytes``), so a retry can never overtake or be overtaken
+by later records.  Requests to different partitions are in flight together.  With ``acks=0``
+nothing is answered; requests follow each other on the one connection, in order.
+
+**Retries.**  A retriable error (docs/PROTOCOL.md's table; also a lost connection or no response
+within ``request_timeout_ms``) sends the same bytes again after a backoff (``retry_backoff_ms``,
+doubling up to ``retry_backoff_max_ms``), refreshing the topic's metadata first after errors 6
+and 15, until ``delivery_timeout_ms`` after the oldest batch was opened; then, or at once for an
+error that is not retriable, the request's records fail.  When the first attempt's outcome is
+unknown (lost connection, timeout, error 7, 12 or 15: the broker may have appended it), the
+I/O thread first looks for the request's first batch in the partition (by producer name,
+``base_sequence`` and CRC, fetching from where its previous acknowledged request ended): found,
+the records are acknowledged at the offsets where they are; not found, they are sent again.  So
+records that were appended are not appended twice, and a broker restart costs no duplicates.
+
+**Delivery reports.**  Every record is acknowledged or failed, never dropped: a future
+(:meth:`send_future`) or callback (``send(..., callback=f)``, called on the I/O thread as
+``f(metadata, None)`` or ``f(None, error)``) learns which; failures of records sent without either
+are logged and raised by the next :meth:`flush` or :meth:`close`.
+
+Threads: a producer may be shared by application threads; the connection, metadata and requests
+belong to the I/O thread alone.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import itertools
+import logging
+import math
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from hpbroker import protocol
+from hpbroker.client.partitioner import STICKY, Partitioner, partitioner_kind
+from hpbroker.errors import (
+    BrokerNotAvailableError,
+    HPBrokerError,
+    RequestTimedOutError,
+    UnknownServerError,
+    UnknownTopicOrPartitionError,
+    error_for_code,
+)
+from hpbroker.records import codec_for_name, read_header, scan_batches
+
+try:
+    from hpbroker.client._accumulator import Batch, PartitionQueue, RecordAccumulator
+except ImportError as exc:  # pragma: no cover - exercised only on a broken install
+    raise ImportError(
+        "hpbroker's compiled producer core (hpbroker/client/_accumulator.pyx) is not built or does not "
+        f"load: {exc}. Build it with `python setup.py build_ext --inplace` (or `pip install -e .`)."
+    ) from exc
+
+from hpbroker.client.connection import BrokerAddress, BrokerConnection, parse_bootstrap
+from hpbroker.client.metadata import ClusterMetadata
+
+__all__ = ["Producer", "ProducerClosedError", "ProducerConfig", "RecordMetadata"]
+
+logger = logging.getLogger(__name__)
+
+# Errors whose request the broker refused before appending anything: resend without looking.
+_REFUSED_BEFORE_APPEND = frozenset({2, 6})  # corrupt (checked before append), unknown topic/partition
+# Errors after which the topic's metadata is refreshed before the retry.
+_REFRESH_METADATA = frozenset({6, 15})
+_CONTROL_TIMEOUT_S = 5.0  # longest wait for one metadata, list-offsets or verifying fetch response
+_VERIFY_FETCH_BYTES = 4 << 20
+_VERIFY_MAX_BYTES = 256 << 20  # give up looking for a request's batch after scanning this much
+_MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+_names = itertools.count(1)
+
+
+class ProducerClosedError(RuntimeError):
+    """The producer is closed: :meth:`Producer.send` refuses records, and records still unsent
+    when :meth:`Producer.close` gave up fail with this error."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordMetadata:
+    """Where an acknowledged record is: ``offset`` is -1 with ``acks=0`` (nobody answers)."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int  # ms since the epoch, as stored in the record
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerConfig:
+    """A producer's settings, validated on construction (ValueError names the field)."""
+
+    #: 1: a record is acknowledged once the broker has flushed it (per the topic's flush policy);
+    #: 0: requests are sent and never answered (no offsets, no retries after a send).  Default 1.
+    acks: int = 1
+    #: how long a batch that is not full may wait for more records before it is sent.  Default 5.
+    linger_ms: float = 5
+    #: the largest batch, header included, before compression; a record that cannot fit alone in
+    #: one is refused by send().  Default 1 MiB (the broker's default max_message_bytes).
+    batch_bytes: int = 1 << 20
+    #: "lz4" or None: the codec of each batch's records section (a batch that lz4 would not
+    #: shrink is sent uncompressed).  Default None.
+    compression: str | None = None
+    #: "sticky", "round_robin", or a callable (topic, key, partition_count) -> partition: see
+    #: hpbroker.client.partitioner.  Keyed records always go to crc32c(key) mod partitions unless
+    #: a callable decides.  Default "sticky".
+    partitioner: str | Partitioner = STICKY
+    #: the producer's name: in every batch header and as the requests' client_id (at most 255
+    #: bytes of UTF-8).  Default "<host>-<pid>-<n>".
+    name: str | None = None
+    #: encoded records held (open, queued, in flight) before send() blocks.  Default 32 MiB.
+    buffer_bytes: int = 32 << 20
+    #: the largest ProduceRequest payload: a partition's due batches travel together up to this
+    #: size.  Default 8 MiB.
+    max_request_bytes: int = 8 << 20
+    #: how long send() may block, learning a new topic's partitions or waiting for buffer room,
+    #: before it raises.  Default 60000.
+    max_block_ms: int = 60_000
+    #: from a batch's first record to its acknowledgement, retries included; then its records
+    #: fail with the last error.  Default 120000.
+    delivery_timeout_ms: int = 120_000
+    #: how long to wait for the response to one request (also its timeout_ms on the wire).
+    #: Default 30000.
+    request_timeout_ms: int = 30_000
+    #: the first wait before a retry; it doubles on each retry of a request.  Default 100.
+    retry_backoff_ms: int = 100
+    #: the longest wait between retries.  Default 1000.
+    retry_backoff_max_ms: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.acks not in (0, 1):
+            raise ValueError(f"acks must be 0 or 1, got {self.acks!r}")
+        codec_for_name(self.compression)
+        partitioner_kind(self.partitioner)
+        if self.name is not None and len(self.name.encode("utf-8")) > 255:
+            raise ValueError(f"name is {len(self.name.encode('utf-8'))} bytes of UTF-8; at most 255 fit")
+        _check_range("linger_ms", self.linger_ms, 0, 3_600_000)
+        _check_range("batch_bytes", self.batch_bytes, 1024, protocol.MAX_MESSAGE_BYTES - 4096)
+        _check_range("buffer_bytes", self.buffer_bytes, self.batch_bytes, 2**62)
+        _check_range("max_request_bytes", self.max_request_bytes, self.batch_bytes,
+                     protocol.MAX_MESSAGE_BYTES - 4096)
+        for field in ("max_block_ms", "delivery_timeout_ms", "request_timeout_ms", "retry_backoff_ms",
+                      "retry_backoff_max_ms"):
+            _check_range(field, getattr(self, field), 0 if "backoff" in field else 1, 2**32 - 1)
+
+
+def _check_range(field: str, value: Any, low: float, high: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise ValueError(f"{field} must be a number in [{low}, {high}], got {value!r}")
+
+
+class Producer(RecordAccumulator):
+    """Sends records to an hpbroker broker in batches, from a background I/O thread.
+
+    ``Producer(bootstrap, acks=1, linger_ms=5, batch_bytes=1 << 20, compression=None, ...)``: the
+    keyword options are the fields of :class:`ProducerConfig` (or pass ``config=``).  ``bootstrap``
+    is ``"host:port"`` (the broker's ZeroMQ front-end; a list is accepted, its first entry used).
+
+    ``send(topic, value, key=None, headers=None, timestamp=None, partition=None, callback=None)``
+    appends one record and returns None; it costs about a tenth of a microsecond (compiled, see
+    ``hpbroker.client._accumulator``).  ``value`` and ``key`` are bytes-like or None; ``headers``
+    a sequence of ``(str, bytes-like or None)``; ``timestamp`` ms since the epoch (now if None);
+    ``partition`` overrides the partitioner; ``callback(metadata, error)`` is called on the I/O
+    thread once the record is acknowledged (``error`` None) or failed (``metadata`` None): keep
+    it short.  It raises at once for bad input: TypeError (a value, key or topic of the wrong
+    type), UnknownTopicOrPartitionError (a topic the broker does not have, a partition out of
+    range), RecordTooLargeError (a record over ``batch_bytes``), ProducerClosedError; and after
+    ``max_block_ms`` BrokerNotAvailableError (no metadata for a new topic) or TimeoutError (no
+    buffer room).
+
+    ``send_many(topic, values, keys=None, partition=None, timestamp=None)`` appends a sequence
+    of values in one call (one timestamp for all) and returns how many.
+    """
+
+    def __init__(self, bootstrap: str | Sequence[str], config: ProducerConfig | None = None,
+                 **options: Any) -> None:
+        config = ProducerConfig(**options) if config is None else dataclasses.replace(config, **options)
+        self.config = config
+        self.name = config.name or f"{socket.gethostname()[:200]}-{os.getpid()}-{next(_names)}"
+        self.address = parse_bootstrap(bootstrap)[0]
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
+        os.set_blocking(self._wake_write, False)
+        super().__init__(self.name, codec_for_name(config.compression), config.batch_bytes, config.linger_ms,
+                         config.buffer_bytes, partitioner_kind(config.partitioner), self._wake_write)
+        self._progress = threading.Condition()  # notified by the I/O thread when batches settle
+        self._unreported: list[Any] | None = None  # [record count, first error] since the last flush
+        self._close_lock = threading.Lock()
+        self._closed_done = False
+        self._sender = _Sender(self, self.address, config, self._wake_read)
+        self._thread = threading.Thread(target=self._sender.run, name=f"hpbroker-producer[{self.name}]",
+                                        daemon=True)
+        self._thread.start()
+
+    def __repr__(self) -> str:
+        return (f"Producer({self.name!r}, {self.address}, buffered_bytes={self.buffered_bytes}, "
+                f"unfinished_batches={self.unfinished_batches}, closed={self.closed})")
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except Exception:  # do not hide the exception that left the block
+            logger.exception("[producer %s] close after an error in the with block failed", self.name)
+
+    # --- sending -------------------------------------------------------------------------------
+
+    def send_future(self, topic: str, value: Any, key: Any = None, *, headers: Any = None,
+                    timestamp: int | None = None, partition: int | None = None) -> Future[RecordMetadata]:
+        """:meth:`send`, and a future of the record's :class:`RecordMetadata` (or its error)."""
+        future: Future[RecordMetadata] = Future()
+        self.send(topic, value, key, headers, timestamp, partition, future)
+        return future
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Send every record sent before this call at once (linger or not) and wait until each
+        is acknowledged or failed.  Raises TimeoutError after ``timeout_s``, and the error of
+        records that failed with no future or callback to report it (since the last flush)."""
+        target = self.mark_flush()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._progress:
+            while self.unfinished_through(target):
+                if not self._thread.is_alive():
+                    break  # it settled everything on its way out
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(f"producer {self.name}: flush did not finish within {timeout_s} s "
+                                       f"({self.unfinished_batches} batches unacknowledged)")
+                self._progress.wait(remaining)
+        self._raise_unreported()
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Refuse new records, deliver the ones sent (waiting at most ``timeout_s``; records
+        still unacknowledged then fail with ProducerClosedError), stop the I/O thread.  Raises
+        like :meth:`flush`.  Closing twice does nothing."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError(f"producer {self.name}: close() called from a callback, on its own I/O thread")
+        with self._close_lock:
+            if self._closed_done:
+                return
+            self._closed_done = True
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self.close_for_sends()
+        try:
+            self.flush(timeout_s)
+        finally:
+            self._sender.stop()
+            self.wake()
+            join_s = 10.0 if deadline is None else max(0.0, deadline - time.monotonic()) + 1.0
+            self._thread.join(join_s + _CONTROL_TIMEOUT_S)
+            if self._thread.is_alive():
+                logger.warning("[producer %s] the I/O thread did not stop within %.1f s", self.name, join_s)
+            else:
+                self.set_wake_fd(-1)
+                os.close(self._wake_read)
+                os.close(self._wake_write)
+
+    # --- hooks of the compiled accumulator (application threads) ----------------------------------
+
+    def _topic_partition_count(self, topic: str) -> int:
+        """A topic's first record: ask the I/O thread for its partitions, for ``max_block_ms``."""
+        deadline = time.monotonic() + self.config.max_block_ms / 1000
+        backoff_s = self.config.retry_backoff_ms / 1000
+        while True:
+            try:
+                count = self._sender.call(lambda sender: sender.partition_count(topic),
+                                          max(0.0, deadline - time.monotonic()))
+            except UnknownTopicOrPartitionError:
+                raise UnknownTopicOrPartitionError(
+                    f"topic {topic!r} does not exist on broker {self.address}") from None
+            except (BrokerNotAvailableError, RequestTimedOutError, TimeoutError) as e:
+                if time.monotonic() + backoff_s >= deadline:
+                    raise BrokerNotAvailableError(
+                        f"broker {self.address}: no partitions for topic {topic!r} within max_block_ms "
+                        f"{self.config.max_block_ms} ({e})") from e
+                time.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, self.config.retry_backoff_max_ms / 1000)
+                continue
+            if self.closed:
+                self._raise_closed()
+            return count
+
+    def _wait_for_room(self) -> None:
+        """``buffered_bytes`` reached ``buffer_bytes``: wait (GIL released) for batches to settle."""
+        deadline = time.monotonic() + self.config.max_block_ms / 1000
+        self.wake()
+        with self._progress:
+            while self.buffered_bytes >= self.buffer_bytes:
+                if self.closed:
+                    self._raise_closed()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self._thread.is_alive():
+                    raise TimeoutError(f"producer {self.name}: send blocked {self.config.max_block_ms} ms "
+                                       f"with {self.buffered_bytes} bytes buffered "
+                                       f"(buffer_bytes {self.buffer_bytes})")
+                self._progress.wait(min(remaining, 0.1))
+
+    def _raise_closed(self) -> None:
+        raise ProducerClosedError(f"producer {self.name} is closed")
+
+    # --- reports from the I/O thread ------------------------------------------------------------
+
+    def _record_failure(self, count: int, error: BaseException) -> None:
+        with self._progress:
+            if self._unreported is None:
+                self._unreported = [count, error]
+            else:
+                self._unreported[0] += count
+
+    def _raise_unreported(self) -> None:
+        with self._progress:
+            unreported, self._unreported = self._unreported, None
+        if unreported is not None:
+            count, error = unreported
+            known = isinstance(error, HPBrokerError | ProducerClosedError)
+            cls = type(error) if known else UnknownServerError
+            raise cls(f"{count} records sent without a future or callback failed; the first: "
+                      f"{error}") from error
+
+
+@dataclass(slots=True, eq=False)
+class _Request:
+    """One ProduceRequest of one partition: its batches, finished into ``payload``, until settled."""
+
+    queue: PartitionQueue
+    batches: list[Batch]
+    payload: bytes
+    record_count: int
+    deadline_s: float  # delivery_timeout_ms after the oldest batch was opened
+    attempts: int = 0
+    retries: int = 0
+    correlation_id: int = -1
+    sent_s: float = 0.0
+    due_s: float = 0.0  # when to retry
+    uncertain: bool = False  # a previous attempt may have been appended: look before resending
+    error: BaseException | None = None
+
+    def __str__(self) -> str:
+        return f"{self.queue.topic}-{self.queue.partition}"
+
+
+class _Sender:
+    """The I/O thread (module docstring).  Everything here runs on it, but :meth:`call`,
+    :meth:`stop` and the constructor."""
+
+    def __init__(self, producer: Producer, address: BrokerAddress, config: ProducerConfig,
+                 wake_fd: int) -> None:
+        self._producer = producer
+        self._address = address
+        self._config = config
+        self._wake_fd = wake_fd
+        self._acks = config.acks
+        self._request_timeout_s = config.request_timeout_ms / 1000
+        self._control_timeout_s = min(self._request_timeout_s, _CONTROL_TIMEOUT_S)
+        self._tasks: collections.deque[tuple[Callable[[_Sender], Any], Future]] = collections.deque()
+        self._in_flight: dict[int, _Request] = {}
+        self._waiting: list[_Request] = []  # to be retried at their due_s
+        self._known_end: dict[tuple[str, int], int] = {}  # offset after our last acknowledged record
+        self._stale_topics: set[str] = set()
+        self._next_due_s = math.inf
+        self._connected = False
+        self._settled = False  # a batch settled this turn: notify the application threads
+        self._stopping = False
+        self._alive = True
+        self.connection: BrokerConnection | None = None
+        self.metadata: ClusterMetadata | None = None
+
+    # --- called from application threads -------------------------------------------------------
+
+    def call(self, task: Callable[[_Sender], Any], timeout_s: float) -> Any:
+        """Run ``task(sender)`` on the I/O thread and return its result (or raise its error)."""
+        if not self._alive:
+            raise ProducerClosedError(f"producer {self._producer.name}: its I/O thread has stopped")
+        future: Future = Future()
+        self._tasks.append((task, future))
+        self._producer.wake()
+        try:
+            return future.result(timeout_s)
+        except TimeoutError:
+            future.cancel()
+            raise
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    # --- the loop ---------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        producer = self._producer
+        error: BaseException = ProducerClosedError(f"producer {producer.name} closed before the records "
+                                                   "were acknowledged")
+        try:
+            self._open()
+            poller = zmq.Poller()
+            poller.register(self._wake_fd, zmq.POLLIN)
+            poller.register(self.connection.socket, zmq.POLLIN)
+            poller.register(self._monitor, zmq.POLLIN)
+            while not self._stopping:
+                events = dict(poller.poll(self._poll_timeout_ms()))
+                if self._wake_fd in events:
+                    producer.woken()
+                    with contextlib.suppress(BlockingIOError):
+                        while os.read(self._wake_fd, 4096):
+                            pass
+                self._turn()
+        except BaseException as e:  # the thread must settle every record, whatever happened
+            logger.exception("[producer %s] the I/O thread failed", producer.name)
+            error = ProducerClosedError(f"producer {producer.name}: its I/O thread failed: {e!r}")
+        finally:
+            self._alive = False
+            self._abort(error)
+            self._close()
+
+    def _turn(self) -> None:
+        self._read_monitor()
+        while self._tasks:
+            task, future = self._tasks.popleft()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(task(self))
+                except BaseException as e:
+                    future.set_exception(e)
+        self._read_responses()
+        now = time.monotonic()
+        self._check_timeouts(now)
+        self._retry_due(now)
+        self._send_due(now)
+        if self._settled:
+            self._settled = False
+            with self._producer._progress:
+                self._producer._progress.notify_all()
+
+    def _poll_timeout_ms(self) -> int:
+        if self._tasks:
+            return 0
+        due = self._next_due_s
+        for request in self._waiting:
+            due = min(due, request.due_s)
+        for request in self._in_flight.values():
+            due = min(due, request.sent_s + self._request_timeout_s)
+        if due == math.inf:
+            return 1000
+        return max(0, min(1000, math.ceil((due - time.monotonic()) * 1000)))
+
+    def _open(self) -> None:
+        self.connection = BrokerConnection(self._address, client_id=self._producer.name,
+                                           connect_timeout_s=0.5)
+        self._monitor = self.connection.socket.get_monitor_socket(_MONITOR_EVENTS)
+        self.metadata = ClusterMetadata(self.connection, timeout_s=self._control_timeout_s)
+
+    def _close(self) -> None:
+        if self.connection is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self.connection.socket.disable_monitor()
+            self._monitor.close(linger=0)
+            self.connection.close()
+
+    def _read_monitor(self) -> None:
+        while self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._connected = True
+            elif event == zmq.EVENT_DISCONNECTED:
+                self._connected = False
+                self._connection_lost()
+
+    def _connection_lost(self) -> None:
+        """Requests in flight will never be answered: they may or may not have been appended."""
+        now = time.monotonic()
+        lost, self._in_flight = self._in_flight, {}
+        for correlation_id, request in lost.items():
+            self.connection.forget(correlation_id)
+            self._retry(request, BrokerNotAvailableError(
+                f"connection to broker {self._address} lost with request {correlation_id} in flight"),
+                now, uncertain=True)
+
+    # --- sending --------------------------------------------------------------------------------
+
+    def _send_due(self, now: float) -> None:
+        producer = self._producer
+        ready, self._next_due_s = producer.drain(now, self._config.max_request_bytes)
+        delivery_timeout_s = self._config.delivery_timeout_ms / 1000
+        for queue, batches in ready:
+            request = _Request(queue, batches, producer.build_payload(batches),
+                               sum(b.record_count for b in batches),
+                               min(b.created_s for b in batches) + delivery_timeout_s)
+            if self._acks:
+                queue.muted = True
+            self._send(request, now)
+
+    def _send(self, request: _Request, now: float) -> None:
+        queue = request.queue
+        message = protocol.ProduceRequest(queue.topic, queue.partition, self._acks,
+                                          self._config.request_timeout_ms, request.payload)
+        try:
+            if not self._connected:
+                self._read_monitor()
+            if not self._connected and request.attempts:
+                raise BrokerNotAvailableError(f"broker {self._address} is not connected")
+            correlation_id = self.connection.send(message, expect_response=bool(self._acks))
+        except BrokerNotAvailableError as e:
+            self._retry(request, e, now, uncertain=False)
+            return
+        request.attempts += 1
+        if not self._acks:
+            self._settle(request)
+            return
+        request.correlation_id = correlation_id
+        request.sent_s = now
+        self._in_flight[correlation_id] = request
+
+    def _read_responses(self) -> None:
+        connection = self.connection
+        now = time.monotonic()
+        while (response := connection.poll(0)) is not None:
+            self._connected = True
+            request = self._in_flight.pop(response.correlation_id, None)
+            if request is None:
+                continue
+            code = response.header.error_code
+            if code == 0:
+                self._acknowledged(request, response.body.base_offset)
+                continue
+            error = error_for_code(code, response.header.error_message)
+            if not error.retriable:
+                self._settle(request, error)
+                continue
+            if code in _REFRESH_METADATA:
+                self._stale_topics.add(request.queue.topic)
+            self._retry(request, error, now, uncertain=code not in _REFUSED_BEFORE_APPEND)
+
+    def _check_timeouts(self, now: float) -> None:
+        expired = [r for r in self._in_flight.values() if r.sent_s + self._request_timeout_s <= now]
+        for request in expired:
+            del self._in_flight[request.correlation_id]
+            self.connection.forget(request.correlation_id)
+            self._retry(request, RequestTimedOutError(
+                f"no response to the produce request of {request} from {self._address} within "
+                f"request_timeout_ms {self._config.request_timeout_ms}"), now, uncertain=True)
+
+    # --- retries --------------------------------------------------------------------------------
+
+    def _retry(self, request: _Request, error: HPBrokerError, now: float, *, uncertain: bool) -> None:
+        request.error = error
+        request.uncertain |= uncertain
+        if now >= request.deadline_s:
+            self._settle(request, type(error)(
+                f"{request.record_count} records to {request} not delivered within delivery_timeout_ms "
+                f"{self._config.delivery_timeout_ms} ({request.attempts} attempts); last error: "
+                f"{error.message}"))
+            return
+        backoff_ms = min(self._config.retry_backoff_max_ms,
+                         self._config.retry_backoff_ms * 2 ** min(request.retries, 30))
+        request.retries += 1
+        request.due_s = min(now + backoff_ms / 1000, request.deadline_s)
+        self._waiting.append(request)
+        logger.debug("[producer %s] %s: retry in %d ms after %s", self._producer.name, request, backoff_ms,
+                     error)
+
+    def _retry_due(self, now: float) -> None:
+        if not self._waiting:
+            return
+        due = [r for r in self._waiting if r.due_s <= now]
+        if not due:
+            return
+        self._waiting = [r for r in self._waiting if r.due_s > now]
+        for request in due:
+            try:
+                self._prepare_retry(request)
+            except HPBrokerError as e:
+                if e.retriable:
+                    self._retry(request, e, now, uncertain=False)
+                else:
+                    self._settle(request, e)
+                continue
+            except _Found as found:
+                self._acknowledged(request, found.base_offset)
+                continue
+            self._send(request, now)
+
+    def _prepare_retry(self, request: _Request) -> None:
+        """Refresh metadata if asked, and find out whether an uncertain attempt was appended
+        (raises _Found if so).  Raises HPBrokerError when that cannot be known yet."""
+        topic, partition = request.queue.topic, request.queue.partition
+        if topic in self._stale_topics:
+            try:
+                count = len(self.metadata.partitions(topic, refresh=True))
+            except UnknownTopicOrPartitionError:
+                raise UnknownTopicOrPartitionError(f"topic {topic!r} no longer exists on broker "
+                                                   f"{self._address}") from None
+            self._stale_topics.discard(topic)
+            if partition >= count:
+                raise UnknownTopicOrPartitionError(f"topic {topic!r} now has {count} partitions, "
+                                                   f"no partition {partition}")
+            self._producer.set_partition_count(topic, count)
+        if request.uncertain:
+            base_offset = self._find_appended(request)
+            if base_offset is not None:
+                raise _Found(base_offset)
+            request.uncertain = False
+
+    def _find_appended(self, request: _Request) -> int | None:
+        """The base offset at which ``request`` was appended, or None if it is not in the log.
+
+        Its first batch is looked for from the end of this producer's previous acknowledged
+        request to the partition (or, with none, from the first record at least as recent as
+        the request's oldest timestamp), by producer name, ``base_sequence`` and CRC."""
+        topic, partition = request.queue.topic, request.queue.partition
+        first = request.batches[0]
+        call, timeout_s = self.connection.call, self._control_timeout_s
+        start = self._known_end.get((topic, partition))
+        if start is None:
+            oldest = min(b.min_timestamp for b in request.batches)
+            start = call(protocol.ListOffsetsRequest(topic, partition, oldest), timeout_s).offset
+            if start < 0:
+                return None
+        scanned = 0
+        while scanned < _VERIFY_MAX_BYTES:
+            fetched = call(protocol.FetchRequest(topic, partition, start, max_bytes=_VERIFY_FETCH_BYTES,
+                                                 max_wait_ms=0), timeout_s)
+            payload = fetched.payload
+            scan = scan_batches(payload)
+            for position in scan.positions:
+                header = read_header(payload, position)
+                if (header.base_sequence == first.base_sequence and header.crc == first.crc
+                        and header.producer == self._producer.name):
+                    return header.base_offset
+            if scan.batch_count == 0 or scan.next_offset >= fetched.high_watermark:
+                return None
+            start = scan.next_offset
+            scanned += len(payload)
+        raise UnknownServerError(f"{request}: request {request.correlation_id} not found in {scanned} bytes "
+                                 "after the producer's last acknowledged offset; giving up looking")
+
+    # --- settling ---------------------------------------------------------------------------------
+
+    def _acknowledged(self, request: _Request, base_offset: int) -> None:
+        queue = request.queue
+        self._known_end[queue.topic, queue.partition] = base_offset + request.record_count
+        self._settle(request, None, base_offset)
+
+    def _settle(self, request: _Request, error: BaseException | None = None, base_offset: int = -1) -> None:
+        """Report every record of ``request`` (acknowledged at ``base_offset`` onwards, or failed
+        with ``error``) and release its batches; the partition may send again."""
+        queue = request.queue
+        queue.muted = False
+        offset = base_offset
+        unobserved = 0
+        for batch in request.batches:
+            waiters = batch.waiters
+            if waiters:
+                for index, timestamp, waiter in waiters:
+                    if error is None:
+                        metadata = RecordMetadata(queue.topic, queue.partition,
+                                                  offset + index if offset >= 0 else -1, timestamp)
+                        _report(waiter, metadata, None)
+                    else:
+                        _report(waiter, None, error)
+            if error is not None:
+                unobserved += batch.record_count - (len(waiters) if waiters else 0)
+            elif offset >= 0:
+                offset += batch.record_count
+        if error is not None:
+            logger.error("[producer %s] %d records to %s failed: %s", self._producer.name,
+                         request.record_count, request, error)
+            if unobserved:
+                self._producer._record_failure(unobserved, error)
+        self._producer.finish(request.batches)
+        self._settled = True
+
+    def _abort(self, error: BaseException) -> None:
+        """The thread is ending: fail everything not yet settled."""
+        for request in [*self._in_flight.values(), *self._waiting]:
+            self._settle(request, error)
+        self._in_flight, self._waiting = {}, []
+        for queue, batches in self._producer.take_all():
+            self._settle(_Request(queue, batches, b"", sum(b.record_count for b in batches), 0.0), error)
+        while self._tasks:
+            _task, future = self._tasks.popleft()
+            if future.set_running_or_notify_cancel():
+                future.set_exception(error)
+        with self._producer._progress:
+            self._producer._progress.notify_all()
+
+    # --- tasks ------------------------------------------------------------------------------------
+
+    def partition_count(self, topic: str) -> int:
+        count = len(self.metadata.partitions(topic, refresh=True))
+        self._connected = True
+        return count
+
+
+class _Found(Exception):  # noqa: N818 - control flow, never leaves this module
+    def __init__(self, base_offset: int) -> None:
+        self.base_offset = base_offset
+
+
+def _report(waiter: Any, metadata: RecordMetadata | None, error: BaseException | None) -> None:
+    if type(waiter) is Future:
+        try:
+            if error is None:
+                waiter.set_result(metadata)
+            else:
+                waiter.set_exception(error)
+        except InvalidStateError:  # cancelled by its owner: nobody is listening
+            pass
+        return
+    try:
+        waiter(metadata, error)
+    except Exception:
+        logger.exception("a producer callback raised")
