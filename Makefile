@@ -6,8 +6,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
-EXT := hpbroker/_core$(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
-EXT_SOURCES := hpbroker/_core.pyx hpbroker/_clib.pxd $(wildcard hpbroker/_csrc/*.c hpbroker/_csrc/*.h)
+# Stamp of the compiled extensions (setup.py lists them), rebuilt when any of their sources changes.
+EXT := $(VENV)/.extensions-built
+EXT_SOURCES := setup.py $(wildcard hpbroker/*.pyx hpbroker/*.pxd hpbroker/*/*.pyx hpbroker/*/*.pxd) \
+	$(wildcard hpbroker/_csrc/*.c hpbroker/_csrc/*.h)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages the project needs at run time: ZooKeeper (its jars) and a Java runtime for it.
 DEBIAN_PACKAGES := zookeeper default-jre-headless
@@ -51,4 +53,6 @@ lint: setup
 	$(PY) -m ruff check hpbroker tests bench
 
 clean:
-	rm -rf build $(VENV) hpbroker/*.so hpbroker/_core.c .pytest_cache .benchmarks bench/results
+	rm -rf build $(VENV) .pytest_cache .benchmarks bench/results
+	find hpbroker -name '*.so' -delete
+	find hpbroker -name '*.pyx' | sed 's/\.pyx$$/.c/' | xargs rm -f
