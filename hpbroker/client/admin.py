@@ -1,0 +1,96 @@
+"""Create, list, describe and delete topics: a thin layer over the protocol's admin requests.
+
+Each method is one request on the broker's ZeroMQ front-end (docs/PROTOCOL.md:
+``CreateTopicRequest``, ``DeleteTopicRequest``, ``MetadataRequest``) and raises the broker's
+error as its exception (``TopicAlreadyExistsError``, ``UnknownTopicOrPartitionError``,
+``InvalidTopicError`` ...).  A broker that cannot be reached raises
+:class:`~hpbroker.errors.BrokerNotAvailableError` within ``connect_timeout_ms``.  No retries: an
+admin call either happened or raised.
+
+Threads: an Admin, like its connection, belongs to the thread that uses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+
+from hpbroker import protocol
+from hpbroker.client.connection import BrokerConnection, parse_bootstrap
+from hpbroker.client.metadata import ClusterMetadata, PartitionInfo
+from hpbroker.errors import UnknownTopicOrPartitionError, error_for_code
+
+__all__ = ["Admin", "TopicDescription"]
+
+
+@dataclass(frozen=True, slots=True)
+class TopicDescription:
+    """A topic as the broker describes it: its partitions (each with its data port, log start
+    offset and high watermark, as of the serving worker's last heartbeat) and the settings it
+    overrides."""
+
+    name: str
+    partitions: list[PartitionInfo]
+    configs: dict[str, str] = field(default_factory=dict)
+
+
+class Admin:
+    """Topic administration against the broker at ``bootstrap`` (``"host:port"``)."""
+
+    def __init__(self, bootstrap: str | Sequence[str], *, client_id: str = "hpbroker-admin",
+                 request_timeout_ms: int = 30_000, connect_timeout_ms: int = 5_000) -> None:
+        self._connection = BrokerConnection(parse_bootstrap(bootstrap)[0], client_id=client_id,
+                                            connect_timeout_s=connect_timeout_ms / 1000)
+        self._timeout_s = request_timeout_ms / 1000
+
+    def __repr__(self) -> str:
+        return f"Admin({self._connection.address})"
+
+    def create_topic(self, name: str, partitions: int, configs: Mapping[str, object] | None = None) -> None:
+        """Create ``name`` with ``partitions`` partitions; ``configs`` overrides log settings of the
+        broker's defaults by name (``{"retention_ms": 86_400_000, "flush_fsync": False}``).  Returns
+        once the broker has created it."""
+        entries = [protocol.TopicConfigEntry(key, _config_string(value))
+                   for key, value in (configs or {}).items()]
+        self._connection.call(protocol.CreateTopicRequest(name, partitions, entries), self._timeout_s)
+
+    def delete_topic(self, name: str) -> None:
+        """Delete ``name`` and its records; UnknownTopicOrPartitionError if there is none."""
+        self._connection.call(protocol.DeleteTopicRequest(name), self._timeout_s)
+
+    def list_topics(self) -> list[str]:
+        """The names of every topic, sorted."""
+        response = self._connection.call(protocol.MetadataRequest([]), self._timeout_s)
+        return sorted(topic.name for topic in response.topics if not topic.error_code)
+
+    def describe_topic(self, name: str) -> TopicDescription:
+        """``name``'s partitions and settings; UnknownTopicOrPartitionError if there is none."""
+        metadata = ClusterMetadata(self._connection, timeout_s=self._timeout_s)
+        response = metadata.refresh(name)
+        for topic in response.topics:
+            if topic.name != name:
+                continue
+            if topic.error_code:
+                raise error_for_code(topic.error_code,
+                                     f"topic {name!r}: broker says error {topic.error_code}")
+            return TopicDescription(name, metadata.partitions(name),
+                                    {entry.key: entry.value for entry in topic.configs})
+        raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+
+    def close(self) -> None:
+        self._connection.close()
+
+    def __enter__(self) -> Admin:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
+
+
+def _config_string(value: object) -> str:
+    """A setting as the protocol carries it: decimal, or ``true``/``false``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

@@ -1,0 +1,686 @@
+"""The pulling consumer: assign partitions, then poll or iterate their records, seeking anywhere.
+
+A :class:`Consumer` reads the partitions it is assigned (no consumer groups: the application
+says which partitions, and where to start).  For every partition it keeps a **position**, the
+offset of the next record the application gets, and a :class:`~hpbroker.client.fetcher.
+PartitionFetcher` with its own TCP connection to the data port serving the partition.
+
+How records flow, per partition::
+
+    broker --sendfile--> socket --recv_into--> buffer --CRC, decode (compiled)--> list of records
+                                                   \\--> next FetchRequest sent before decoding
+    list of records --poll() or iteration--> application; position = last offset + 1
+
+- **Long polling.**  Fetches carry ``fetch_max_wait_ms`` and ``fetch_min_bytes``: a caught-up
+  partition's fetch waits in the broker until new records are flushed, and the consumer sleeps in
+  ``poll(2)`` on its sockets meanwhile.  Nothing spins.
+- **Pipelining.**  A partition has one decoded response waiting for the application at most, and
+  one fetch on the wire: the next fetch leaves as soon as a response is whole.
+- **Fast iteration.**  ``iter(consumer)`` is an ``itertools.chain`` over the decoded lists, so
+  handing out a record is C code; the record objects are ``hpbroker._core.Record``, built in
+  Cython.  ``position()`` stays exact mid-list (the list iterator knows how many are left).
+- **Offsets outside the log.**  ``auto_offset_reset`` decides: ``"earliest"`` (the log start),
+  ``"latest"`` (the high watermark) or ``"error"`` (raise OffsetOutOfRangeError with the log's
+  bounds).  It also decides where a partition starts when it was never sought.
+- **Errors.**  A fetch error is raised by the next ``poll()`` (or the iteration) that has no
+  records to return, once; the following call tries again.  A corrupt batch is raised as
+  CorruptRecordError after the records before it, with topic, partition and offset.
+- **Faults.**  A lost connection is re-opened and the fetch sent again from the position, so a
+  broker restart costs at most a re-fetch, never a record.  Failures back off from
+  ``retry_backoff_ms`` up to ``retry_backoff_max_ms``; a partition that has failed for
+  ``reconnect_timeout_ms`` raises BrokerNotAvailableError (or the broker's last error), with the
+  attempts and seconds.
+
+Metadata (which data port serves a partition) and ListOffsets go over the broker's ZeroMQ
+front-end (:class:`~hpbroker.client.connection.BrokerConnection`).
+
+Threads: a consumer belongs to the thread that polls or iterates it.  :meth:`Consumer.wakeup` and
+:meth:`Consumer.close` may be called from any thread: both make a blocked poll or iteration
+return at once.  :func:`create_message_streams` gives each stream its own consumer, so each
+stream may be iterated in its own thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import logging
+import operator
+import select
+import socket
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import NamedTuple
+
+from hpbroker import protocol
+from hpbroker.client.connection import BrokerConnection, parse_bootstrap
+from hpbroker.client.fetcher import CompletedFetch, FetchConfig, PartitionFetcher
+from hpbroker.client.metadata import ClusterMetadata
+from hpbroker.errors import (
+    BrokerNotAvailableError,
+    CorruptRecordError,
+    HPBrokerError,
+    InvalidConfigError,
+    OffsetOutOfRangeError,
+    PartitionNotAvailableError,
+    RequestTimedOutError,
+    UnknownTopicOrPartitionError,
+    error_for_code,
+)
+from hpbroker.records import Record
+
+__all__ = ["AUTO_OFFSET_RESETS", "Consumer", "ConsumerConfig", "ConsumerRecord", "MessageStream",
+           "TopicPartition", "create_message_streams"]
+
+logger = logging.getLogger(__name__)
+
+AUTO_OFFSET_RESETS = ("earliest", "latest", "error")
+
+#: What a consumer hands out: ``topic``, ``partition``, ``offset``, ``timestamp`` (ms), ``key``,
+#: ``value``, ``headers`` (tuple of (str, bytes | None)), ``producer`` (the name of the producer
+#: that built its batch) and ``sequence`` (that producer's number for it, or -1).
+ConsumerRecord = Record
+
+
+class TopicPartition(NamedTuple):
+    topic: str
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerConfig:
+    """A consumer's settings, validated on construction; :meth:`from_settings` takes them flat,
+    the fetch settings (:class:`FetchConfig`) included."""
+
+    #: names the consumer in the broker's logs.
+    client_id: str = "hpbroker-consumer"
+    #: where a partition starts when never sought, or when its position falls outside the log:
+    #: ``"earliest"``, ``"latest"`` or ``"error"``.  Default ``"latest"``.
+    auto_offset_reset: str = "latest"
+    #: ms a metadata or ListOffsets request may take.  Default 30000.
+    request_timeout_ms: int = 30_000
+    #: ms before the first retry after a failure; doubles per attempt.  Default 100.
+    retry_backoff_ms: int = 100
+    #: ms, the longest wait between retries.  Default 1000.
+    retry_backoff_max_ms: int = 1_000
+    #: ms a partition may keep failing (broker unreachable, partition unavailable) before the
+    #: consumer raises the error.  Default 30000.
+    reconnect_timeout_ms: int = 30_000
+    #: ms iteration waits for a record before it ends (StopIteration); None: forever.
+    consumer_timeout_ms: int | None = None
+    #: how fetches ask for records.
+    fetch: FetchConfig = field(default_factory=FetchConfig)
+
+    def __post_init__(self) -> None:
+        if self.auto_offset_reset not in AUTO_OFFSET_RESETS:
+            raise InvalidConfigError(f"auto_offset_reset must be one of {AUTO_OFFSET_RESETS}, "
+                                     f"got {self.auto_offset_reset!r}")
+        for name in ("request_timeout_ms", "retry_backoff_ms", "retry_backoff_max_ms",
+                     "reconnect_timeout_ms"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value < 2**31:
+                raise InvalidConfigError(f"{name} must be an integer in [1, {2**31 - 1}], got {value!r}")
+        if self.consumer_timeout_ms is not None and not (isinstance(self.consumer_timeout_ms, int)
+                                                         and self.consumer_timeout_ms >= 0):
+            raise InvalidConfigError(f"consumer_timeout_ms must be None or an integer >= 0, "
+                                     f"got {self.consumer_timeout_ms!r}")
+
+    def backoff_ms(self, attempts: int) -> int:
+        """The wait before the next try after ``attempts`` failed ones (exponential, capped)."""
+        return min(self.retry_backoff_max_ms, self.retry_backoff_ms << min(max(attempts - 1, 0), 20))
+
+    @classmethod
+    def from_settings(cls, **settings: object) -> ConsumerConfig:
+        """Build from flat keyword settings; an unknown name raises InvalidConfigError naming it."""
+        own = {f.name for f in dataclasses.fields(cls)} - {"fetch"}
+        fetch_names = {f.name for f in dataclasses.fields(FetchConfig)}
+        unknown = set(settings) - own - fetch_names
+        if unknown:
+            raise InvalidConfigError(f"unknown consumer settings {sorted(unknown)}; known: "
+                                     f"{sorted(own | fetch_names)}")
+        fetch = FetchConfig(**{k: v for k, v in settings.items() if k in fetch_names})  # type: ignore[arg-type]
+        return cls(**{k: v for k, v in settings.items() if k in own}, fetch=fetch)  # type: ignore[arg-type]
+
+
+class _PartitionState:
+    """One assigned partition: position, fetcher, what waits for the application, failures."""
+
+    __slots__ = ("attempts", "error", "failing_since", "fetcher", "high_watermark", "position", "ready",
+                 "refresh_metadata", "retry_at", "tp")
+
+    def __init__(self, tp: TopicPartition) -> None:
+        self.tp = tp
+        self.position: int | None = None  # the next offset the application gets; None: not yet reset
+        self.fetcher: PartitionFetcher | None = None
+        self.ready: list[Record] | None = None  # decoded, not yet handed out
+        self.error: HPBrokerError | None = None  # to raise once ``ready`` has been handed out
+        self.high_watermark = -1  # as of the last fetch response
+        self.failing_since: float | None = None  # start of the current run of failures
+        self.attempts = 0
+        self.retry_at = 0.0
+        self.refresh_metadata = False
+
+    def forget_fetch(self) -> None:
+        """Nothing decoded or pending survives (after a seek, or leaving the assignment)."""
+        self.ready = None
+        self.error = None
+        self.failing_since = None
+        self.attempts = 0
+        self.retry_at = 0.0
+
+
+class Consumer:
+    """Pulls records of the partitions it is assigned from the broker at ``bootstrap``.
+
+    ``settings`` are :class:`ConsumerConfig` fields and :class:`FetchConfig` fields by name,
+    e.g. ``Consumer("localhost:9092", auto_offset_reset="earliest", fetch_max_wait_ms=100)``.
+    """
+
+    def __init__(self, bootstrap: str | Sequence[str], **settings: object) -> None:
+        self.config = ConsumerConfig.from_settings(**settings)
+        self._address = parse_bootstrap(bootstrap)[0]
+        connect_timeout_s = min(5.0, self.config.reconnect_timeout_ms / 1000)
+        self._connection = BrokerConnection(self._address, client_id=self.config.client_id,
+                                            connect_timeout_s=connect_timeout_s)
+        self._metadata = ClusterMetadata(self._connection, timeout_s=self.config.request_timeout_ms / 1000)
+        self._states: dict[TopicPartition, _PartitionState] = {}
+        self._iterator: Iterator[Record] | None = None
+        self._iteration = 0  # which _record_lists generator is current
+        self._iterated: tuple[_PartitionState, list[Record], Iterator[Record]] | None = None
+        self._wake_reader, self._wake_writer = socket.socketpair()
+        self._wake_reader.setblocking(False)
+        self._wake_writer.setblocking(False)
+        self._lock = threading.Lock()  # held while polling; close() takes it to know nobody is
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"Consumer({self._address}, assignment={sorted(map(str, self._states))})"
+
+    # --- assignment and positions -------------------------------------------------------------
+
+    def assign(self, partitions: Iterable[TopicPartition | tuple[str, int]]) -> None:
+        """Read exactly these partitions from now on.  Partitions kept keep their positions; new
+        ones start where ``auto_offset_reset`` says unless sought."""
+        self._check_open()
+        wanted = list(dict.fromkeys(_topic_partition(tp) for tp in partitions))
+        for tp in [tp for tp in self._states if tp not in wanted]:
+            state = self._states.pop(tp)
+            self._drop_iterated(state)
+            if state.fetcher is not None:
+                state.fetcher.close()
+        for tp in wanted:
+            if tp not in self._states:
+                self._states[tp] = _PartitionState(tp)
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self._states)
+
+    def partitions_for_topic(self, topic: str) -> set[int]:
+        """The topic's partition numbers (asks the broker); UnknownTopicOrPartitionError if none."""
+        self._check_open()
+        return {info.partition for info in self._metadata.partitions(topic, refresh=True)}
+
+    def position(self, tp: TopicPartition) -> int:
+        """The offset of the next record the application gets from ``tp`` (after the records
+        already handed out, also mid-iteration).  Resets a never-sought partition first."""
+        state = self._state(tp)
+        if state.position is None:
+            self._reset_positions([state])
+            if state.error is not None:
+                error, state.error = state.error, None
+                raise error
+        assert state.position is not None
+        iterated = self._iterated
+        if iterated is not None and iterated[0] is state:
+            return state.position - operator.length_hint(iterated[2])
+        return state.position
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        """The high watermark the last fetch response of ``tp`` carried, None before one came."""
+        state = self._state(tp)
+        return state.high_watermark if state.high_watermark >= 0 else None
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        """Read ``tp`` from ``offset`` on.  Records fetched but not yet handed out are dropped; an
+        offset outside the log is found at the next fetch (``auto_offset_reset`` decides)."""
+        if not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"offset must be an integer >= 0, got {offset!r}")
+        state = self._state(tp)
+        self._drop_iterated(state)
+        state.forget_fetch()
+        fetcher = state.fetcher
+        if fetcher is not None and fetcher.in_flight and fetcher.fetch_offset != offset:
+            fetcher.disconnect()  # its answer is for another offset; reconnecting beats waiting for it
+        state.position = offset
+
+    def seek_to_beginning(self, *partitions: TopicPartition) -> None:
+        """Seek to the log start offset of each of ``partitions`` (all assigned ones if none)."""
+        self._seek_to(protocol.EARLIEST_TIMESTAMP, partitions)
+
+    def seek_to_end(self, *partitions: TopicPartition) -> None:
+        """Seek to the high watermark of each of ``partitions`` (all assigned ones if none): only
+        records produced from now on are read."""
+        self._seek_to(protocol.LATEST_TIMESTAMP, partitions)
+
+    def _seek_to(self, timestamp: int, partitions: Sequence[TopicPartition]) -> None:
+        tps = [_topic_partition(tp) for tp in partitions] or list(self._states)
+        for tp in tps:
+            self._state(tp)
+        for tp, offset in self._list_offsets(dict.fromkeys(tps, timestamp)).items():
+            self.seek(tp, offset)
+
+    def offsets_for_times(self, timestamps: Mapping[TopicPartition, int]) -> dict[TopicPartition, int | None]:
+        """For each partition, the earliest offset whose record timestamp is at least the given
+        one (ms), or None when no record is that recent (ListOffsetsRequest)."""
+        self._check_open()
+        for tp, timestamp in timestamps.items():
+            if not isinstance(timestamp, int) or timestamp < 0:
+                raise ValueError(f"timestamp of {tp} must be ms since the epoch (>= 0), got {timestamp!r}")
+        offsets = self._list_offsets({_topic_partition(tp): ts for tp, ts in timestamps.items()})
+        return {tp: (offset if offset >= 0 else None) for tp, offset in offsets.items()}
+
+    def beginning_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """The log start offset of each partition."""
+        self._check_open()
+        tps = map(_topic_partition, partitions)
+        return self._list_offsets(dict.fromkeys(tps, protocol.EARLIEST_TIMESTAMP))
+
+    def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """The high watermark of each partition: the offset the next record will get."""
+        self._check_open()
+        tps = map(_topic_partition, partitions)
+        return self._list_offsets(dict.fromkeys(tps, protocol.LATEST_TIMESTAMP))
+
+    # --- reading ------------------------------------------------------------------------------
+
+    def poll(self, timeout_ms: int = 0) -> dict[TopicPartition, list[Record]]:
+        """The records fetched so far, by partition, in offset order; waits up to ``timeout_ms``
+        for some when none has arrived.  An empty dict when none came (or on :meth:`wakeup`).
+        Raises a partition's pending error when there are no records to return."""
+        self._check_open()
+        out: dict[TopicPartition, list[Record]] = {}
+        if self._iterated is not None:  # records an interrupted iteration did not hand out
+            state, _, rest = self._iterated
+            left = list(rest)
+            if left:
+                out[state.tp] = left
+        if out:
+            return out
+        lists, _ = self._next_lists(time.monotonic() + max(0, timeout_ms) / 1000)
+        for state, records in lists:
+            out[state.tp] = records
+        return out
+
+    def __iter__(self) -> Iterator[Record]:
+        """Every record of the assigned partitions, as they arrive; blocks while nothing is new
+        (``consumer_timeout_ms`` bounds the wait), ends on :meth:`wakeup` or :meth:`close`.
+        Breaking out of the loop and iterating again continues where it stopped."""
+        self._check_open()
+        if self._iterator is None:
+            self._iteration += 1
+            self._iterator = itertools.chain.from_iterable(self._record_lists(self._iteration))
+        return self._iterator
+
+    def __next__(self) -> Record:
+        return next(iter(self))
+
+    def _record_lists(self, iteration: int) -> Iterator[Iterator[Record]]:
+        timeout_ms = self.config.consumer_timeout_ms
+        try:
+            while not self._closed:
+                deadline = float("inf") if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+                lists, woken = self._next_lists(deadline)
+                for state, records in lists:
+                    records_iterator = iter(records)
+                    self._iterated = (state, records, records_iterator)
+                    yield records_iterator
+                if woken or (not lists and timeout_ms is not None):
+                    return
+        finally:
+            if self._iteration == iteration:
+                self._iterated = None
+                self._iterator = None
+
+    def _next_lists(self, deadline: float) -> tuple[list[tuple[_PartitionState, list[Record]]], bool]:
+        """Fetch until some partition has records (or an error) or ``deadline``; hand them out.
+        Returns the lists, and whether :meth:`wakeup` cut the wait short."""
+        with self._lock:
+            if self._closed:
+                return [], True
+            woken = self._run(deadline)
+            out = []
+            for state in self._states.values():
+                records = state.ready
+                if records:
+                    state.ready = None
+                    state.position = records[-1].offset + 1
+                    out.append((state, records))
+            if not out:
+                for state in self._states.values():
+                    if state.error is not None:
+                        error, state.error = state.error, None
+                        raise error
+            return out, woken
+
+    def _run(self, deadline: float) -> bool:
+        """The fetch loop: start fetches, sleep on the sockets, take responses.  True if woken."""
+        while True:
+            now = time.monotonic()
+            self._start_fetches(now)
+            if any(state.ready or state.error is not None for state in self._states.values()):
+                return False
+            wait_s = max(0.0, min(deadline, self._next_timer(now)) - now)
+            if self._wait(min(wait_s, 1.0)) or self._closed:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+
+    def _next_timer(self, now: float) -> float:
+        """The next moment something is due: a retry, or a fetch becoming overdue."""
+        due = float("inf")
+        for state in self._states.values():
+            if state.retry_at > now:
+                due = min(due, state.retry_at)
+            if state.fetcher is not None and state.fetcher.in_flight:
+                due = min(due, state.fetcher.deadline())
+        return due
+
+    def _wait(self, timeout_s: float) -> bool:
+        """Sleep until a fetch response arrives, take it; True if woken by :meth:`wakeup`."""
+        poller = select.poll()
+        poller.register(self._wake_reader, select.POLLIN)
+        waiting: dict[int, _PartitionState] = {}
+        for state in self._states.values():
+            fetcher = state.fetcher
+            if state.ready is None and fetcher is not None and fetcher.in_flight:
+                fd = fetcher.fileno()
+                waiting[fd] = state
+                poller.register(fd, select.POLLIN)
+        woken = False
+        for fd, _ in poller.poll(int(timeout_s * 1000 + 0.999)):
+            state = waiting.get(fd)
+            if state is not None:
+                self._receive(state)
+                continue
+            woken = True
+            try:
+                while self._wake_reader.recv(4096):
+                    pass
+            except BlockingIOError:
+                pass
+        return woken
+
+    # --- fetching -----------------------------------------------------------------------------
+
+    def _start_fetches(self, now: float) -> None:
+        unpositioned = [s for s in self._states.values() if s.position is None and s.error is None]
+        if unpositioned:
+            self._reset_positions(unpositioned)
+        for state in self._states.values():
+            if state.ready or state.error is not None or state.position is None or now < state.retry_at:
+                continue
+            fetcher = state.fetcher
+            if fetcher is not None and fetcher.in_flight:
+                if fetcher.overdue(now):
+                    fetcher.disconnect()
+                    self._failed(state, RequestTimedOutError(
+                        f"no answer from {fetcher.host}:{fetcher.port} to a fetch of {state.tp} from offset "
+                        f"{fetcher.fetch_offset}"))
+                continue
+            try:
+                if fetcher is None:
+                    fetcher = state.fetcher = self._new_fetcher(state)
+                fetcher.fetch(state.position)
+            except OSError as e:
+                where = f"{fetcher.host}:{fetcher.port}" if fetcher is not None else "?"
+                self._failed(state, BrokerNotAvailableError(
+                    f"data port {where} serving {state.tp} is not reachable: {e}"))
+            except HPBrokerError as e:
+                if isinstance(e, UnknownTopicOrPartitionError) or not e.retriable:
+                    state.error = e
+                else:
+                    self._failed(state, e)
+
+    def _new_fetcher(self, state: _PartitionState) -> PartitionFetcher:
+        tp = state.tp
+        info = self._metadata.partition(tp.topic, tp.partition, refresh=state.refresh_metadata)
+        state.refresh_metadata = True  # until a fetch succeeds: the next attempt asks again
+        if info.error_code or not info.fetch_port:
+            raise error_for_code(info.error_code or PartitionNotAvailableError.code,
+                                 f"{tp} is not being served (error {info.error_code}, data port "
+                                 f"{info.fetch_port})")
+        return PartitionFetcher(tp.topic, tp.partition, info.host, info.fetch_port, self.config.fetch,
+                                self.config.client_id)
+
+    def _receive(self, state: _PartitionState) -> None:
+        fetcher = state.fetcher
+        assert fetcher is not None
+        offset = fetcher.fetch_offset
+        try:
+            completed = fetcher.receive()
+        except (OSError, HPBrokerError) as e:
+            self._failed(state, BrokerNotAvailableError(
+                f"lost the data connection to {fetcher.host}:{fetcher.port} fetching {state.tp} from offset "
+                f"{offset}: {e}"))
+            return
+        if completed is None:
+            return
+        if completed.fetch_offset != state.position:  # cannot happen: seek() drops stale fetches
+            logger.warning("[%s] dropped a fetch response from offset %d at position %s", state.tp,
+                           completed.fetch_offset, state.position)
+            fetcher.disconnect()
+            return
+        state.failing_since = None
+        state.attempts = 0
+        state.refresh_metadata = False
+        state.high_watermark = completed.high_watermark
+        if completed.records:
+            state.ready = completed.records
+        if completed.error is not None:
+            self._fetch_error(state, completed)
+
+    def _fetch_error(self, state: _PartitionState, completed: CompletedFetch) -> None:
+        error = completed.error
+        assert error is not None
+        if isinstance(error, OffsetOutOfRangeError):
+            policy = self.config.auto_offset_reset
+            if policy == "error":
+                state.error = error
+            else:
+                offset = error.log_start_offset if policy == "earliest" else error.log_end_offset
+                logger.info("[%s] offset %d is out of range; resetting to the %s offset %d", state.tp,
+                            completed.fetch_offset, policy, offset)
+                state.position = offset if offset >= 0 else None
+        elif error.retriable and not isinstance(error, CorruptRecordError):
+            if state.fetcher is not None:
+                state.fetcher.close()
+                state.fetcher = None  # the partition may be served elsewhere now: ask the metadata
+            state.refresh_metadata = True
+            self._failed(state, error)
+        else:
+            state.error = error
+
+    def _failed(self, state: _PartitionState, error: HPBrokerError) -> None:
+        """A retriable failure: back off, or give up once failing for ``reconnect_timeout_ms``."""
+        now = time.monotonic()
+        if state.failing_since is None:
+            state.failing_since, state.attempts = now, 0
+        state.attempts += 1
+        elapsed_s = now - state.failing_since
+        if elapsed_s * 1000 >= self.config.reconnect_timeout_ms:
+            state.error = type(error)(f"{error.message}; gave up on {state.tp} after {state.attempts} "
+                                      f"attempts in {elapsed_s:.1f} s")
+            state.failing_since, state.attempts, state.retry_at = None, 0, 0.0
+            return
+        backoff_ms = self.config.backoff_ms(state.attempts)
+        state.retry_at = now + backoff_ms / 1000
+        logger.debug("[%s] attempt %d failed (%s); retrying in %d ms", state.tp, state.attempts, error,
+                     backoff_ms)
+
+    # --- offsets over the front-end -------------------------------------------------------------
+
+    def _reset_positions(self, states: list[_PartitionState]) -> None:
+        """Positions for never-sought partitions, by ``auto_offset_reset``."""
+        policy = self.config.auto_offset_reset
+        if policy != "error":
+            timestamp = protocol.EARLIEST_TIMESTAMP if policy == "earliest" else protocol.LATEST_TIMESTAMP
+            for tp, offset in self._list_offsets({s.tp: timestamp for s in states}).items():
+                self._states[tp].position = offset
+            return
+        starts = self._list_offsets({s.tp: protocol.EARLIEST_TIMESTAMP for s in states})
+        ends = self._list_offsets({s.tp: protocol.LATEST_TIMESTAMP for s in states})
+        for state in states:
+            start, end = starts[state.tp], ends[state.tp]
+            state.error = OffsetOutOfRangeError(
+                f"{state.tp} has no position and auto_offset_reset is 'error': seek() it first; the log "
+                f"holds offsets {start} up to {end} (exclusive)", start, end)
+
+    def _list_offsets(self, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """ListOffsets for every partition, pipelined; retriable failures are retried with backoff
+        for up to ``reconnect_timeout_ms``."""
+        result: dict[TopicPartition, int] = {}
+        started = time.monotonic()
+        attempts = 0
+        timeout_s = self.config.request_timeout_ms / 1000
+        while len(result) < len(timestamps):
+            pending = {tp: ts for tp, ts in timestamps.items() if tp not in result}
+            ids: dict[TopicPartition, int] = {}
+            try:
+                for tp, ts in pending.items():
+                    ids[tp] = self._connection.send(protocol.ListOffsetsRequest(tp.topic, tp.partition, ts))
+                for tp, correlation_id in ids.items():
+                    response = self._connection.wait_for(correlation_id, timeout_s).raise_for_error()
+                    result[tp] = response.offset
+            except HPBrokerError as e:
+                for correlation_id in ids.values():
+                    self._connection.forget(correlation_id)
+                attempts += 1
+                elapsed_s = time.monotonic() - started
+                if not e.retriable or isinstance(e, UnknownTopicOrPartitionError):
+                    raise
+                if elapsed_s * 1000 >= self.config.reconnect_timeout_ms:
+                    raise type(e)(f"{e.message}; gave up listing offsets of {sorted(map(str, pending))} "
+                                  f"after {attempts} attempts in {elapsed_s:.1f} s") from e
+                time.sleep(self.config.backoff_ms(attempts) / 1000)
+        return result
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def wakeup(self) -> None:
+        """Make a blocked :meth:`poll` return and a blocked iteration end, now or at their next
+        wait.  Safe from any thread."""
+        with contextlib.suppress(OSError):  # a wake-up is already pending, or the consumer is closed
+            self._wake_writer.send(b"w")
+
+    def close(self) -> None:
+        """Close every connection.  Safe from any thread: a blocked poll or iteration returns."""
+        if self._closed:
+            return
+        self._closed = True
+        iterated = self._iterated
+        if iterated is not None:
+            iterated[1].clear()
+        self.wakeup()
+        with self._lock:
+            for state in self._states.values():
+                if state.fetcher is not None:
+                    state.fetcher.close()
+                state.ready = None
+            self._connection.close()
+            self._wake_reader.close()
+            self._wake_writer.close()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the consumer is closed")
+
+    def _state(self, tp: TopicPartition) -> _PartitionState:
+        self._check_open()
+        state = self._states.get(_topic_partition(tp))
+        if state is None:
+            raise ValueError(f"{tp} is not assigned to this consumer (assigned: "
+                             f"{sorted(map(str, self._states))})")
+        return state
+
+    def _drop_iterated(self, state: _PartitionState) -> None:
+        """Stop handing out the rest of ``state``'s list being iterated (a seek moved on)."""
+        iterated = self._iterated
+        if iterated is not None and iterated[0] is state:
+            iterated[1].clear()
+            self._iterated = None
+
+
+def _topic_partition(tp: TopicPartition | tuple[str, int]) -> TopicPartition:
+    topic, partition = tp
+    if not isinstance(topic, str) or not isinstance(partition, int) or partition < 0:
+        raise ValueError(f"expected TopicPartition(topic: str, partition: int >= 0), got {tp!r}")
+    return tp if isinstance(tp, TopicPartition) else TopicPartition(topic, partition)
+
+
+class MessageStream:
+    """One of :func:`create_message_streams`' iterators: the records of its partitions, forever
+    (blocking while nothing is new) until :meth:`close`.  It owns its consumer."""
+
+    def __init__(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.consumer = consumer
+        self.partitions = partitions
+
+    def __repr__(self) -> str:
+        return f"MessageStream({', '.join(map(str, self.partitions)) or 'no partitions'})"
+
+    def __iter__(self) -> Iterator[Record]:
+        return iter(self.consumer)
+
+    def __next__(self) -> Record:
+        return next(iter(self.consumer))
+
+    def close(self) -> None:
+        """Close the stream's consumer; an iteration blocked in another thread ends."""
+        self.consumer.close()
+
+    def __enter__(self) -> MessageStream:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
+
+
+def create_message_streams(bootstrap: str | Sequence[str], topic: str, n: int,
+                           **settings: object) -> list[MessageStream]:
+    """``n`` streams over which ``topic``'s partitions are spread evenly (partition ``p`` goes to
+    stream ``p % n``), as in the Kafka paper.  Each stream has its own consumer and connections,
+    so each may be iterated by its own thread; a stream without partitions blocks forever.
+    ``settings`` are the Consumer's (``auto_offset_reset="earliest"`` to read from the start)."""
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be an integer >= 1, got {n!r}")
+    streams: list[MessageStream] = []
+    try:
+        for index in range(n):
+            stream = MessageStream(Consumer(bootstrap, **settings), [])
+            streams.append(stream)
+            if index == 0:
+                partition_count = len(stream.consumer.partitions_for_topic(topic))
+            stream.partitions = [TopicPartition(topic, p) for p in range(index, partition_count, n)]
+            stream.consumer.assign(stream.partitions)
+    except BaseException:
+        for stream in streams:
+            stream.close()
+        raise
+    return streams

@@ -1,0 +1,317 @@
+"""Fetches over a worker's TCP data port: one partition, one connection, one fetch ahead.
+
+The broker serves a partition's fetches on the TCP data port of the worker that owns it
+(``PartitionInfo.fetch_port``) and sends the record batches with ``sendfile`` straight from its
+segment files.  A :class:`PartitionFetcher` keeps one TCP connection to that port for one
+partition, with at most one FetchRequest in flight on it.
+
+Why a connection per partition: a data port answers each connection's requests in the order they
+arrived, so a long poll parked on a caught-up partition would hold back the answers for every
+other partition sharing its connection.
+
+**Pipelining.**  The moment a response is whole, the fetcher sends the next FetchRequest (from the
+offset after the response's last batch), and only then checks and decodes the response.  While
+the application works through those records, the broker is already writing the next response
+into this socket's kernel buffer.  The consumer reads a fetcher again only once the application
+has taken its records, so a partition holds at most one decoded response and one on the wire.
+
+**Wire** (docs/PROTOCOL.md, "Two transports"), in each direction::
+
+    head_length     u32
+    payload_length  u32
+    head            header + body; a FetchResponse's body is high_watermark i64,
+                    log_start_offset i64, payload_length u32
+    payload         whole record batches, the first one holding the offset asked for
+
+**Receiving.**  ``recv_into`` a buffer kept for the connection's life, grown (never shrunk) for a
+response larger than it: the broker always sends a first batch whole, even past ``max_bytes``.
+With one response in flight the stream holds nothing beyond it, so no bytes carry over.
+
+**Checking.**  ``scan_batches`` walks the payload (framing, CRC32C, consecutive offsets) and
+gives the end of the valid prefix and the offset to fetch next; ``decode_records`` (compiled)
+then builds the records of that prefix from the offset asked for on, tagged with topic and
+partition, without checking the CRCs again.  A corrupt batch ends the response: the records before
+it are returned, then a :class:`~hpbroker.errors.CorruptRecordError` naming topic, partition,
+offset and byte position, and no next fetch is sent.
+
+Threads: a fetcher belongs to the thread of its consumer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import struct
+import time
+from dataclasses import dataclass
+
+from hpbroker import protocol
+from hpbroker.errors import (
+    CorruptRecordError,
+    HPBrokerError,
+    InvalidConfigError,
+    InvalidRequestError,
+    OffsetOutOfRangeError,
+    error_for_code,
+)
+from hpbroker.records import Record, decode_records, read_header, scan_batches
+
+__all__ = ["CompletedFetch", "FetchConfig", "PartitionFetcher"]
+
+# The TCP framing's prefix: head_length u32, payload_length u32.
+_TCP_PREFIX = struct.Struct("<II")
+# Room in the receive buffer beyond max_bytes for the prefix and the head.
+_HEAD_ROOM_BYTES = 64 << 10
+
+
+@dataclass(frozen=True, slots=True)
+class FetchConfig:
+    """How a fetcher asks for records.  Validated on construction."""
+
+    #: bytes of record batches one fetch asks for (a first batch larger than this still comes
+    #: whole).  Default 1 MiB.
+    max_partition_fetch_bytes: int = 1 << 20
+    #: ms the broker may hold a fetch while less than ``fetch_min_bytes`` is new (long poll).
+    #: Default 500.
+    fetch_max_wait_ms: int = 500
+    #: bytes of new records that make the broker answer a long poll at once.  Default 1.
+    fetch_min_bytes: int = 1
+    #: ms a TCP connect to a data port may take.  Default 5000.
+    connect_timeout_ms: int = 5000
+    #: ms past ``fetch_max_wait_ms`` a fetch may go unanswered before its connection is dropped
+    #: and the fetch sent again.  Default 30000.
+    request_timeout_ms: int = 30_000
+    #: SO_RCVBUF of data connections, 0 for the kernel's autotuning.  Default 0.
+    receive_buffer_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        for name, low, high in (("max_partition_fetch_bytes", 1, protocol.MAX_MESSAGE_BYTES - 4096),
+                                ("fetch_max_wait_ms", 0, 2**32 - 1), ("fetch_min_bytes", 0, 2**32 - 1),
+                                ("connect_timeout_ms", 1, 2**31 - 1), ("request_timeout_ms", 1, 2**31 - 1),
+                                ("receive_buffer_bytes", 0, 2**31 - 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise InvalidConfigError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+
+
+@dataclass(slots=True)
+class CompletedFetch:
+    """One answered fetch: ``records`` from ``fetch_offset`` on (possibly none), then ``error``
+    when the response ended early (a corrupt batch) or was an error response."""
+
+    fetch_offset: int
+    records: list[Record]
+    next_offset: int  # where the next fetch starts: after the last valid batch
+    high_watermark: int
+    log_start_offset: int
+    error: HPBrokerError | None = None
+
+
+class PartitionFetcher:
+    """Fetches one partition over one TCP connection to the data port ``host:port``."""
+
+    def __init__(self, topic: str, partition: int, host: str, port: int, config: FetchConfig,
+                 client_id: str = "hpbroker-python") -> None:
+        self.topic = topic
+        self.partition = partition
+        self.host = host
+        self.port = port
+        self._config = config
+        self._client_id = client_id
+        self._sock: socket.socket | None = None
+        self._buffer = bytearray(config.max_partition_fetch_bytes + _HEAD_ROOM_BYTES)
+        self._view = memoryview(self._buffer)
+        self._filled = 0  # bytes of the response in flight received so far
+        self._total = -1  # its size with the prefix, once the prefix is in
+        self._fetch_offset = -1  # the offset the fetch in flight asked for; -1 when none
+        self._sent_at = 0.0
+        self._correlation_ids = itertools.count(1)
+
+    def __repr__(self) -> str:
+        return f"PartitionFetcher({self.topic}-{self.partition} via {self.host}:{self.port})"
+
+    @property
+    def in_flight(self) -> bool:
+        return self._fetch_offset >= 0
+
+    @property
+    def fetch_offset(self) -> int:
+        """The offset the fetch in flight asked for, -1 when none is."""
+        return self._fetch_offset
+
+    def fileno(self) -> int:
+        """The data connection's descriptor (for a poller): readable when the response arrives."""
+        assert self._sock is not None, "no connection"
+        return self._sock.fileno()
+
+    def overdue(self, now: float) -> bool:
+        """Whether the fetch in flight has gone unanswered for longer than the broker may hold it
+        plus ``request_timeout_ms``."""
+        limit_s = (self._config.fetch_max_wait_ms + self._config.request_timeout_ms) / 1000
+        return self.in_flight and now - self._sent_at > limit_s
+
+    def deadline(self) -> float:
+        """When the fetch in flight becomes :meth:`overdue` (monotonic seconds)."""
+        return self._sent_at + (self._config.fetch_max_wait_ms + self._config.request_timeout_ms) / 1000
+
+    def fetch(self, offset: int) -> None:
+        """Send a FetchRequest from ``offset``, connecting first if needed.  Raises OSError when
+        the data port cannot be reached or the connection breaks (nothing is then in flight)."""
+        if self.in_flight:
+            raise RuntimeError(f"{self!r}: a fetch from offset {self._fetch_offset} is already in flight")
+        config = self._config
+        request = protocol.FetchRequest(self.topic, self.partition, offset, config.max_partition_fetch_bytes,
+                                        config.fetch_max_wait_ms, config.fetch_min_bytes)
+        frames = protocol.frame_tcp(protocol.encode_request(request, next(self._correlation_ids) & 0xFFFFFFFF,
+                                                            self._client_id))
+        try:
+            if self._sock is None:
+                self._connect()
+            assert self._sock is not None
+            self._sock.sendall(b"".join(frames))
+        except OSError:
+            self.disconnect()
+            raise
+        self._fetch_offset = offset
+        self._sent_at = time.monotonic()
+        self._filled = 0
+        self._total = -1
+
+    def _connect(self) -> None:
+        timeout_s = self._config.connect_timeout_ms / 1000
+        sock = socket.create_connection((self.host, self.port), timeout=timeout_s)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._config.receive_buffer_bytes:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self._config.receive_buffer_bytes)
+        # Blocking mode: sends (a request is a few dozen bytes) go out whole; receives pass
+        # MSG_DONTWAIT, so each one takes what has arrived and never waits.
+        sock.settimeout(None)
+        self._sock = sock
+
+    def receive(self) -> CompletedFetch | None:
+        """Take what has arrived of the response in flight: None until it is whole.  Then send
+        the next fetch (unless the response ended in an error) and return the decoded response.
+
+        Raises ConnectionError when the broker closed the connection, OSError when it broke, and
+        InvalidRequestError when the stream makes no sense; the fetcher is then disconnected with
+        nothing in flight, and the same fetch may be sent again."""
+        if not self.in_flight:
+            return None
+        try:
+            if not self._read():
+                return None
+            header, response = self._decode_head()
+        except (OSError, HPBrokerError):
+            self.disconnect()
+            raise
+        fetch_offset = self._fetch_offset
+        self._fetch_offset = -1
+        if header.error_code:
+            error = self._broker_error(header, response, fetch_offset)
+            return CompletedFetch(fetch_offset, [], fetch_offset, response.high_watermark,
+                                  response.log_start_offset, error)
+        return self._complete(fetch_offset, response)
+
+    def _read(self) -> bool:
+        """recv_into the buffer until the response is whole (True) or nothing more has arrived."""
+        while True:
+            if self._total < 0 and self._filled >= _TCP_PREFIX.size:
+                head_length, payload_length = _TCP_PREFIX.unpack_from(self._buffer, 0)
+                if head_length == 0 or head_length + payload_length > protocol.MAX_MESSAGE_BYTES:
+                    raise InvalidRequestError(
+                        f"{self.host}:{self.port} sent a message of {head_length} + {payload_length} bytes "
+                        f"for {self.topic}-{self.partition}: the head must be non-empty and the whole at "
+                        f"most {protocol.MAX_MESSAGE_BYTES} bytes")
+                self._total = _TCP_PREFIX.size + head_length + payload_length
+                if self._total > len(self._buffer):
+                    self._grow(self._total)
+            if self._filled == self._total:
+                return True
+            # One response in flight: the stream holds nothing past it, so reading up to the end
+            # of the buffer before its size is known cannot take bytes of another.
+            end = self._total if self._total >= 0 else len(self._buffer)
+            try:
+                received = self._sock.recv_into(self._view[self._filled:end], 0, socket.MSG_DONTWAIT)  # type: ignore[union-attr]
+            except BlockingIOError:
+                return False
+            if received == 0:
+                raise ConnectionError(f"{self.host}:{self.port} closed the connection with a fetch of "
+                                      f"{self.topic}-{self.partition} from offset {self._fetch_offset} "
+                                      f"unanswered ({self._filled} bytes of its response received)")
+            self._filled += received
+
+    def _grow(self, size: int) -> None:
+        """A larger buffer for a response of ``size`` bytes (views of the old one may live on)."""
+        bigger = bytearray(size + _HEAD_ROOM_BYTES)
+        bigger[: self._filled] = self._view[: self._filled]
+        self._buffer = bigger
+        self._view = memoryview(bigger)
+
+    def _decode_head(self) -> tuple[protocol.ResponseHeader, protocol.FetchResponse]:
+        head_length = _TCP_PREFIX.unpack_from(self._buffer, 0)[0]
+        head_end = _TCP_PREFIX.size + head_length
+        frames = [self._view[_TCP_PREFIX.size:head_end]]
+        if self._total > head_end:
+            frames.append(self._view[head_end:self._total])
+        header, response = protocol.decode_response(protocol.ApiKey.FETCH, frames)
+        return header, response  # type: ignore[return-value]
+
+    def _complete(self, fetch_offset: int, response: protocol.FetchResponse) -> CompletedFetch:
+        """Check the payload, send the next fetch, then decode (see the module docstring)."""
+        payload = response.payload
+        valid_bytes, next_offset, error = self._check(payload, fetch_offset)
+        if error is None:
+            self.fetch(next_offset)  # pipelining: the broker works while this one is decoded
+        records = decode_records(payload[:valid_bytes], verify_crc=False, topic=self.topic,
+                                 partition=self.partition, min_offset=fetch_offset) if valid_bytes else []
+        return CompletedFetch(fetch_offset, records, next_offset, response.high_watermark,
+                              response.log_start_offset, error)
+
+    def _check(self, payload: memoryview, fetch_offset: int) -> tuple[int, int, CorruptRecordError | None]:
+        """The payload's valid prefix in bytes, the offset after it, and the error that ends it."""
+        if not len(payload):
+            return 0, fetch_offset, None
+        try:
+            first = read_header(payload)
+        except CorruptRecordError as e:
+            return 0, fetch_offset, self._corrupt(fetch_offset, 0, str(e))
+        if not first.base_offset <= fetch_offset <= first.last_offset:
+            return 0, fetch_offset, self._corrupt(
+                fetch_offset, 0, f"its first batch holds offsets {first.base_offset}..{first.last_offset}, "
+                                 f"not the offset asked for")
+        scan = scan_batches(payload, expected_offset=first.base_offset)
+        next_offset = scan.next_offset if scan.batch_count else fetch_offset
+        if scan.error is None:
+            return scan.valid_bytes, next_offset, None
+        return scan.valid_bytes, next_offset, self._corrupt(next_offset, scan.valid_bytes, scan.error)
+
+    def _corrupt(self, offset: int, position: int, why: str) -> CorruptRecordError:
+        error = CorruptRecordError(
+            f"corrupt record batch in {self.topic}-{self.partition} at offset {offset} (byte {position} of a "
+            f"fetch response from {self.host}:{self.port}): {why}")
+        error.topic, error.partition, error.offset = self.topic, self.partition, offset  # type: ignore[attr-defined]
+        return error
+
+    def _broker_error(self, header: protocol.ResponseHeader, response: protocol.FetchResponse,
+                      fetch_offset: int) -> HPBrokerError:
+        where = f"fetch of {self.topic}-{self.partition} from offset {fetch_offset}"
+        if header.error_code == OffsetOutOfRangeError.code:
+            return OffsetOutOfRangeError(
+                f"{where}: offset out of range; the log holds offsets {response.log_start_offset} up to "
+                f"{response.high_watermark} (exclusive) ({header.error_message})",
+                response.log_start_offset, response.high_watermark)
+        error = error_for_code(header.error_code, f"{where}: {header.error_message}")
+        if isinstance(error, CorruptRecordError):
+            error.topic, error.partition, error.offset = self.topic, self.partition, fetch_offset  # type: ignore[attr-defined]
+        return error
+
+    def disconnect(self) -> None:
+        """Close the connection; a fetch in flight is forgotten (its response never read)."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        self._fetch_offset = -1
+        self._filled = 0
+        self._total = -1
+
+    close = disconnect
