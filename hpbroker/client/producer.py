@@ -624,6 +624,9 @@ class _Sender:
             self._producer.set_partition_count(topic, count)
         if request.uncertain:
             base_offset = self._find_appended(request)
+            logger.info("[producer %s] %s: the outcome of an earlier attempt was unknown; its records %s",
+                        self._producer.name, request, "are not in the log: sending them again"
+                        if base_offset is None else f"were appended at offset {base_offset}")
             if base_offset is not None:
                 raise _Found(base_offset)
             request.uncertain = False

@@ -1,0 +1,333 @@
+"""The producer against a real broker: delivery, order, partitioning, compression, reports, bad input.
+
+Records are read back with plain FetchRequests over a BrokerConnection, never through the
+producer, so what is checked is what the broker stored.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import wait
+
+import pytest
+
+from hpbroker import protocol
+from hpbroker.client.connection import BrokerAddress, BrokerConnection
+from hpbroker.client.partitioner import partition_for_key
+from hpbroker.client.producer import Producer, ProducerClosedError, ProducerConfig, RecordMetadata
+from hpbroker.errors import RecordTooLargeError, UnknownTopicOrPartitionError
+from hpbroker.records import CODEC_LZ4, CODEC_NONE, decode_records, read_header, scan_batches
+
+
+@pytest.fixture
+def connection(broker):
+    _process, port = broker
+    connection = BrokerConnection(BrokerAddress("127.0.0.1", port))
+    yield connection
+    connection.close()
+
+
+@pytest.fixture
+def bootstrap(broker):
+    return f"127.0.0.1:{broker[1]}"
+
+
+def create_topic(connection: BrokerConnection, name: str, partitions: int, **configs: object) -> str:
+    entries = [protocol.TopicConfigEntry(key, str(value)) for key, value in configs.items()]
+    connection.call(protocol.CreateTopicRequest(name, partitions, entries))
+    return name
+
+
+def fetch_all(connection: BrokerConnection, topic: str, partition: int) -> tuple[list, list[bytes]]:
+    """Every flushed record of the partition, and the raw payloads they came in."""
+    records, payloads, offset = [], [], 0
+    while True:
+        response = connection.call(protocol.FetchRequest(topic, partition, offset, max_bytes=4 << 20,
+                                                         max_wait_ms=0))
+        payload = bytes(response.payload)
+        if not payload:
+            return records, payloads
+        payloads.append(payload)
+        records += [r for r in decode_records(payload) if r.offset >= offset]
+        offset = records[-1].offset + 1
+        if offset >= response.high_watermark:
+            return records, payloads
+
+
+def read_partition(connection: BrokerConnection, topic: str, partition: int) -> list:
+    return fetch_all(connection, topic, partition)[0]
+
+
+def test_futures_report_the_partition_and_offset_where_records_are(bootstrap, connection, topic_name):
+    create_topic(connection, topic_name, 3)
+    with Producer(bootstrap, linger_ms=1) as producer:
+        futures = [producer.send_future(topic_name, b"v%d" % i, partition=i % 3) for i in range(30)]
+        results = [f.result(10) for f in futures]
+    assert all(isinstance(r, RecordMetadata) and r.topic == topic_name for r in results)
+    assert [r.partition for r in results] == [i % 3 for i in range(30)]
+    for partition in range(3):
+        stored = {r.offset: r.value for r in read_partition(connection, topic_name, partition)}
+        mine = [(r.offset, b"v%d" % i) for i, r in enumerate(results) if r.partition == partition]
+        assert [offset for offset, _ in mine] == list(range(10))
+        assert all(stored[offset] == value for offset, value in mine)
+
+
+def test_records_of_each_partition_are_stored_in_send_order(bootstrap, connection, topic_name):
+    """Small batches and short linger: many batches and requests per partition, in flight together
+    over partitions, and every record once, in order."""
+    create_topic(connection, topic_name, 3)
+    count = 20_000
+    with Producer(bootstrap, batch_bytes=4096, linger_ms=1, max_request_bytes=16384) as producer:
+        for i in range(count):
+            producer.send(topic_name, b"%08d" % i, key=b"k%d" % (i % 7))
+    seen = []
+    for partition in range(3):
+        values = [r.value for r in read_partition(connection, topic_name, partition)]
+        assert values == sorted(values), f"partition {partition} out of order"
+        seen += values
+    assert sorted(seen) == [b"%08d" % i for i in range(count)]
+
+
+def test_a_key_always_goes_to_the_partition_of_its_crc32c(bootstrap, connection, topic_name):
+    create_topic(connection, topic_name, 5)
+    keys = [b"user-%d" % i for i in range(40)] + [b"", b"123456789"]
+    with Producer(bootstrap) as producer:
+        first = [producer.send_future(topic_name, b"a", key=k) for k in keys]
+        again = [producer.send_future(topic_name, b"b", key=bytearray(k)) for k in keys]
+        placed = [f.result(10).partition for f in first]
+    assert placed == [f.result(10).partition for f in again]
+    assert placed == [partition_for_key(k, 5) for k in keys]
+    assert placed[-2:] == [0, 3808858755 % 5]  # b"" has CRC 0; b"123456789" has CRC 0xE3069283
+    for partition in range(5):
+        for record in read_partition(connection, topic_name, partition):
+            assert partition_for_key(record.key, 5) == partition
+
+
+def test_keyless_records_are_spread_over_every_partition(bootstrap, connection, topic_name):
+    create_topic(connection, topic_name, 4)
+    with Producer(bootstrap, batch_bytes=2048, linger_ms=1) as producer:  # sticky: a partition per batch
+        for i in range(4000):
+            producer.send(topic_name, b"%06d" % i)
+    counts = [len(read_partition(connection, topic_name, p)) for p in range(4)]
+    assert sum(counts) == 4000
+    assert min(counts) > 500, counts
+
+
+def test_round_robin_sends_keyless_records_to_each_partition_in_turn(bootstrap, connection, topic_name):
+    create_topic(connection, topic_name, 3)
+    with Producer(bootstrap, partitioner="round_robin") as producer:
+        placed = [producer.send_future(topic_name, b"x").result(10).partition for _ in range(6)]
+    assert placed in ([0, 1, 2, 0, 1, 2], [1, 2, 0, 1, 2, 0], [2, 0, 1, 2, 0, 1])
+
+
+def test_a_custom_partitioner_decides_and_an_explicit_partition_wins(bootstrap, connection, topic_name):
+    create_topic(connection, topic_name, 3)
+    calls = []
+
+    def last(topic, key, count):
+        calls.append((topic, key, count))
+        return count - 1
+
+    with Producer(bootstrap, partitioner=last) as producer:
+        chosen = producer.send_future(topic_name, b"x", key=b"k").result(10)
+        explicit = producer.send_future(topic_name, b"y", key=b"k", partition=0).result(10)
+    assert (chosen.partition, explicit.partition) == (2, 0)
+    assert calls == [(topic_name, b"k", 3)]
+
+
+@pytest.mark.parametrize("compression", [None, "lz4"])
+def test_records_round_trip_with_and_without_compression(bootstrap, connection, topic_name, compression):
+    create_topic(connection, topic_name, 1)
+    values = [b"log line %d: GET /index.html 200 " % i * 3 for i in range(3000)]
+    with Producer(bootstrap, compression=compression, batch_bytes=64 << 10) as producer:
+        producer.send_many(topic_name, values)
+    records, payloads = fetch_all(connection, topic_name, 0)
+    assert [r.value for r in records] == values
+    codecs = {read_header(p, pos).compression for p in payloads for pos in scan_batches(p).positions}
+    assert codecs == {CODEC_LZ4 if compression else CODEC_NONE}
+
+
+def test_incompressible_batches_go_uncompressed(bootstrap, connection, topic_name):
+    import os
+
+    create_topic(connection, topic_name, 1)
+    with Producer(bootstrap, compression="lz4") as producer:
+        producer.send_many(topic_name, [os.urandom(200) for _ in range(100)])
+    records, payloads = fetch_all(connection, topic_name, 0)
+    assert len(records) == 100
+    assert {read_header(p).compression for p in payloads} == {CODEC_NONE}
+
+
+def test_records_carry_timestamp_headers_and_the_producer_name(bootstrap, connection, topic_name):
+    create_topic(connection, topic_name, 1)
+    before = int(time.time() * 1000)
+    with Producer(bootstrap, name="orders-service") as producer:
+        given = producer.send_future(topic_name, b"a", b"k", headers=[("trace", b"1"), ("empty", None)],
+                                     timestamp=1_700_000_000_000).result(10)
+        now = producer.send_future(topic_name, b"b").result(10)
+    after = int(time.time() * 1000)
+    first, second = read_partition(connection, topic_name, 0)
+    assert (first.key, first.value, first.headers) == (b"k", b"a", (("trace", b"1"), ("empty", None)))
+    assert first.timestamp == given.timestamp == 1_700_000_000_000
+    assert before <= second.timestamp == now.timestamp <= after
+    assert first.producer == second.producer == "orders-service"
+
+
+def test_several_producers_at_once_each_keep_their_order(bootstrap, connection, topic_name):
+    create_topic(connection, topic_name, 2)
+    per_producer = 5000
+    errors = []
+
+    def produce(n):
+        try:
+            with Producer(bootstrap, name=f"p{n}", batch_bytes=8192, linger_ms=2) as producer:
+                for i in range(per_producer):
+                    producer.send(topic_name, b"%d:%06d" % (n, i), key=b"%d" % (i % 4))
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=produce, args=(n,)) for n in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    total = 0
+    for partition in range(2):
+        records = read_partition(connection, topic_name, partition)
+        total += len(records)
+        for n in range(3):
+            mine = [r.value for r in records if r.producer == f"p{n}"]
+            assert mine == sorted(mine)
+            assert all(v.startswith(b"%d:" % n) for v in mine)
+    assert total == 3 * per_producer
+
+
+def test_callbacks_get_metadata_or_error_on_the_io_thread(bootstrap, connection, topic_name):
+    create_topic(connection, topic_name, 2)
+    reports = []
+    done = threading.Event()
+
+    def callback(metadata, error):
+        reports.append((metadata, error, threading.current_thread().name))
+        if len(reports) == 3:
+            done.set()
+
+    with Producer(bootstrap, name="cb") as producer:
+        for i in range(3):
+            producer.send(topic_name, b"x", partition=i % 2, callback=callback)
+        assert done.wait(10)
+    assert sorted((m.partition, m.offset) for m, _, _ in reports) == [(0, 0), (0, 1), (1, 0)]
+    assert all(error is None and "producer[cb]" in thread for _, error, thread in reports)
+
+
+def test_send_many_appends_in_order_with_keys(bootstrap, connection, topic_name):
+    create_topic(connection, topic_name, 3)
+    keys = [b"k%d" % (i % 5) for i in range(300)]
+    with Producer(bootstrap) as producer:
+        assert producer.send_many(topic_name, [b"%03d" % i for i in range(300)], keys=keys) == 300
+        assert producer.send_many(topic_name, (b"p1-%d" % i for i in range(10)), partition=1) == 10
+    stored = {p: read_partition(connection, topic_name, p) for p in range(3)}
+    for partition, records in stored.items():
+        for record in records:
+            if record.key is not None:
+                assert partition_for_key(record.key, 3) == partition
+    assert [r.value for r in stored[1] if r.key is None] == [b"p1-%d" % i for i in range(10)]
+    assert sum(map(len, stored.values())) == 310
+
+
+def test_linger_sends_without_a_flush(bootstrap, connection, topic_name):
+    create_topic(connection, topic_name, 1)
+    with Producer(bootstrap, linger_ms=20) as producer:
+        future = producer.send_future(topic_name, b"soon")
+        assert future.result(10).offset == 0
+        assert producer.unfinished_batches == 0
+
+
+def test_acks_0_sends_without_waiting_for_answers(bootstrap, connection, topic_name):
+    create_topic(connection, topic_name, 1)
+    with Producer(bootstrap, acks=0) as producer:
+        futures = [producer.send_future(topic_name, b"%d" % i) for i in range(100)]
+        producer.flush(10)
+    assert {f.result(0).offset for f in futures} == {-1}
+    deadline = time.monotonic() + 10
+    while len(read_partition(connection, topic_name, 0)) < 100:  # nobody said when it was flushed
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert [r.value for r in read_partition(connection, topic_name, 0)] == [b"%d" % i for i in range(100)]
+
+
+def test_bad_input_gets_a_clear_error(bootstrap, connection, topic_name):
+    create_topic(connection, topic_name, 2)
+    producer = Producer(bootstrap, batch_bytes=4096)
+    try:
+        with pytest.raises(TypeError, match="values must be bytes-like or None, not str"):
+            producer.send(topic_name, "text")
+        with pytest.raises(TypeError, match="not int"):
+            producer.send(topic_name, 42)
+        with pytest.raises(TypeError, match="keys must be bytes-like"):
+            producer.send(topic_name, b"v", key="k")
+        with pytest.raises(TypeError, match="topic must be a str"):
+            producer.send(b"topic", b"v")
+        with pytest.raises(UnknownTopicOrPartitionError, match="'no-such-topic' does not exist"):
+            producer.send("no-such-topic", b"v")
+        with pytest.raises(UnknownTopicOrPartitionError, match="has 2 partitions .*no partition 2"):
+            producer.send(topic_name, b"v", partition=2)
+        with pytest.raises(UnknownTopicOrPartitionError, match="no partition -1"):
+            producer.send(topic_name, b"v", partition=-1)
+        with pytest.raises(RecordTooLargeError, match="over batch_bytes 4096"):
+            producer.send(topic_name, bytes(5000))
+        with pytest.raises(ValueError, match="timestamp -5 is negative"):
+            producer.send(topic_name, b"v", timestamp=-5)
+        with pytest.raises(TypeError, match="header keys must be str"):
+            producer.send(topic_name, b"v", headers=[(b"k", b"v")])
+        producer.send(topic_name, None)  # a null value (tombstone) is a value
+    finally:
+        producer.close()
+    with pytest.raises(ProducerClosedError, match="is closed"):
+        producer.send(topic_name, b"v")
+    with pytest.raises(ProducerClosedError):
+        producer.send_future(topic_name, b"v")
+    stored = read_partition(connection, topic_name, 0) + read_partition(connection, topic_name, 1)
+    assert [r.value for r in stored] == [None]
+
+
+@pytest.mark.parametrize(("options", "field"), [
+    ({"acks": 2}, "acks"), ({"compression": "zstd"}, "compression"), ({"partitioner": "hash"}, "partitioner"),
+    ({"linger_ms": -1}, "linger_ms"), ({"batch_bytes": 10}, "batch_bytes"), ({"name": "x" * 256}, "name"),
+    ({"buffer_bytes": 1024}, "buffer_bytes"), ({"delivery_timeout_ms": 0}, "delivery_timeout_ms"),
+])
+def test_bad_settings_are_refused_by_name(options, field):
+    with pytest.raises(ValueError, match=field):
+        ProducerConfig(**options)
+
+
+def test_a_non_retriable_error_fails_the_records_futures(bootstrap, connection, topic_name):
+    """The topic takes batches of at most 1000 bytes; the producer's are larger: error 4 for each
+    record of the request, reported by its future, by flush() for records sent plainly."""
+    create_topic(connection, topic_name, 1, max_message_bytes=1000)
+    producer = Producer(bootstrap, linger_ms=50)
+    try:
+        futures = [producer.send_future(topic_name, bytes(100)) for _ in range(20)]
+        producer.send(topic_name, bytes(100))
+        with pytest.raises(RecordTooLargeError, match="1 records sent without a future or callback failed"):
+            producer.flush(10)
+        wait(futures, 10)
+        assert all(isinstance(f.exception(0), RecordTooLargeError) for f in futures)
+        assert "1000" in str(futures[0].exception(0))
+        small = producer.send_future(topic_name, bytes(10))  # the partition is usable again
+        assert small.result(10).offset == 0
+        producer.flush(10)  # nothing left to report
+    finally:
+        producer.close()
+    assert [r.value for r in read_partition(connection, topic_name, 0)] == [bytes(10)]
+
+
+def test_backpressure_blocks_send_until_batches_are_acknowledged(bootstrap, connection, topic_name):
+    create_topic(connection, topic_name, 1)
+    with Producer(bootstrap, batch_bytes=4096, buffer_bytes=8192, max_request_bytes=8192) as producer:
+        for i in range(2000):
+            producer.send(topic_name, b"%05d" % i + bytes(95))
+            assert producer.buffered_bytes <= 8192 + 200
+    assert len(read_partition(connection, topic_name, 0)) == 2000
