@@ -29,6 +29,7 @@ code  class                            retriable  meaning
 14    InvalidPartitionsError           no         a partition count is out of range
 15    PartitionNotAvailableError       yes        the partition's worker is starting or restarting
 16    BrokerNotAvailableError          yes        client side: the broker cannot be reached (never sent)
+17    CoordinationError                yes        ZooKeeper cannot be reached, or a registration there failed
 ====  ===============================  =========  =====================================================
 """
 
@@ -37,6 +38,7 @@ from __future__ import annotations
 __all__ = [
     "ERRORS_BY_CODE",
     "BrokerNotAvailableError",
+    "CoordinationError",
     "CorruptRecordError",
     "HPBrokerError",
     "InvalidConfigError",
@@ -167,6 +169,16 @@ class BrokerNotAvailableError(HPBrokerError):
     retriable = True
 
 
+class CoordinationError(HPBrokerError):
+    """ZooKeeper cannot be reached within the connect timeout, its session was lost in the middle
+    of an operation, or a registration there conflicts with another live process (a broker id
+    already registered by a broker at another address).  Raised by ``hpbroker.coord``; no request
+    sends it today."""
+
+    code = 17
+    retriable = True
+
+
 ERRORS_BY_CODE: dict[int, type[HPBrokerError]] = {
     cls.code: cls
     for cls in (
@@ -186,6 +198,7 @@ ERRORS_BY_CODE: dict[int, type[HPBrokerError]] = {
         InvalidPartitionsError,
         PartitionNotAvailableError,
         BrokerNotAvailableError,
+        CoordinationError,
     )
 }
 
