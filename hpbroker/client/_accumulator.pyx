@@ -313,7 +313,8 @@ cdef class RecordAccumulator:
             p = t.check_partition(partition)
         else:
             p = self._choose(t, key)
-        self._append(<PartitionQueue>PyList_GET_ITEM(t.partitions, p), value, key, ts, headers, callback)
+        self._append(<PartitionQueue>PyList_GET_ITEM(t.partitions, p), value, key, ts, headers, callback,
+                     partition is None and key is None and self._partitioner_kind == PARTITIONER_STICKY)
 
     def send_many(self, topic, values, keys=None, partition=None, timestamp=None):
         """Append every value of ``values`` (a list or other sequence), in order; returns the count.
@@ -324,6 +325,7 @@ cdef class RecordAccumulator:
         cdef Py_ssize_t i, n, p = -1
         cdef list vals = values if type(values) is list else list(values)
         cdef list key_list = None
+        cdef bint sticky = partition is None and self._partitioner_kind == PARTITIONER_STICKY
         n = PyList_GET_SIZE(vals)
         if keys is not None:
             key_list = keys if type(keys) is list else list(keys)
@@ -345,7 +347,7 @@ cdef class RecordAccumulator:
                     self._raise_closed()
             key = None if key_list is None else <object>PyList_GET_ITEM(key_list, i)
             self._append(<PartitionQueue>PyList_GET_ITEM(t.partitions, self._choose(t, key) if p < 0 else p),
-                         <object>PyList_GET_ITEM(vals, i), key, ts, None, None)
+                         <object>PyList_GET_ITEM(vals, i), key, ts, None, None, sticky and key is None)
         return n
 
     cdef TopicState _new_topic(self, object topic):
@@ -406,8 +408,10 @@ cdef class RecordAccumulator:
         return p
 
     cdef int _append(self, PartitionQueue q, object value, object key, int64_t ts, object headers,
-                     object waiter) except -1:
-        """Encode one record at the end of ``q``'s open batch, closing it first if it is full."""
+                     object waiter, bint sticky) except -1:
+        """Encode one record at the end of ``q``'s open batch, closing it first if it is full.
+        ``sticky``: the sticky rule chose ``q``; if the batch is full the record follows the rule
+        to the next partition instead of opening the next batch here."""
         cdef Py_buffer vbuf, kbuf
         cdef const unsigned char* vptr = NULL
         cdef const unsigned char* kptr = NULL
@@ -431,14 +435,18 @@ cdef class RecordAccumulator:
             if vlen + klen + hlen + RECORD_OVERHEAD_MAX > self.batch_bytes - self.header_room:
                 self._check_record_fits(vlen, klen, hlen, vfield, kfield)
             b = q.open
-            if b is not None:
+            while b is not None:
                 delta = ts - b.first_timestamp
                 body = (_uvarint_size(_zigzag(delta)) + _uvarint_size(<uint64_t>b.record_count)
                         + _uvarint_size(kfield) + klen + _uvarint_size(vfield) + vlen + (hlen if hlen else 1))
                 total = _uvarint_size(<uint64_t>body) + body
-                if b.length + total > self.batch_bytes:
-                    self._close(q)
-                    b = None
+                if b.length + total <= self.batch_bytes:
+                    break
+                self._close(q)
+                b = None
+                if sticky:  # ends: a partition without an open batch takes the record
+                    q = <PartitionQueue>PyList_GET_ITEM(q.topic_state.partitions, q.topic_state.next_partition)
+                    b = q.open
             if b is None:
                 b = self._open(q, ts)
                 body = 2 + _uvarint_size(kfield) + klen + _uvarint_size(vfield) + vlen + (hlen if hlen else 1)

@@ -1,0 +1,136 @@
+"""The compiled accumulator alone (pure logic, no broker): what it builds is a valid batch per
+FORMAT.md, batches respect batch_bytes, linger, muting and flushes, and bytes are accounted."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from hpbroker.client._accumulator import RecordAccumulator
+from hpbroker.errors import RecordTooLargeError
+from hpbroker.records import CODEC_LZ4, CODEC_NONE, decode_records, read_header, validate_batches
+
+
+class FixedTopics(RecordAccumulator):
+    def __init__(self, count: int = 1, name: str = "acc", **options) -> None:
+        super().__init__(name, **options)
+        self.count = count
+
+    def _topic_partition_count(self, topic: str) -> int:
+        return self.count
+
+
+def drain_all(accumulator: RecordAccumulator):
+    return accumulator.drain(float("inf"), 1 << 30)[0]
+
+
+@pytest.mark.parametrize("codec", [CODEC_NONE, CODEC_LZ4])
+def test_payloads_are_valid_batches_that_decode_to_what_was_sent(codec):
+    accumulator = FixedTopics(1, "orders-service", codec=codec, batch_bytes=4096)
+    sent = []
+    for i in range(500):
+        key = None if i % 3 else b"k%d" % i
+        headers = [("n", b"%d" % i)] if i % 5 == 0 else None
+        value = None if i == 7 else b"value %d " % i * 4
+        accumulator.send("t", value, key, headers, 1_700_000_000_000 + i)
+        sent.append((key, value, tuple(headers or ()), 1_700_000_000_000 + i))
+    [(queue, batches)] = drain_all(accumulator)
+    payload = accumulator.build_payload(batches)
+    scan = validate_batches(payload, max_batch_bytes=4096 if codec == CODEC_NONE else 1 << 20)
+    assert scan.batch_count == len(batches) > 1
+    records = decode_records(payload)
+    assert [(r.key, r.value, r.headers, r.timestamp) for r in records] == sent
+    assert {r.producer for r in records} == {"orders-service"}
+    headers = [read_header(payload, p) for p in scan.positions]
+    assert [h.base_sequence for h in headers] == [b.base_sequence for b in batches]
+    assert headers[0].base_sequence == 0 and headers[1].base_sequence == headers[0].record_count
+    assert [h.crc for h in headers] == [b.crc for b in batches]
+    assert {h.compression for h in headers} == {codec}
+
+
+def test_no_batch_exceeds_batch_bytes():
+    accumulator = FixedTopics(batch_bytes=2000)
+    for i in range(300):
+        accumulator.send("t", bytes(i % 250))
+    [(_, batches)] = drain_all(accumulator)
+    assert all(b.length <= 2000 for b in batches)
+    payload = accumulator.build_payload(batches)
+    validate_batches(payload, max_batch_bytes=2000)
+    assert len(decode_records(payload)) == 300
+
+
+def test_a_record_too_large_for_any_batch_is_refused_and_nothing_changes():
+    accumulator = FixedTopics(batch_bytes=1024)
+    with pytest.raises(RecordTooLargeError, match="over batch_bytes 1024"):
+        accumulator.send("t", bytes(1000))
+    assert accumulator.buffered_bytes == 0 and accumulator.unfinished_batches == 0
+    accumulator.send("t", bytes(900))  # fits with the 56 + 3-byte header
+    assert accumulator.unfinished_batches == 1
+
+
+def test_open_batches_wait_for_their_linger_time_or_a_flush():
+    accumulator = FixedTopics(linger_ms=1000)
+    accumulator.send("t", b"v")
+    now = time.monotonic()
+    ready, due = accumulator.drain(now, 1 << 20)
+    assert ready == [] and now < due <= now + 1.001
+    accumulator.mark_flush()
+    ready, due = accumulator.drain(now, 1 << 20)
+    assert [sum(b.record_count for b in batches) for _, batches in ready] == [1]
+    assert due == float("inf")
+
+
+def test_a_muted_partition_is_not_drained_until_unmuted():
+    accumulator = FixedTopics(linger_ms=0)
+    accumulator.send("t", b"one")
+    [(queue, batches)] = drain_all(accumulator)
+    queue.muted = True
+    accumulator.send("t", b"two")
+    assert drain_all(accumulator) == []
+    queue.muted = False
+    [(again, later)] = drain_all(accumulator)
+    assert again is queue and later[0].base_sequence == 1
+
+
+def test_one_request_takes_whole_batches_up_to_max_request_bytes():
+    accumulator = FixedTopics(batch_bytes=1024)
+    for _ in range(50):
+        accumulator.send("t", bytes(100))
+    now = time.monotonic()
+    ready, due = accumulator.drain(now, 2048)
+    [(_, batches)] = ready
+    assert len(batches) == 2 and due == now  # more is waiting
+    assert sum(b.length for b in batches) <= 2048
+
+
+def test_buffered_bytes_count_records_until_their_batches_finish():
+    accumulator = FixedTopics()
+    for _ in range(10):
+        accumulator.send("t", bytes(100))
+    assert accumulator.buffered_bytes == 10 * 106  # FORMAT.md: a 100-byte value costs 106 bytes
+    [(_, batches)] = drain_all(accumulator)
+    accumulator.build_payload(batches)
+    assert accumulator.buffered_bytes == 1060 and accumulator.unfinished_through(batches[0].batch_id)
+    accumulator.finish(batches)
+    assert accumulator.buffered_bytes == 0 and not accumulator.unfinished_through(batches[0].batch_id)
+
+
+def test_waiters_are_kept_only_for_records_that_asked():
+    accumulator = FixedTopics()
+    marker = object()
+    accumulator.send("t", b"a")
+    accumulator.send("t", b"b", timestamp=5, callback=marker)
+    [(_, [batch])] = drain_all(accumulator)
+    assert batch.waiters == [(1, 5, marker)]
+
+
+def test_send_many_with_one_timestamp_and_keys():
+    accumulator = FixedTopics(3)
+    assert accumulator.send_many("t", [b"a", b"b", b"c"], keys=[b"x", None, b"x"], timestamp=42) == 3
+    records = []
+    for _, batches in drain_all(accumulator):
+        records += decode_records(accumulator.build_payload(batches))
+    assert sorted(r.value for r in records) == [b"a", b"b", b"c"] and {r.timestamp for r in records} == {42}
+    with pytest.raises(ValueError, match="2 keys for 3 values"):
+        accumulator.send_many("t", [b"a", b"b", b"c"], keys=[b"x", b"y"])
