@@ -3,10 +3,24 @@
 from __future__ import annotations
 
 import pickle
+import select
+import socket
+import threading
+import time
 
 import pytest
 
-from hpbroker.errors import CorruptRecordError
+from hpbroker import protocol
+from hpbroker.client.connection import BrokerAddress, BrokerConnection
+from hpbroker.client.fetcher import FetchConfig, PartitionFetcher
+from hpbroker.client.metadata import ClusterMetadata
+from hpbroker.errors import (
+    CorruptRecordError,
+    InvalidConfigError,
+    InvalidRequestError,
+    OffsetOutOfRangeError,
+    UnknownTopicOrPartitionError,
+)
 from hpbroker.records import build_batch, decode_records
 
 
@@ -51,3 +65,198 @@ def test_records_with_topic_pickle_and_compare_by_where_they_came_from():
     assert pickle.loads(pickle.dumps(tagged)) == tagged
     assert pickle.loads(pickle.dumps(tagged)).partition == 1
     assert tagged != other
+
+
+# --- against a real broker's data port ----------------------------------------------------------
+
+
+@pytest.fixture
+def partition_0(broker, topic_name):
+    """``(connection, fetcher config kwargs, PartitionInfo)`` of a fresh one-partition topic."""
+    _process, port = broker
+    connection = BrokerConnection(BrokerAddress("127.0.0.1", port))
+    connection.call(protocol.CreateTopicRequest(topic_name, 1))
+    info = ClusterMetadata(connection).partition(topic_name, 0)
+    yield connection, info
+    connection.close()
+
+
+def _produce(connection: BrokerConnection, topic: str, values: list[bytes]) -> None:
+    connection.call(protocol.ProduceRequest(topic, 0, payload=build_batch(values)))
+
+
+def _receive(fetcher: PartitionFetcher, timeout_s: float = 10.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        select.select([fetcher], [], [], 0.1)
+        completed = fetcher.receive()
+        if completed is not None:
+            return completed
+    raise AssertionError(f"no fetch response in {timeout_s} s")
+
+
+def test_the_next_fetch_is_in_flight_before_the_records_are_handed_over(partition_0, topic_name):
+    connection, info = partition_0
+    _produce(connection, topic_name, [b"a", b"b", b"c"])
+    _produce(connection, topic_name, [b"d"])
+    fetcher = PartitionFetcher(topic_name, 0, info.host, info.fetch_port, FetchConfig(fetch_max_wait_ms=100))
+    try:
+        fetcher.fetch(1)
+        completed = _receive(fetcher)
+        assert [(r.offset, r.value) for r in completed.records] == [(1, b"b"), (2, b"c"), (3, b"d")]
+        assert (completed.fetch_offset, completed.next_offset, completed.high_watermark) == (1, 4, 4)
+        assert completed.error is None
+        assert fetcher.in_flight and fetcher.fetch_offset == 4, "pipelining: the next fetch already left"
+        _produce(connection, topic_name, [b"e"])
+        assert [r.value for r in _receive(fetcher).records] == [b"e"]
+    finally:
+        fetcher.close()
+
+
+def test_a_first_batch_larger_than_max_bytes_comes_whole_into_a_grown_buffer(partition_0, topic_name):
+    connection, info = partition_0
+    big = [bytes([i]) * 1000 for i in range(200)]  # one batch of ~200 kB
+    _produce(connection, topic_name, big)
+    fetcher = PartitionFetcher(topic_name, 0, info.host, info.fetch_port,
+                               FetchConfig(max_partition_fetch_bytes=1000, fetch_max_wait_ms=100))
+    try:
+        fetcher.fetch(0)
+        assert [r.value for r in _receive(fetcher).records] == big
+    finally:
+        fetcher.close()
+
+
+def test_an_offset_past_the_end_is_reported_with_the_logs_bounds(partition_0, topic_name):
+    connection, info = partition_0
+    _produce(connection, topic_name, [b"a", b"b"])
+    fetcher = PartitionFetcher(topic_name, 0, info.host, info.fetch_port, FetchConfig())
+    try:
+        fetcher.fetch(7)
+        completed = _receive(fetcher)
+        assert isinstance(completed.error, OffsetOutOfRangeError)
+        assert (completed.error.log_start_offset, completed.error.log_end_offset) == (0, 2)
+        assert f"{topic_name}-0 from offset 7" in str(completed.error)
+        assert completed.records == [] and not fetcher.in_flight, "no next fetch after an error"
+    finally:
+        fetcher.close()
+
+
+def test_a_fetch_for_a_partition_another_port_serves_is_refused(partition_0, topic_name, broker):
+    connection, info = partition_0
+    other_port = next(p for p in (broker[1] + 1, broker[1] + 2) if p != info.fetch_port)
+    fetcher = PartitionFetcher(topic_name, 0, info.host, other_port, FetchConfig())
+    try:
+        fetcher.fetch(0)
+        assert isinstance(_receive(fetcher).error, UnknownTopicOrPartitionError)
+    finally:
+        fetcher.close()
+
+
+# --- against a peer that misbehaves ----------------------------------------------------------------
+
+
+def _peer_sending(payload: bytes, *, then_close: bool = False) -> tuple[socket.socket, threading.Thread]:
+    """A TCP server that answers its first connection's first bytes with ``payload``, then
+    closes it (``then_close``) or waits for the client to."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        connection, _ = server.accept()
+        with connection:
+            connection.recv(4096)
+            connection.sendall(payload)
+            if not then_close:
+                connection.recv(4096)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return server, thread
+
+
+def _fetch_response(payload: bytes, correlation_id: int = 1) -> bytes:
+    frames = protocol.encode_response(protocol.FetchResponse(high_watermark=99, log_start_offset=0,
+                                                             payload=payload), correlation_id)
+    return b"".join(bytes(f) for f in protocol.frame_tcp(frames))
+
+
+def test_a_corrupt_batch_ends_the_response_after_the_good_ones():
+    good = _stamped(build_batch([b"a", b"b"]), 5)
+    bad = bytearray(_stamped(build_batch([b"c"]), 7))
+    bad[-2] ^= 0x01
+    server, thread = _peer_sending(_fetch_response(good + bytes(bad)))
+    fetcher = PartitionFetcher("t", 3, "127.0.0.1", server.getsockname()[1], FetchConfig())
+    try:
+        fetcher.fetch(6)
+        completed = _receive(fetcher)
+        assert [r.offset for r in completed.records] == [6]
+        assert isinstance(completed.error, CorruptRecordError) and not fetcher.in_flight
+        assert (completed.error.topic, completed.error.partition, completed.error.offset) == ("t", 3, 7)
+        assert f"t-3 at offset 7 (byte {len(good)} of a fetch response" in str(completed.error)
+        assert "CRC mismatch" in str(completed.error)
+    finally:
+        fetcher.close()
+        server.close()
+        thread.join(5)
+
+
+def test_batches_that_do_not_hold_the_offset_asked_for_are_refused():
+    server, thread = _peer_sending(_fetch_response(_stamped(build_batch([b"a"]), 40)))
+    fetcher = PartitionFetcher("t", 0, "127.0.0.1", server.getsockname()[1], FetchConfig())
+    try:
+        fetcher.fetch(10)
+        completed = _receive(fetcher)
+        assert completed.records == [] and isinstance(completed.error, CorruptRecordError)
+        assert "holds offsets 40..40, not the offset asked for" in str(completed.error)
+    finally:
+        fetcher.close()
+        server.close()
+        thread.join(5)
+
+
+def test_a_stream_that_makes_no_sense_or_ends_early_disconnects():
+    server, thread = _peer_sending(bytes(8))  # head_length 0
+    fetcher = PartitionFetcher("t", 0, "127.0.0.1", server.getsockname()[1], FetchConfig())
+    try:
+        fetcher.fetch(0)
+        with pytest.raises(InvalidRequestError, match="head must be non-empty"):
+            _receive(fetcher)
+        assert not fetcher.in_flight
+    finally:
+        fetcher.close()
+        server.close()
+        thread.join(5)
+    server, thread = _peer_sending(_fetch_response(b"")[:10], then_close=True)
+    fetcher = PartitionFetcher("t", 0, "127.0.0.1", server.getsockname()[1], FetchConfig())
+    try:
+        fetcher.fetch(0)
+        with pytest.raises(ConnectionError, match=r"closed the connection with a fetch of t-0 from offset 0 "
+                                                  r"unanswered \(10 bytes of its response received\)"):
+            _receive(fetcher)
+        assert not fetcher.in_flight
+    finally:
+        fetcher.close()
+        server.close()
+        thread.join(5)
+
+
+def test_a_fetch_nobody_answers_becomes_overdue():
+    silent = socket.create_server(("127.0.0.1", 0))
+    fetcher = PartitionFetcher("t", 0, "127.0.0.1", silent.getsockname()[1],
+                               FetchConfig(fetch_max_wait_ms=10, request_timeout_ms=50))
+    try:
+        fetcher.fetch(0)
+        assert fetcher.in_flight and not fetcher.overdue(time.monotonic())
+        assert fetcher.receive() is None
+        assert fetcher.overdue(fetcher.deadline() + 0.001)
+        fetcher.disconnect()
+        assert not fetcher.in_flight
+    finally:
+        fetcher.close()
+        silent.close()
+
+
+def test_fetch_settings_are_checked_by_name():
+    with pytest.raises(InvalidConfigError, match="fetch_min_bytes"):
+        FetchConfig(fetch_min_bytes=-1)
+    with pytest.raises(InvalidConfigError, match="max_partition_fetch_bytes"):
+        FetchConfig(max_partition_fetch_bytes=True)
