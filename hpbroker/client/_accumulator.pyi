@@ -31,6 +31,7 @@ class Batch:
     base_sequence: int  # -1 until drained
     crc: int  # set by build_payload
     waiters: list[tuple[int, int, Any]] | None  # (index in batch, timestamp, future or callback)
+    waiter_count: int
 
 class PartitionQueue:
     topic: str

@@ -180,10 +180,53 @@ cdef class Batch:
     cdef readonly int64_t batch_id
     cdef readonly int64_t base_sequence  # set when drained
     cdef readonly uint32_t crc  # set by build_payload
-    cdef readonly object waiters  # None, or a list of (index in batch, timestamp, future or callback)
+    # Delivery reports asked for: the future or callback of each, and (in C arrays, so that asking
+    # creates no Python object per record) the record's index in the batch and its timestamp.
+    cdef list waiter_objects
+    cdef int32_t* waiter_index
+    cdef int64_t* waiter_timestamp
+    cdef Py_ssize_t waiter_capacity
 
     def __dealloc__(self):
         free(self.buf)
+        free(self.waiter_index)
+        free(self.waiter_timestamp)
+
+    @property
+    def waiters(self):
+        """None, or ``[(index in batch, timestamp, future or callback)]`` of the records that asked."""
+        cdef Py_ssize_t i
+        if self.waiter_objects is None:
+            return None
+        return [(self.waiter_index[i], self.waiter_timestamp[i], self.waiter_objects[i])
+                for i in range(len(self.waiter_objects))]
+
+    @property
+    def waiter_count(self):
+        return 0 if self.waiter_objects is None else len(self.waiter_objects)
+
+    cdef int add_waiter(self, int32_t index, int64_t timestamp, object waiter) except -1:
+        cdef Py_ssize_t n = 0 if self.waiter_objects is None else len(self.waiter_objects)
+        cdef Py_ssize_t cap
+        cdef int32_t* grown_index
+        cdef int64_t* grown_timestamp
+        if n == self.waiter_capacity:
+            cap = 16 if n == 0 else 2 * n
+            grown_index = <int32_t*>realloc(self.waiter_index, cap * sizeof(int32_t))
+            if grown_index == NULL:
+                raise MemoryError()
+            self.waiter_index = grown_index
+            grown_timestamp = <int64_t*>realloc(self.waiter_timestamp, cap * sizeof(int64_t))
+            if grown_timestamp == NULL:
+                raise MemoryError()
+            self.waiter_timestamp = grown_timestamp
+            self.waiter_capacity = cap
+        if self.waiter_objects is None:
+            self.waiter_objects = []
+        self.waiter_index[n] = index
+        self.waiter_timestamp[n] = timestamp
+        self.waiter_objects.append(waiter)
+        return 0
 
     def __repr__(self):
         return (f"Batch(id={self.batch_id}, records={self.record_count}, bytes={self.length}, "
@@ -476,9 +519,7 @@ cdef class RecordAccumulator:
             if krel:
                 PyBuffer_Release(&kbuf)
         if waiter is not None:
-            if b.waiters is None:
-                b.waiters = []
-            b.waiters.append((b.record_count, ts, waiter))
+            b.add_waiter(b.record_count, ts, waiter)
         b.length += total
         b.record_count += 1
         if ts > b.max_timestamp:

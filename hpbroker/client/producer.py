@@ -245,6 +245,7 @@ class Producer(RecordAccumulator):
         """Send every record sent before this call at once (linger or not) and wait until each
         is acknowledged or failed.  Raises TimeoutError after ``timeout_s``, and the error of
         records that failed with no future or callback to report it (since the last flush)."""
+        self._refuse_on_io_thread("flush()")
         target = self.mark_flush()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._progress:
@@ -262,8 +263,7 @@ class Producer(RecordAccumulator):
         """Refuse new records, deliver the ones sent (waiting at most ``timeout_s``; records
         still unacknowledged then fail with ProducerClosedError), stop the I/O thread.  Raises
         like :meth:`flush`.  Closing twice does nothing."""
-        if threading.current_thread() is self._thread:
-            raise RuntimeError(f"producer {self.name}: close() called from a callback, on its own I/O thread")
+        self._refuse_on_io_thread("close()")
         with self._close_lock:
             if self._closed_done:
                 return
@@ -283,6 +283,11 @@ class Producer(RecordAccumulator):
                 self.set_wake_fd(-1)
                 os.close(self._wake_read)
                 os.close(self._wake_write)
+
+    def _refuse_on_io_thread(self, what: str) -> None:
+        if threading.current_thread() is self._thread:
+            raise RuntimeError(f"producer {self.name}: {what} called from a callback, on the I/O thread "
+                               "that it would wait for")
 
     # --- hooks of the compiled accumulator (application threads) ----------------------------------
 
@@ -311,6 +316,7 @@ class Producer(RecordAccumulator):
 
     def _wait_for_room(self) -> None:
         """``buffered_bytes`` reached ``buffer_bytes``: wait (GIL released) for batches to settle."""
+        self._refuse_on_io_thread("send() with a full buffer")
         deadline = time.monotonic() + self.config.max_block_ms / 1000
         self.wake()
         with self._progress:
@@ -400,6 +406,8 @@ class _Sender:
         """Run ``task(sender)`` on the I/O thread and return its result (or raise its error)."""
         if not self._alive:
             raise ProducerClosedError(f"producer {self._producer.name}: its I/O thread has stopped")
+        if threading.current_thread() is self._producer._thread:  # from a callback: run it here
+            return task(self)
         future: Future = Future()
         self._tasks.append((task, future))
         self._producer.wake()
@@ -689,7 +697,7 @@ class _Sender:
                     else:
                         _report(waiter, None, error)
             if error is not None:
-                unobserved += batch.record_count - (len(waiters) if waiters else 0)
+                unobserved += batch.record_count - batch.waiter_count
             elif offset >= 0:
                 offset += batch.record_count
         if error is not None:

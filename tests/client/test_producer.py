@@ -331,3 +331,24 @@ def test_backpressure_blocks_send_until_batches_are_acknowledged(bootstrap, conn
             producer.send(topic_name, b"%05d" % i + bytes(95))
             assert producer.buffered_bytes <= 8192 + 200
     assert len(read_partition(connection, topic_name, 0)) == 2000
+
+
+def test_a_callback_may_send_but_not_wait_for_its_own_thread(bootstrap, connection, topic_name):
+    create_topic(connection, topic_name, 1)
+    other = create_topic(connection, topic_name + "-b", 1)
+    outcomes = []
+    done = threading.Event()
+
+    def callback(metadata, error):
+        producer.send(other, b"from the callback")  # a new topic: metadata asked on this very thread
+        try:
+            producer.flush()
+        except RuntimeError as e:
+            outcomes.append(str(e))
+        done.set()
+
+    with Producer(bootstrap) as producer:
+        producer.send(topic_name, b"x", callback=callback)
+        assert done.wait(10)
+    assert outcomes and "flush() called from a callback" in outcomes[0]
+    assert [r.value for r in read_partition(connection, other, 0)] == [b"from the callback"]
