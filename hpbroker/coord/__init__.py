@@ -1,0 +1,21 @@
+"""Coordination through ZooKeeper (kazoo): who is alive, what they store, and, later, which
+consumer owns which partition.  ``docs/COORDINATION.md`` draws the znode tree and the JSON of
+every node.
+
+Modules, one responsibility each (imports point down this list):
+
+- ``paths``     every znode path, built here and nowhere else; name checks; the connect string
+                (imports no kazoo, so configuration can check a connect string cheaply)
+- ``session``   one ZooKeeper session: connect with a bounded wait, log its states, keep its
+                ephemeral nodes across session expiry
+- ``watches``   children and data watches that re-arm, with cancellable handles
+- ``registry``  the broker registry (ephemeral, one node per live broker) and the topic registry
+                (persistent topic metadata), their JSON, and watches on them
+- ``member``    one broker's membership: its nodes kept in step with snapshots from the broker's
+                loop, on a thread of its own
+- ``server``    a managed ZooKeeper server process, for the local stack and the tests
+
+Used by the broker (``hpbroker.workers.arbiter``) and the local stack (``hpbroker.stack``);
+storage (``hpbroker.io``) never imports it.  A kazoo client is not fork-safe: make it in the
+process that uses it, after any ``fork``.
+"""
