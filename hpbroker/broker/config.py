@@ -12,6 +12,7 @@ Sources, highest precedence first: explicit overrides (the command line), then t
     port = 9092
     workers = 4
     data_dir = "/var/lib/hpbroker"
+    zookeeper = "127.0.0.1:2181/hpb"     # empty or absent: standalone
 
     [log]               # defaults for every topic's log
     flush_ms = 1
@@ -27,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpbroker.coord.paths import parse_connect_string
 from hpbroker.errors import InvalidConfigError
 from hpbroker.io import LogConfig
 
@@ -77,6 +79,14 @@ class BrokerConfig:
     auto_create_topics: bool = False
     #: partitions of an automatically created topic.  Default 1.
     default_partitions: int = 1
+    #: ZooKeeper connect string, ``host:port[,host:port...][/chroot]``: the broker registers
+    #: itself and its topics there (``hpbroker.coord``, docs/COORDINATION.md).  Default empty:
+    #: standalone, no ZooKeeper.
+    zookeeper: str = ""
+    #: ms ZooKeeper keeps the broker's session, and so its registration, without hearing from it;
+    #: also the longest the broker waits at start for a ZooKeeper connection.  Default 6000.
+    #: Range [1000, 600_000] (the server may narrow it: 2 to 20 ticks by default).
+    zookeeper_session_timeout_ms: int = 6000
     #: log settings of topics that do not override them.
     log: LogConfig = field(default_factory=LogConfig)
 
@@ -94,13 +104,19 @@ class BrokerConfig:
         _check_int("retention_check_interval_ms", self.retention_check_interval_ms, 10, 2**31 - 1)
         _check_int("admin_timeout_ms", self.admin_timeout_ms, 1, 2**31 - 1)
         _check_int("default_partitions", self.default_partitions, 1, 100_000)
-        for name in ("host", "data_dir", "run_dir"):
+        _check_int("zookeeper_session_timeout_ms", self.zookeeper_session_timeout_ms, 1000, 600_000)
+        for name in ("host", "data_dir", "run_dir", "zookeeper"):
             if not isinstance(getattr(self, name), str):
                 raise InvalidConfigError(f"{name} must be a string, got {getattr(self, name)!r}")
         if not self.host or not self.data_dir:
             raise InvalidConfigError("host and data_dir must not be empty")
         if not isinstance(self.auto_create_topics, bool):
             raise InvalidConfigError(f"auto_create_topics must be a bool, got {self.auto_create_topics!r}")
+        if self.zookeeper:
+            try:
+                parse_connect_string(self.zookeeper)
+            except InvalidConfigError as e:
+                raise InvalidConfigError(f"zookeeper: {e.message}") from None
         if not isinstance(self.log, LogConfig):
             raise InvalidConfigError(f"log must be a LogConfig, got {type(self.log).__name__}")
         if self.port in range(self.fetch_port, self.fetch_port + self.workers):

@@ -39,6 +39,17 @@ its old process has been reaped: a partition never has two writers.  A worker ex
 ``EXIT_BOOT_FAILED`` stops the broker with an error instead of a fork loop, and so does a slot
 that dies more than ``slots.RESTART_LIMIT`` times in ``slots.RESTART_WINDOW_S``.
 
+**ZooKeeper.**  With ``config.zookeeper`` set, the arbiter joins ZooKeeper once its first
+workers are forked and its sockets bound: a :class:`~hpbroker.coord.member.BrokerMember`
+registers the broker (an ephemeral node: id, host, ports, the topics and partitions it stores)
+and publishes every topic's metadata; a broker that cannot do so within the session timeout does
+not start.  The member's kazoo threads are started with the arbiter's signals blocked, so signals
+still reach only the loop's thread, and they never touch the loop's state: each turn the loop
+hands the member a snapshot when the topic store has changed (``TopicStore.version``), and the
+member writes it on its own thread, re-registering after a session expiry.  Children forked
+later never touch the member.  Stopping closes the session first, so the broker leaves the
+registry as soon as it stops accepting connections.
+
 **Stop.**  SIGTERM or SIGINT: stop accepting connections and reading requests (responses still
 flow back to the clients), SIGTERM every worker, reap them until ``graceful_timeout_ms``, then
 SIGKILL the rest; close the sockets and exit 0.  A second SIGTERM or SIGINT, or SIGQUIT, kills
@@ -61,7 +72,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import zmq
 
@@ -73,6 +84,10 @@ from hpbroker.workers import backend
 from hpbroker.workers.frontend import Frontend
 from hpbroker.workers.heartbeat import heartbeat_path
 from hpbroker.workers.slots import RESTART_LIMIT, RESTART_WINDOW_S, Slot, SlotState
+
+if TYPE_CHECKING:  # kazoo is loaded only by a broker configured with ZooKeeper
+    from hpbroker.coord.member import BrokerMember
+    from hpbroker.coord.registry import BrokerRegistration, TopicRegistration
 
 __all__ = ["EXIT_ERROR", "EXIT_OK", "KILL_GRACE_S", "Arbiter", "WorkerMain"]
 
@@ -111,6 +126,9 @@ class Arbiter:
         self._own_run_dir = False
         self._backend_address = ""
         self._frontend: Frontend | None = None
+        self._store: TopicStore | None = None
+        self._member: BrokerMember | None = None  # ZooKeeper membership, when configured
+        self._member_version = -1  # the store version last handed to the member
         self._context: zmq.Context | None = None
         self._front: zmq.Socket | None = None
         self._back: zmq.Socket | None = None
@@ -143,6 +161,9 @@ class Arbiter:
                 self._halt("cannot bind")
                 self._wait_all(self._stop_deadline)
                 return self._exit_status
+            if not self._join_zookeeper():
+                self._wait_all(self._stop_deadline)
+                return self._exit_status
             self._loop()
             return self._exit_status
         except BaseException:
@@ -158,7 +179,7 @@ class Arbiter:
         config = self.config
         make_directory(config.data_dir)
         self._lock_fd = lock_directory(config.data_dir)
-        store = TopicStore(config.data_dir)
+        store = self._store = TopicStore(config.data_dir)
         run_dir = config.run_dir or os.path.join(os.path.abspath(config.data_dir), RUN_DIR_NAME)
         if config.run_dir or len(f"{run_dir}/backend.sock".encode()) <= _MAX_IPC_PATH:
             os.makedirs(run_dir, exist_ok=True)
@@ -210,7 +231,51 @@ class Arbiter:
                     config.broker_id, self._front_endpoint, config.fetch_port,
                     config.fetch_port + config.workers - 1, os.path.abspath(config.data_dir), self._run_dir)
 
+    def _join_zookeeper(self) -> bool:
+        """Register in ZooKeeper when configured (module docstring); False (the broker halting)
+        when that fails."""
+        config = self.config
+        if not config.zookeeper:
+            return True
+        from hpbroker.coord.member import BrokerMember
+
+        timeout_s = config.zookeeper_session_timeout_ms / 1000
+        member = BrokerMember(config.zookeeper, session_timeout_s=timeout_s, connect_timeout_s=timeout_s)
+        assert self._store is not None
+        self._member_version = self._store.version
+        signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)  # inherited by every kazoo thread
+        try:
+            member.start(*self._cluster_snapshot())
+        except HPBrokerError as e:
+            logger.error("[arbiter] cannot join ZooKeeper: %s", e.message)
+            self._halt("cannot join ZooKeeper")
+            return False
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+        self._member = member
+        return True
+
+    def _cluster_snapshot(self) -> tuple[BrokerRegistration, dict[str, TopicRegistration]]:
+        """What ZooKeeper should say about this broker and its topics now."""
+        from hpbroker.coord.registry import BrokerRegistration, TopicRegistration
+
+        config = self.config
+        assert self._store is not None
+        topics = self._store.topics()
+        broker = BrokerRegistration(config.broker_id, config.host, config.port,
+                                    tuple(range(config.fetch_port, config.fetch_port + config.workers)),
+                                    {t.name: tuple(range(t.partitions)) for t in topics})
+        return broker, {t.name: TopicRegistration(t.name, t.partitions, dict(t.config), config.broker_id)
+                        for t in topics}
+
+    def _leave_zookeeper(self) -> None:
+        if self._member is not None:
+            self._member.close()
+            self._member = None
+            logger.info("[arbiter] left ZooKeeper")
+
     def _cleanup(self) -> None:
+        self._leave_zookeeper()
         for sock in (self._front, self._back):
             if sock is not None:
                 sock.close()
@@ -441,6 +506,7 @@ class Arbiter:
         if self._front is not None and self._front_endpoint:
             with contextlib.suppress(zmq.ZMQError):
                 self._front.unbind(self._front_endpoint)
+        self._leave_zookeeper()
         for slot in self._slots:
             if slot.alive:
                 self._signal_slot(slot, signal.SIGTERM, "asked to stop", grace_s)
@@ -528,8 +594,11 @@ class Arbiter:
             return
         for slot in self._slots:
             self._check_slot(slot, now)
-        assert self._frontend is not None
+        assert self._frontend is not None and self._store is not None
         self._frontend.admin.expire(now)
+        if self._member is not None and self._store.version != self._member_version:
+            self._member_version = self._store.version
+            self._member.update(*self._cluster_snapshot())
 
     def _check_slot(self, slot: Slot, now: float) -> None:
         """SIGABRT a worker that is late to boot or silent; SIGKILL one that ignored its signal."""

@@ -1,0 +1,267 @@
+"""The local stack: a ZooKeeper server and a broker registered in it, started and stopped together.
+
+``run_stack(argv)`` (``hpbroker up``; also ``python -m hpbroker.stack``):
+
+1. starts a managed ZooKeeper (``hpbroker.coord.server``) on 127.0.0.1, its configuration, data
+   and log under ``<data-dir>/zookeeper``, on ``--zookeeper-port`` (0: a free port), and waits
+   until a client connects; or, with ``--zookeeper host:port,...[/chroot]``, joins that ensemble
+   instead and starts none;
+2. starts the broker, ``hpbroker serve`` as a child process, its data in ``<data-dir>/broker``
+   and ZooKeeper given to it in ``HPBROKER_ZOOKEEPER``; the broker's other settings come from
+   the flags here, then the usual environment and ``--config`` file;
+3. waits until the broker's registration appears in ZooKeeper and prints where everything
+   listens;
+4. runs until SIGINT (Ctrl-C) or SIGTERM, or until either child exits; then stops the broker
+   (SIGTERM, SIGKILL after its graceful timeout and a margin) and then ZooKeeper (SIGTERM, then
+   SIGKILL), in that order, so the broker leaves the registry cleanly.
+
+The children run in their own process groups, so a Ctrl-C in the terminal reaches the stack only
+and the stack decides the order; each also gets SIGTERM should the stack die
+(``PR_SET_PDEATHSIG``).  A second signal while stopping is passed on to the broker, which then
+kills its workers at once.  The broker's log goes to this process's stderr; ZooKeeper's to
+``<data-dir>/zookeeper/zookeeper.log``.
+
+Exit status: 0 after a stop on request; 1 when a part could not start or died; 2 for an invalid
+setting (before anything starts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from hpbroker import __version__
+from hpbroker.broker.config import BrokerConfig
+from hpbroker.coord.paths import parse_connect_string
+from hpbroker.coord.registry import BrokerRegistration, BrokerRegistry
+from hpbroker.coord.server import ZooKeeperServer, die_with_parent
+from hpbroker.coord.session import connect
+from hpbroker.errors import HPBrokerError, InvalidConfigError
+
+__all__ = ["EXIT_ERROR", "EXIT_INVALID", "EXIT_OK", "run_stack"]
+
+logger = logging.getLogger(__name__)
+
+EXIT_OK = 0  # stopped on request
+EXIT_ERROR = 1  # a part could not start, or died
+EXIT_INVALID = 2  # an invalid setting
+DEFAULT_ZOOKEEPER_PORT = 2181
+_READY_TIMEOUT_S = 60.0  # for the broker to recover its partitions and register
+_STOP_MARGIN_S = 5.0  # beyond the broker's own graceful timeout, before SIGKILL
+_POLL_S = 0.1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hpbroker up", description="run ZooKeeper and a broker together until Ctrl-C or SIGTERM")
+    parser.add_argument("--data-dir", default="data", metavar="DIR",
+                        help="holds zookeeper/ and broker/ (default ./data)")
+    parser.add_argument("--zookeeper", metavar="HOSTS",
+                        help="join this ensemble (host:port,...[/chroot]) instead of starting a ZooKeeper")
+    parser.add_argument("--zookeeper-port", type=int, default=DEFAULT_ZOOKEEPER_PORT, metavar="N",
+                        help=f"client port of the managed ZooKeeper; 0 for a free one (default "
+                             f"{DEFAULT_ZOOKEEPER_PORT})")
+    parser.add_argument("--config", metavar="FILE", help="the broker's TOML file ([broker] and [log])")
+    parser.add_argument("--host", help="address the broker binds and advertises")
+    parser.add_argument("--port", type=int, help="the broker's ZeroMQ front-end port")
+    parser.add_argument("--fetch-port", type=int, help="the broker's first TCP data port")
+    parser.add_argument("--workers", type=int, help="the broker's I/O worker processes")
+    parser.add_argument("--broker-id", type=int, help="the broker's id")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        help="logging threshold of the stack and the broker (default INFO)")
+    return parser
+
+
+class _Signals:
+    """SIGINT and SIGTERM recorded for the main loop (the handler does nothing else)."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self._saved: dict[int, object] = {}
+
+    def install(self) -> None:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._saved[signum] = signal.signal(signum, self._record)
+
+    def restore(self) -> None:
+        for signum, handler in self._saved.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+        self._saved.clear()
+
+    def _record(self, signum: int, frame: object) -> None:
+        self.received.append(signum)
+
+
+def run_stack(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` (without the program name), run the stack, return the exit status."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(process)d %(levelname)s %(message)s")
+    logging.getLogger("kazoo").setLevel(max(logging.WARNING, logging.getLogger().level))
+    data_dir = Path(args.data_dir).absolute()
+    flags = {"host": args.host, "port": args.port, "fetch_port": args.fetch_port, "workers": args.workers,
+             "broker_id": args.broker_id, "data_dir": str(data_dir / "broker")}
+    try:
+        config = BrokerConfig.load(args.config, **flags)  # checked now, before anything starts
+        if args.zookeeper is not None:
+            parse_connect_string(args.zookeeper)
+        if not 0 <= args.zookeeper_port <= 65535:
+            raise InvalidConfigError(f"--zookeeper-port must be in [0, 65535], got {args.zookeeper_port}")
+    except InvalidConfigError as e:
+        print(f"hpbroker up: invalid configuration: {e.message}", file=sys.stderr)
+        return EXIT_INVALID
+    signals = _Signals()
+    signals.install()
+    try:
+        return _Stack(args, config, flags, signals).run()
+    finally:
+        signals.restore()
+
+
+class _Stack:
+    """One run of the stack (module docstring): start, watch, stop."""
+
+    def __init__(self, args: argparse.Namespace, config: BrokerConfig, flags: dict,
+                 signals: _Signals) -> None:
+        self.args = args
+        self.config = config
+        self.flags = flags
+        self.signals = signals
+        self.server: ZooKeeperServer | None = None
+        self.broker: subprocess.Popen[bytes] | None = None
+        self.connect_string = args.zookeeper or ""
+
+    def run(self) -> int:
+        status = EXIT_ERROR
+        try:
+            if not self.args.zookeeper:
+                self.server = ZooKeeperServer(Path(self.args.data_dir).absolute() / "zookeeper",
+                                              port=self.args.zookeeper_port)
+                self.server.start()
+                self.connect_string = self.server.connect_string
+            if self.signals.received:
+                return EXIT_OK
+            self.broker = self._spawn_broker()
+            registration = self._wait_registered()
+            if registration is None:  # stopped while starting, or the broker did not come up
+                return EXIT_OK if self.signals.received and self.broker.poll() is None else EXIT_ERROR
+            self._announce(registration)
+            status = self._watch()
+            return status
+        except HPBrokerError as e:
+            logger.error("[stack] %s", e.message)
+            return EXIT_ERROR
+        finally:
+            broker_status = self._stop_broker()
+            self._stop_server()
+            logger.info("[stack] stopped (broker exit status %s)", broker_status)
+
+    # --- starting -------------------------------------------------------------------------------
+
+    def _spawn_broker(self) -> subprocess.Popen[bytes]:
+        argv = [sys.executable, "-m", "hpbroker.cli", "serve", "--log-level", self.args.log_level]
+        for name, value in self.flags.items():
+            if value is not None:
+                argv += [f"--{name.replace('_', '-')}", str(value)]
+        if self.args.config:
+            argv += ["--config", self.args.config]
+        env = {**os.environ, "HPBROKER_ZOOKEEPER": self.connect_string}
+        broker = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+                                  preexec_fn=die_with_parent)
+        logger.info("[stack] started the broker, pid %d: %s", broker.pid, " ".join(argv[1:]))
+        return broker
+
+    def _wait_registered(self) -> BrokerRegistration | None:
+        """The broker's registration once it appears; None if the broker exits or a signal
+        comes first."""
+        assert self.broker is not None
+        deadline = time.monotonic() + _READY_TIMEOUT_S
+        timeout_s = self.config.zookeeper_session_timeout_ms / 1000
+        with connect(self.connect_string, session_timeout_s=timeout_s, name="stack") as session:
+            registry = BrokerRegistry(session)
+            while not self.signals.received:
+                registration = registry.get(self.config.broker_id)
+                if registration is not None:
+                    return registration
+                if self.broker.poll() is not None:
+                    logger.error("[stack] the broker exited with status %d before registering",
+                                 self.broker.returncode)
+                    return None
+                if time.monotonic() > deadline:
+                    logger.error("[stack] the broker did not register in ZooKeeper within %g s",
+                                 _READY_TIMEOUT_S)
+                    return None
+                time.sleep(_POLL_S)
+        return None
+
+    def _announce(self, registration: BrokerRegistration) -> None:
+        assert self.broker is not None
+        ports = registration.data_ports
+        data_ports = f"{ports[0]}..{ports[-1]}" if len(ports) > 1 else str(ports[0])
+        if self.server is not None:
+            zookeeper = (f"{self.server.connect_string} (pid {self.server.pid}; data and log in "
+                         f"{self.server.directory})")
+        else:
+            zookeeper = f"{self.connect_string} (external)"
+        print(f"hpbroker {__version__} stack up\n"
+              f"  zookeeper  {zookeeper}\n"
+              f"  broker {registration.broker_id}   tcp://{registration.host}:{registration.port} (ZeroMQ "
+              f"front-end), data ports {data_ports} (TCP) (pid {self.broker.pid}; data in "
+              f"{self.config.data_dir})\n"
+              f"Ctrl-C or SIGTERM stops both.", flush=True)
+
+    # --- running and stopping -------------------------------------------------------------------
+
+    def _watch(self) -> int:
+        """Until a signal (EXIT_OK) or a child's exit (EXIT_ERROR, or the broker's own status)."""
+        assert self.broker is not None
+        while not self.signals.received:
+            if self.broker.poll() is not None:
+                logger.error("[stack] the broker exited by itself with status %d", self.broker.returncode)
+                return self.broker.returncode or EXIT_ERROR
+            if self.server is not None and self.server.process is not None \
+                    and self.server.process.poll() is not None:
+                logger.error("[stack] ZooKeeper exited by itself with status %d",
+                             self.server.process.returncode)
+                return EXIT_ERROR
+            time.sleep(_POLL_S)
+        logger.info("[stack] %s: stopping the broker, then ZooKeeper",
+                    signal.Signals(self.signals.received[0]).name)
+        return EXIT_OK
+
+    def _stop_broker(self) -> int | None:
+        broker, self.broker = self.broker, None
+        if broker is None:
+            return None
+        if broker.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                broker.terminate()
+            seen = len(self.signals.received)
+            deadline = time.monotonic() + self.config.graceful_timeout_ms / 1000 + _STOP_MARGIN_S
+            while broker.poll() is None and time.monotonic() < deadline:
+                if len(self.signals.received) > seen:  # asked again: the broker kills its workers
+                    seen = len(self.signals.received)
+                    with contextlib.suppress(ProcessLookupError):
+                        broker.terminate()
+                time.sleep(0.02)
+            if broker.poll() is None:
+                logger.warning("[stack] the broker pid %d is still running: SIGKILL", broker.pid)
+                broker.kill()
+        return broker.wait()
+
+    def _stop_server(self) -> None:
+        server, self.server = self.server, None
+        if server is not None:
+            server.stop()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(run_stack(sys.argv[1:]))
