@@ -12,7 +12,7 @@ from hpbroker import Consumer, TopicPartition, create_message_streams, protocol
 from hpbroker.client import fetcher as fetcher_module
 from hpbroker.client.connection import BrokerAddress, BrokerConnection
 from hpbroker.errors import InvalidConfigError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
-from hpbroker.records import build_batch
+from hpbroker.records import CODEC_LZ4, build_batch
 
 # Short long polls keep the tests quick where they wait for nothing to arrive.
 FAST = {"fetch_max_wait_ms": 200, "consumer_timeout_ms": 2000}
@@ -87,6 +87,19 @@ def test_records_carry_key_timestamp_headers_and_the_producer_name(connection, b
     assert (first.key, first.value, first.headers) == (b"k0", b"v0", (("h", b"x"), ("n", None)))
     assert (first.producer, first.sequence) == ("orders-app", 7)
     assert (second.key, second.value, second.headers, second.timestamp) == (None, None, (), 1_005)
+
+
+def test_compressed_batches_are_decoded_like_plain_ones(connection, bootstrap, topic_name):
+    create_topic(connection, topic_name, 1)
+    produce(connection, topic_name, 0, values("plain", 5))
+    produce(connection, topic_name, 0, [b"x" * 200] * 50, compression=CODEC_LZ4)
+    produce(connection, topic_name, 0, values("plain", 5, 5))
+    with Consumer(bootstrap, auto_offset_reset="earliest", **FAST) as consumer:
+        consumer.assign([(topic_name, 0)])
+        consumer.seek(TopicPartition(topic_name, 0), 20)  # into the middle of the compressed batch
+        records = consume(consumer, 40)
+    assert [r.offset for r in records] == list(range(20, 60))
+    assert [r.value for r in records] == [b"x" * 200] * 35 + values("plain", 5, 5)
 
 
 def test_iteration_yields_every_record_in_order_and_position_is_exact_mid_list(connection, bootstrap,
