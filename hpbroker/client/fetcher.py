@@ -39,6 +39,7 @@ Threads: a fetcher belongs to the thread of its consumer.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import socket
 import struct
@@ -261,7 +262,11 @@ class PartitionFetcher:
         payload = response.payload
         valid_bytes, next_offset, error = self._check(payload, fetch_offset)
         if error is None:
-            self.fetch(next_offset)  # pipelining: the broker works while this one is decoded
+            # Pipelining: the broker works on the next one while this one is decoded.  If the
+            # connection broke meanwhile, the fetcher is left disconnected with nothing in flight
+            # and these records are still returned: the next fetch reconnects.
+            with contextlib.suppress(OSError):
+                self.fetch(next_offset)
         records = decode_records(payload[:valid_bytes], verify_crc=False, topic=self.topic,
                                  partition=self.partition, min_offset=fetch_offset) if valid_bytes else []
         return CompletedFetch(fetch_offset, records, next_offset, response.high_watermark,
