@@ -103,14 +103,25 @@ class Session:
             raise CoordinationError(
                 f"[{self.name}] cannot reach ZooKeeper at {self.connect_string.hosts} within "
                 f"{self.connect_timeout_s:g} s (is a server running there?)") from None
-        if self.connect_string.chroot is not None:
-            try:
-                self.client.ensure_path("/")
-            except KazooException as e:
-                self.close()
-                raise CoordinationError(f"[{self.name}] cannot create the chroot "
-                                        f"{self.connect_string.chroot}: {e!r}") from None
+        try:
+            if self.connect_string.chroot is not None and self.client.exists("/") is None:
+                self._create_chroot()
+        except (KazooException, self.client.handler.timeout_exception) as e:
+            self.close()
+            raise CoordinationError(f"[{self.name}] cannot create the chroot "
+                                    f"{self.connect_string.chroot}: {e!r}") from None
         return self
+
+    def _create_chroot(self) -> None:
+        """A chrooted client cannot create its chroot's parents: a short-lived plain one does."""
+        plain = KazooClient(hosts=self.connect_string.hosts, timeout=self.session_timeout_s)
+        try:
+            plain.start(timeout=self.connect_timeout_s)
+            plain.ensure_path(self.connect_string.chroot)
+            logger.info("[%s] created the chroot %s", self.name, self.connect_string.chroot)
+        finally:
+            plain.stop()
+            plain.close()
 
     def close(self) -> None:
         """Close the session: ZooKeeper deletes its ephemeral nodes at once.  Idempotent."""

@@ -1,0 +1,87 @@
+"""ZooKeeper for the coordination tests: one real server per test session (the managed server of
+``hpbroker.coord.server``), and a chroot per test so that tests never see each other's nodes."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from harness import wait_until
+from kazoo.client import KazooClient
+
+from hpbroker.coord.server import ZooKeeperServer
+from hpbroker.coord.session import Session, connect
+
+
+@pytest.fixture(scope="session")
+def zookeeper(tmp_path_factory):
+    """A real standalone ZooKeeper on a free loopback port, for the whole test session."""
+    server = ZooKeeperServer(tmp_path_factory.mktemp("zookeeper"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def chroot(zookeeper):
+    """A fresh chroot for one test, removed afterwards."""
+    path = f"/test-{uuid.uuid4().hex[:12]}"
+    yield path
+    admin = KazooClient(zookeeper.connect_string)
+    admin.start(timeout=10)
+    try:
+        admin.delete(path, recursive=True)
+    except Exception:
+        pass  # never created
+    finally:
+        admin.stop()
+        admin.close()
+
+
+@pytest.fixture
+def zk_connect(zookeeper, chroot) -> str:
+    """The connect string of this test's chroot: ``127.0.0.1:<port>/test-...``."""
+    return zookeeper.connect_string + chroot
+
+
+@pytest.fixture
+def sessions(zk_connect):
+    """``open()`` -> a started Session in this test's chroot; all closed at the end."""
+    opened: list[Session] = []
+
+    def open_session(**options) -> Session:
+        session = connect(zk_connect, **{"session_timeout_s": 5.0, **options})
+        opened.append(session)
+        return session
+
+    yield open_session
+    for session in opened:
+        session.close()
+
+
+@pytest.fixture
+def zk(sessions) -> Session:
+    """A session in this test's chroot for looking at what the code under test wrote."""
+    return sessions()
+
+
+@pytest.fixture
+def expire_session(zookeeper):
+    """``expire(session)``: make ZooKeeper expire ``session`` now, the way a long partition from
+    the server would, and wait until kazoo has established a new one.  A second client attaches
+    to the same session (id and password) and closes it: the server ends the session, deleting
+    its ephemeral nodes, and the first client's next contact is answered "session expired"."""
+
+    def expire(session: Session, timeout_s: float = 10.0) -> int:
+        old = session.session_id
+        thief = KazooClient(zookeeper.connect_string, client_id=session.client.client_id)
+        thief.start(timeout=timeout_s)
+        thief.stop()
+        thief.close()
+        wait_until(lambda: session.session_id not in (None, old) and session.client.connected, timeout_s,
+                   what="a new session after the forced expiry")
+        return old
+
+    return expire
