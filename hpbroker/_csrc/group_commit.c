@@ -334,12 +334,18 @@ int hpb_writer_notified(const hpb_writer *writer)
     return __atomic_load_n(&writer->notified, __ATOMIC_ACQUIRE);
 }
 
-void hpb_writer_stop(hpb_writer *writer, int drain)
+void hpb_writer_request_stop(hpb_writer *writer, int drain)
 {
     pthread_mutex_lock(&writer->mutex);
-    writer->stopping = drain ? 1 : 2;
+    if (!writer->stopping || !drain)  /* "exit now" overrides "drain first", never the reverse */
+        writer->stopping = drain ? 1 : 2;
     pthread_cond_signal(&writer->cond);
     pthread_mutex_unlock(&writer->mutex);
+}
+
+void hpb_writer_stop(hpb_writer *writer, int drain)
+{
+    hpb_writer_request_stop(writer, drain);
     pthread_join(writer->thread, NULL);
     /* Jobs still queued stay pending: whoever needs one runs it (or cancels it). */
     while (writer->head) {

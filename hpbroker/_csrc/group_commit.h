@@ -48,6 +48,7 @@ hpb_writer *hpb_writer_start(int notify_fd, int *error);  /* NULL with *error se
 int hpb_writer_submit(hpb_writer *writer, hpb_job *job);  /* 0, or -1 once stopping */
 int hpb_writer_take_notification(hpb_writer *writer);     /* the flag, cleared */
 int hpb_writer_notified(const hpb_writer *writer);        /* the flag, left as it is */
+void hpb_writer_request_stop(hpb_writer *writer, int drain); /* returns at once; any thread */
 void hpb_writer_stop(hpb_writer *writer, int drain);      /* joins; drain: run what is queued */
 void hpb_writer_free(hpb_writer *writer);                 /* after hpb_writer_stop */
 

@@ -48,6 +48,7 @@ cdef extern from "group_commit.h":
     int hpb_writer_submit(hpb_writer *writer, hpb_job *job) nogil
     int hpb_writer_take_notification(hpb_writer *writer) nogil
     int hpb_writer_notified(const hpb_writer *writer) nogil
+    void hpb_writer_request_stop(hpb_writer *writer, int drain) nogil
     void hpb_writer_stop(hpb_writer *writer, int drain) nogil
     void hpb_writer_free(hpb_writer *writer) nogil
     void hpb_set_trace(hpb_trace_fn fn, void *arg) nogil
@@ -174,6 +175,13 @@ cdef class WriterThread:
     def notified(self):
         """Whether a job finished since the last :meth:`take_notification`."""
         return bool(hpb_writer_notified(self._writer))
+
+    def request_stop(self, *, bint drain):
+        """Ask the thread to stop (as :meth:`stop` says) and return at once, from any thread (the
+        writer's own included, e.g. from a trace callback); :meth:`stop` still waits for it.
+        Once asked, the thread takes no new job."""
+        with nogil:
+            hpb_writer_request_stop(self._writer, drain)
 
     def stop(self, *, bint drain):
         """Stop the thread and wait for it: ``drain`` runs every queued job first; otherwise the

@@ -155,26 +155,22 @@ def test_the_writer_thread_runs_jobs_in_order_and_wakes_the_loop_once(out):
 
 def test_stopping_without_draining_leaves_queued_jobs_for_their_owner(out):
     writer = WriterThread()
-    gate, release = threading.Event(), threading.Event()
 
-    def hold(op, fd):
-        gate.set()
-        release.wait(5)
+    def stop_now(op, fd):  # on the writer thread, right after the first job's writev
+        writer.request_stop(drain=False)
 
     blocker = WriteJob(out, [b"a"], False)
     queued = WriteJob(out, [b"b"], False, blocker)
-    set_trace(hold)
+    set_trace(stop_now)
     try:
         writer.submit(blocker)
         writer.submit(queued)
-        assert gate.wait(5)
-        stopper = threading.Thread(target=writer.stop, kwargs={"drain": False})
-        stopper.start()
-        release.set()
-        stopper.join(5)
+        blocker.wait()
+        writer.stop(drain=False)
     finally:
         set_trace(None)
-    assert blocker.done and not queued.done, "the queued job was left pending"
+    assert not queued.done, "the queued job was left pending"
+    assert not writer.submit(WriteJob(out, [b"late"], False)), "a stopping writer takes no jobs"
     assert queued.run() and contents(out) == b"ab"
 
 
