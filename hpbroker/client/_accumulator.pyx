@@ -70,6 +70,9 @@ cdef enum:
     # Bytes a record may need beyond its key, value and headers: five varints of at most 10
     # bytes.  Used only to decide when the exact (slower) size check is worth running.
     RECORD_OVERHEAD_MAX = 50
+    # Payloads at least this large are finished (copy, CRC) without the GIL; below, letting it go
+    # and taking it back costs more than the work.
+    NOGIL_PAYLOAD_BYTES = 256 * 1024
 
 cdef double _INFINITY = float("inf")
 
@@ -165,6 +168,46 @@ cdef bytes _encode_headers(object headers):
         out += (<char*>tmp)[:_write_uvarint(tmp, len(v) + 1) - tmp]
         out += v
     return bytes(out)
+
+
+cdef struct _Finish:
+    # One batch as build_payload writes it: its records section (the batch's own buffer, or its
+    # lz4 frame) and the header fields.
+    const unsigned char* section
+    Py_ssize_t section_len
+    int codec
+    int32_t record_count
+    int64_t first_timestamp
+    int64_t max_timestamp
+    int64_t base_sequence
+    uint32_t crc  # out
+
+
+cdef void _finish_batches(unsigned char* out, _Finish* items, Py_ssize_t n, const unsigned char* name,
+                          Py_ssize_t name_len) noexcept nogil:
+    """Write ``n`` batches back to back at ``out``: fixed header, producer name, records section
+    (FORMAT.md), then the CRC of each."""
+    cdef Py_ssize_t i, size, pos = 0
+    cdef unsigned char* p
+    for i in range(n):
+        p = out + pos
+        size = C_HEADER_SIZE + name_len + items[i].section_len
+        memset(p, 0, C_HEADER_SIZE)
+        store_i32le(p + P_BATCH_LENGTH, <int32_t>(size - C_LOG_OVERHEAD))
+        p[P_MAGIC] = MAGIC_V1
+        p[P_ATTRIBUTES] = <unsigned char>items[i].codec
+        p[P_PRODUCER_LEN] = <unsigned char>name_len
+        store_i32le(p + P_LAST_OFFSET_DELTA, items[i].record_count - 1)
+        store_i32le(p + P_RECORD_COUNT, items[i].record_count)
+        store_i64le(p + P_FIRST_TIMESTAMP, items[i].first_timestamp)
+        store_i64le(p + P_MAX_TIMESTAMP, items[i].max_timestamp)
+        store_i64le(p + P_BASE_SEQUENCE, items[i].base_sequence)
+        if name_len:
+            memcpy(p + C_HEADER_SIZE, name, name_len)
+        memcpy(p + C_HEADER_SIZE + name_len, items[i].section, items[i].section_len)
+        items[i].crc = crc32c_update(0, p + C_CRC_START, <size_t>(size - C_CRC_START))
+        store_u32le(p + P_CRC, items[i].crc)
+        pos += size
 
 
 cdef class Batch:
@@ -702,54 +745,53 @@ cdef class RecordAccumulator:
         """The bytes of one ProduceRequest: ``batches`` (one partition's, drained, in order)
         finished as FORMAT.md says (header, producer name, records section lz4-compressed when
         the producer compresses and it helps), back to back.  Each batch's buffer goes back to
-        the pool; the Batch objects keep what settling them needs (``crc``, counts, waiters)."""
-        cdef list sections = []
-        cdef Py_ssize_t total = 0, pos = 0, records_len, section_len, i
-        cdef Batch b
-        cdef object section
-        cdef unsigned char* out
-        for b in batches:
-            records_len = b.length - self.header_room
-            section = None
-            if self.codec == CODEC_LZ4_:
-                compressed = _lz4frame.compress(<unsigned char[:records_len]>(b.buf + self.header_room),
-                                                store_size=True)
-                if len(compressed) < records_len:  # incompressible data goes as it is
-                    section = compressed
-            sections.append(section)
-            total += self.header_room + (records_len if section is None else len(section))
-        result = PyBytes_FromStringAndSize(NULL, total)
-        out = <unsigned char*>PyBytes_AS_STRING(result)
-        for i in range(len(batches)):
-            b = <Batch>batches[i]
-            section = sections[i]
-            if section is None:
-                section_len = b.length - self.header_room
-                memcpy(out + pos + self.header_room, b.buf + self.header_room, section_len)
-            else:
-                section_len = len(section)
-                memcpy(out + pos + self.header_room, PyBytes_AS_STRING(section), section_len)
-            self._write_header(out + pos, b, section_len, CODEC_NONE_ if section is None else CODEC_LZ4_)
-            pos += self.header_room + section_len
-            self._recycle(b)
-        return result
+        the pool; the Batch objects keep what settling them needs (``crc``, counts, waiters).
 
-    cdef void _write_header(self, unsigned char* out, Batch b, Py_ssize_t section_len, int codec):
-        cdef Py_ssize_t size = self.header_room + section_len
-        memset(out, 0, C_HEADER_SIZE)
-        store_i32le(out + P_BATCH_LENGTH, <int32_t>(size - C_LOG_OVERHEAD))
-        out[P_MAGIC] = MAGIC_V1
-        out[P_ATTRIBUTES] = <unsigned char>codec
-        out[P_PRODUCER_LEN] = <unsigned char>(self.header_room - C_HEADER_SIZE)
-        store_i32le(out + P_LAST_OFFSET_DELTA, b.record_count - 1)
-        store_i32le(out + P_RECORD_COUNT, b.record_count)
-        store_i64le(out + P_FIRST_TIMESTAMP, b.first_timestamp)
-        store_i64le(out + P_MAX_TIMESTAMP, b.max_timestamp)
-        store_i64le(out + P_BASE_SEQUENCE, b.base_sequence)
-        if self.header_room > C_HEADER_SIZE:
-            memcpy(out + C_HEADER_SIZE, PyBytes_AS_STRING(self._producer_name), self.header_room - C_HEADER_SIZE)
-        b.crc = crc32c_update(0, out + C_CRC_START, <size_t>(size - C_CRC_START))
-        store_u32le(out + P_CRC, b.crc)
+        The copy and the CRCs of a large payload run without the GIL: the batches are detached
+        from the accumulator and the result is not shared yet, so ``send`` may go on meanwhile."""
+        cdef Py_ssize_t n = len(batches), total = 0, records_len, i
+        cdef list sections = [None] * n  # keeps the compressed sections alive while the GIL is released
+        cdef Batch b
+        cdef _Finish* items = <_Finish*>malloc(max(n, 1) * sizeof(_Finish))
+        cdef const unsigned char* name = <const unsigned char*>PyBytes_AS_STRING(self._producer_name)
+        cdef Py_ssize_t name_len = self.header_room - C_HEADER_SIZE
+        cdef unsigned char* out
+        if items == NULL:
+            raise MemoryError()
+        try:
+            for i in range(n):
+                b = <Batch>batches[i]
+                records_len = b.length - self.header_room
+                items[i].section = b.buf + self.header_room
+                items[i].section_len = records_len
+                items[i].codec = CODEC_NONE_
+                if self.codec == CODEC_LZ4_:
+                    compressed = _lz4frame.compress(<unsigned char[:records_len]>(b.buf + self.header_room),
+                                                    store_size=True)
+                    if len(compressed) < records_len:  # incompressible data goes as it is
+                        sections[i] = compressed
+                        items[i].section = <const unsigned char*>PyBytes_AS_STRING(compressed)
+                        items[i].section_len = len(compressed)
+                        items[i].codec = CODEC_LZ4_
+                items[i].record_count = b.record_count
+                items[i].first_timestamp = b.first_timestamp
+                items[i].max_timestamp = b.max_timestamp
+                items[i].base_sequence = b.base_sequence
+                total += self.header_room + items[i].section_len
+            result = PyBytes_FromStringAndSize(NULL, total)
+            out = <unsigned char*>PyBytes_AS_STRING(result)
+            if total >= NOGIL_PAYLOAD_BYTES:
+                with nogil:
+                    _finish_batches(out, items, n, name, name_len)
+            else:
+                _finish_batches(out, items, n, name, name_len)
+            for i in range(n):
+                b = <Batch>batches[i]
+                b.crc = items[i].crc
+                self._recycle(b)
+        finally:
+            free(items)
+        return result
 
     cdef void _recycle(self, Batch b):
         if b.buf == NULL:
