@@ -38,6 +38,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from kazoo.exceptions import KazooException
+
 from hpbroker import __version__
 from hpbroker.broker.config import BrokerConfig
 from hpbroker.coord.paths import parse_connect_string
@@ -188,7 +190,11 @@ class _Stack:
         with connect(self.connect_string, session_timeout_s=timeout_s, name="stack") as session:
             registry = BrokerRegistry(session)
             while not self.signals.received:
-                registration = registry.get(self.config.broker_id)
+                try:
+                    registration = registry.get(self.config.broker_id)
+                except KazooException as e:  # connection trouble: the session reconnects
+                    logger.warning("[stack] reading the broker's registration: %r", e)
+                    registration = None
                 if registration is not None:
                     return registration
                 if self.broker.poll() is not None:

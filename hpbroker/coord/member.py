@@ -76,7 +76,7 @@ class BrokerMember:
         self._wanted = (broker, dict(topics))
         try:
             self.session.start()
-            self._sync(self._wanted, remove_stale=True)
+            self._sync(self._wanted, first=True)
         except (KazooException, CoordinationError) as e:
             self.session.close()
             if isinstance(e, CoordinationError):
@@ -140,21 +140,29 @@ class BrokerMember:
                 self._retry_at = time.monotonic() + RETRY_S
 
     def _sync(self, wanted: tuple[BrokerRegistration, dict[str, TopicRegistration]], *,
-              remove_stale: bool = False) -> None:
-        """Make ZooKeeper hold ``wanted``: one writer (the member's thread, or start())."""
+              first: bool = False) -> None:
+        """Make ZooKeeper hold ``wanted``: one writer (the member's thread, or start()).  A new
+        topic's node is written before the registration names it, and a deleted one removed only
+        after, so a reader going from a broker to its topics finds them.  The first round
+        registers first instead, so that an id held by another broker fails before any write."""
         broker, topics = wanted
+        if first:
+            self._register(broker)
         for name, topic in sorted(topics.items()):
             if self._published.get(name) != topic:
                 if self.topics.publish(topic):
                     logger.info("[zookeeper] published topic %s (%d partitions)", name, topic.partitions)
                 self._published[name] = topic
+        self._register(broker)
         gone = set(self._published) - set(topics)
-        if remove_stale:
+        if first:  # and those deleted while this broker was away from ZooKeeper
             gone |= set(self.topics.names()) - set(topics)
         for name in sorted(gone):
             if self.topics.remove(name, created_by=broker.broker_id):
                 logger.info("[zookeeper] removed topic %s", name)
             self._published.pop(name, None)
+
+    def _register(self, broker: BrokerRegistration) -> None:
         if broker != self._registered:
             self.brokers.register(broker)
             self._registered = broker

@@ -156,7 +156,11 @@ class Session:
             if entry is None:
                 entry = self._ephemerals[path] = _Ephemeral(data, takeover)
             entry.data, entry.takeover = data, takeover
-            self._write(path, entry)
+            try:
+                self._write(path, entry)
+            except BaseException:
+                entry.session_id = None  # not written: the next connection writes it
+                raise
 
     def unregister_ephemeral(self, path: str) -> None:
         """Forget ``path`` and delete it if this session holds it."""

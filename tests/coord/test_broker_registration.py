@@ -3,6 +3,8 @@ and the topic registry in step with its topics, and leaves when it stops."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 
@@ -65,6 +67,27 @@ def test_broker_restarted_after_kill_takes_over_its_stale_registration(tmp_path,
         assert zk.client.exists("/hpbroker/brokers/ids/0").ephemeralOwner not in (0, old_owner)
     finally:
         assert second.stop() == 0, second.log()
+
+
+def test_worker_respawned_beside_the_zookeeper_client_serves_and_registration_stays(tmp_path, zk_connect, zk):
+    write_config(tmp_path / "broker.toml", zk_connect)
+    broker, port = start_broker(tmp_path / "data", tmp_path / "broker.log", config=tmp_path / "broker.toml")
+    client = Client(port)
+    try:
+        assert client.request(protocol.CreateTopicRequest("orders", 2))[0].error_code == 0
+        wait_until(lambda: BrokerRegistry(zk).get(0).topics == {"orders": (0, 1)}, 10, what="registered")
+        session_owner = zk.client.exists("/hpbroker/brokers/ids/0").ephemeralOwner
+        os.kill(broker.worker_pids()[0], signal.SIGKILL)  # forked again while kazoo's threads run
+        broker.wait_for_log(r"worker slot=0 pid=\d+ serving", count=2)
+        header, metadata = client.request(protocol.MetadataRequest(["orders"]))
+        assert [p.error_code for p in metadata.topics[0].partitions] == [0, 0]
+        assert zk.client.exists("/hpbroker/brokers/ids/0").ephemeralOwner == session_owner
+        assert client.request(protocol.DeleteTopicRequest("orders"))[0].error_code == 0
+        wait_until(lambda: BrokerRegistry(zk).get(0).topics == {}, 10, what="orders unregistered")
+    finally:
+        client.close()
+        status = broker.stop()
+    assert status == 0, broker.log()
 
 
 def test_broker_that_cannot_reach_zookeeper_does_not_start(tmp_path):

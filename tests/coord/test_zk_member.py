@@ -86,6 +86,7 @@ def test_a_broker_id_held_by_another_broker_fails_the_start(member, zk, sessions
     BrokerRegistry(sessions()).register(BrokerRegistration(0, "10.0.0.9", 9092, (9093,)))
     with pytest.raises(CoordinationError, match="held by session"):
         member().start(*snapshot(orders=1))
+    assert TopicRegistry(zk).names() == []  # nothing written before the conflict
 
 
 def test_start_without_a_server_fails_and_leaves_no_thread():
