@@ -1,0 +1,52 @@
+"""``hpbroker serve [--config FILE] [--port N] ...``: run a broker (``hpbroker.workers.arbiter``)
+until SIGTERM or SIGINT; settings come from the flags, then ``HPBROKER_*`` variables, then the
+TOML file (``hpbroker.broker.config``).  Exit status: the arbiter's (0 after a graceful stop, 1
+when it could not start or gave up), 2 for an invalid configuration."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from hpbroker import __version__
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    serve = sub.add_parser("serve", help="run a broker until SIGTERM or SIGINT")
+    serve.add_argument("--config", metavar="FILE", help="TOML file with [broker] and [log] sections")
+    serve.add_argument("--host", help="address to bind and advertise")
+    serve.add_argument("--port", type=int, help="ZeroMQ front-end port")
+    serve.add_argument("--fetch-port", type=int, help="first TCP data port (worker s: fetch port + s)")
+    serve.add_argument("--workers", type=int, help="I/O worker processes")
+    serve.add_argument("--data-dir", metavar="DIR", help="where topics and partitions are kept")
+    serve.add_argument("--broker-id", type=int, help="this broker's id")
+    serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                       help="logging threshold (default INFO); the log goes to stderr")
+    serve.set_defaults(run=serve_command)
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    """Load the configuration, run the arbiter, return its exit status."""
+    import logging
+
+    from hpbroker.broker.config import BrokerConfig
+    from hpbroker.broker.memory import tune_allocator
+    from hpbroker.errors import InvalidConfigError
+    from hpbroker.workers.arbiter import Arbiter
+
+    overrides = {"host": args.host, "port": args.port, "fetch_port": args.fetch_port, "workers": args.workers,
+                 "data_dir": args.data_dir, "broker_id": args.broker_id}
+    try:
+        config = BrokerConfig.load(args.config, **overrides)
+    except InvalidConfigError as e:
+        print(f"hpbroker serve: invalid configuration: {e.message}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(process)d %(levelname)s %(message)s")
+    tune_allocator()  # before the workers are forked: they inherit it
+    last_port = config.fetch_port + config.workers - 1
+    print(f"hpbroker {__version__}: broker {config.broker_id} on tcp://{config.host}:{config.port} "
+          f"(ZeroMQ), data ports {config.fetch_port}..{last_port} (TCP), {config.workers} workers, "
+          f"data in {os.path.abspath(config.data_dir)}", flush=True)
+    return Arbiter(config).run()

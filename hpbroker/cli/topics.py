@@ -1,0 +1,66 @@
+"""``hpbroker topics create|list|describe|delete``: topic administration over the protocol
+(``hpbroker.client.Admin``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from hpbroker.cli.common import add_bootstrap, reports_errors
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    topics = sub.add_parser("topics", help="create, list, describe or delete topics")
+    actions = topics.add_subparsers(dest="action", required=True)
+    create = actions.add_parser("create", help="create a topic")
+    create.add_argument("name")
+    create.add_argument("--partitions", "-p", type=int, required=True, help="number of partitions")
+    create.add_argument("--config", "-c", action="append", default=[], metavar="KEY=VALUE",
+                        help="a log setting of this topic (repeatable), e.g. retention_ms=86400000")
+    actions.add_parser("list", help="list the topics")
+    describe = actions.add_parser("describe", help="a topic's partitions, offsets and settings")
+    describe.add_argument("name")
+    delete = actions.add_parser("delete", help="delete a topic and its records")
+    delete.add_argument("name")
+    for action in actions.choices.values():
+        add_bootstrap(action)
+    topics.set_defaults(run=_run)
+
+
+def _parse_configs(pairs: list[str]) -> dict[str, str]:
+    configs = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--config {pair!r}: expected KEY=VALUE")
+        configs[key.strip()] = value.strip()
+    return configs
+
+
+@reports_errors("topics")
+def _run(args: argparse.Namespace) -> int:
+    from hpbroker.client.admin import Admin
+
+    with Admin(args.bootstrap, client_id="hpbroker-cli") as admin:
+        if args.action == "create":
+            admin.create_topic(args.name, args.partitions, _parse_configs(args.config))
+            print(f"created topic {args.name} with {args.partitions} partitions")
+        elif args.action == "list":
+            for name in admin.list_topics():
+                print(name)
+        elif args.action == "describe":
+            _describe(admin.describe_topic(args.name))
+        elif args.action == "delete":
+            admin.delete_topic(args.name)
+            print(f"deleted topic {args.name}")
+    return 0
+
+
+def _describe(description) -> None:
+    settings = ", ".join(f"{k}={v}" for k, v in sorted(description.configs.items())) or "broker defaults"
+    print(f"topic {description.name}: {len(description.partitions)} partitions; settings: {settings}")
+    print(f"{'partition':>9}  {'leader':>6}  {'data port':<21}  {'log start':>12}  "
+          f"{'high watermark':>14}  status")
+    for p in description.partitions:
+        status = "serving" if p.error_code == 0 else f"error {p.error_code}"
+        print(f"{p.partition:>9}  {p.leader:>6}  {f'{p.host}:{p.fetch_port}':<21}  {p.log_start_offset:>12}  "
+              f"{p.high_watermark:>14}  {status}")
