@@ -111,6 +111,36 @@ cdef inline uint64_t _zigzag(int64_t v) noexcept nogil:
     return (<uint64_t>v << 1) ^ <uint64_t>(v >> 63)
 
 
+cdef inline Py_ssize_t _body_size(int64_t delta, int32_t offset_delta, uint64_t kfield, Py_ssize_t klen,
+                                  uint64_t vfield, Py_ssize_t vlen, Py_ssize_t hlen) noexcept nogil:
+    """Bytes of a record after its ``length`` varint; ``kfield``/``vfield``: 0 for null, else
+    length + 1; ``hlen``: bytes of the encoded headers, 0 for none (then one byte of count)."""
+    return (_uvarint_size(_zigzag(delta)) + _uvarint_size(<uint64_t>offset_delta) + _uvarint_size(kfield)
+            + klen + _uvarint_size(vfield) + vlen + (hlen if hlen else 1))
+
+
+cdef inline void _write_record(unsigned char* w, Py_ssize_t body, int64_t delta, int32_t offset_delta,
+                               uint64_t kfield, const unsigned char* kptr, Py_ssize_t klen, uint64_t vfield,
+                               const unsigned char* vptr, Py_ssize_t vlen, const char* headers,
+                               Py_ssize_t hlen) noexcept nogil:
+    """One record as FORMAT.md lays it out (see the module docstring), at ``w``."""
+    w = _write_uvarint(w, <uint64_t>body)
+    w = _write_uvarint(w, _zigzag(delta))
+    w = _write_uvarint(w, <uint64_t>offset_delta)
+    w = _write_uvarint(w, kfield)
+    if klen:
+        memcpy(w, kptr, klen)
+        w += klen
+    w = _write_uvarint(w, vfield)
+    if vlen:
+        memcpy(w, vptr, vlen)
+        w += vlen
+    if hlen:
+        memcpy(w, headers, hlen)
+    else:
+        w[0] = 0
+
+
 def partition_for_key(key, Py_ssize_t partition_count):
     """CRC32C of the key's bytes, as an unsigned 32-bit number, modulo ``partition_count``:
     the partition of a keyed record (docs/CLIENT.md, "Partitioning")."""
@@ -505,7 +535,6 @@ cdef class RecordAccumulator:
         cdef uint64_t vfield = 0, kfield = 0
         cdef int vrel = 0, krel = 0
         cdef int64_t delta
-        cdef unsigned char* w
         cdef bytes encoded_headers = None
         cdef Batch b
         if headers:
@@ -523,8 +552,7 @@ cdef class RecordAccumulator:
             b = q.open
             while b is not None:
                 delta = ts - b.first_timestamp
-                body = (_uvarint_size(_zigzag(delta)) + _uvarint_size(<uint64_t>b.record_count)
-                        + _uvarint_size(kfield) + klen + _uvarint_size(vfield) + vlen + (hlen if hlen else 1))
+                body = _body_size(delta, b.record_count, kfield, klen, vfield, vlen, hlen)
                 total = _uvarint_size(<uint64_t>body) + body
                 if b.length + total <= self.batch_bytes:
                     break
@@ -535,27 +563,13 @@ cdef class RecordAccumulator:
                     b = q.open
             if b is None:
                 b = self._open(q, ts)
-                body = 2 + _uvarint_size(kfield) + klen + _uvarint_size(vfield) + vlen + (hlen if hlen else 1)
-                total = _uvarint_size(<uint64_t>body) + body
                 delta = 0
+                body = _body_size(0, 0, kfield, klen, vfield, vlen, hlen)
+                total = _uvarint_size(<uint64_t>body) + body
             if b.length + total > b.capacity:
                 self._grow(b, b.length + total)
-            w = b.buf + b.length
-            w = _write_uvarint(w, <uint64_t>body)
-            w = _write_uvarint(w, _zigzag(delta))
-            w = _write_uvarint(w, <uint64_t>b.record_count)
-            w = _write_uvarint(w, kfield)
-            if klen:
-                memcpy(w, kptr, klen)
-                w += klen
-            w = _write_uvarint(w, vfield)
-            if vlen:
-                memcpy(w, vptr, vlen)
-                w += vlen
-            if hlen:
-                memcpy(w, PyBytes_AS_STRING(encoded_headers), hlen)
-            else:
-                w[0] = 0
+            _write_record(b.buf + b.length, body, delta, b.record_count, kfield, kptr, klen, vfield, vptr, vlen,
+                          PyBytes_AS_STRING(encoded_headers) if hlen else NULL, hlen)
         finally:
             if vrel:
                 PyBuffer_Release(&vbuf)
@@ -575,7 +589,7 @@ cdef class RecordAccumulator:
     cdef int _check_record_fits(self, Py_ssize_t vlen, Py_ssize_t klen, Py_ssize_t hlen, uint64_t vfield,
                                 uint64_t kfield) except -1:
         """Refuse a record that could not fit even alone in a batch (its size as a first record)."""
-        cdef Py_ssize_t body = 2 + _uvarint_size(kfield) + klen + _uvarint_size(vfield) + vlen + (hlen if hlen else 1)
+        cdef Py_ssize_t body = _body_size(0, 0, kfield, klen, vfield, vlen, hlen)
         cdef Py_ssize_t size = self.header_room + _uvarint_size(<uint64_t>body) + body
         if size > self.batch_bytes:
             raise RecordTooLargeError(
