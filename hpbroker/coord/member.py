@@ -64,6 +64,7 @@ class BrokerMember:
         self._dirty = False
         self._retry_at = 0.0  # monotonic time before which a failed write is not retried
         self._closing = False
+        self._failures = 0  # failed rounds in a row (the member's thread only)
         self._registered: BrokerRegistration | None = None  # last written registration
         self._published: dict[str, TopicRegistration] = {}  # topic nodes this member wrote
         self._thread: threading.Thread | None = None
@@ -128,10 +129,15 @@ class BrokerMember:
             assert wanted is not None
             try:
                 self._sync(wanted)
+                if self._failures:
+                    logger.info("[zookeeper] broker %d's nodes are up to date again", wanted[0].broker_id)
+                self._failures = 0
                 continue
             except (KazooException, CoordinationError) as e:
-                logger.warning("[zookeeper] could not bring broker %d's nodes up to date (retrying): %r",
-                               wanted[0].broker_id, e)
+                self._failures += 1  # the first failure is worth a warning, the next ones are not
+                logger.log(logging.WARNING if self._failures == 1 else logging.DEBUG,
+                           "[zookeeper] could not bring broker %d's nodes up to date (retrying every %g s "
+                           "and on reconnection): %r", wanted[0].broker_id, RETRY_S, e)
             except Exception:
                 logger.exception("[zookeeper] unexpected failure updating broker %d's nodes",
                                  wanted[0].broker_id)

@@ -506,12 +506,12 @@ class Arbiter:
         if self._front is not None and self._front_endpoint:
             with contextlib.suppress(zmq.ZMQError):
                 self._front.unbind(self._front_endpoint)
-        self._leave_zookeeper()
         for slot in self._slots:
             if slot.alive:
                 self._signal_slot(slot, signal.SIGTERM, "asked to stop", grace_s)
         if self._frontend is not None:
             self._frontend.admin.abandon()
+        self._leave_zookeeper()  # while the workers flush; quick unless ZooKeeper is unreachable
 
     # --- the loop ---------------------------------------------------------------------------------
 
