@@ -47,8 +47,9 @@ not start.  The member's kazoo threads are started with the arbiter's signals bl
 still reach only the loop's thread, and they never touch the loop's state: each turn the loop
 hands the member a snapshot when the topic store has changed (``TopicStore.version``), and the
 member writes it on its own thread, re-registering after a session expiry.  Children forked
-later never touch the member.  Stopping closes the session first, so the broker leaves the
-registry as soon as it stops accepting connections.
+later never touch the member.  Stopping closes the session right after the workers are asked to
+stop, so the broker leaves the registry when it stops accepting connections, not once they have
+flushed.
 
 **Stop.**  SIGTERM or SIGINT: stop accepting connections and reading requests (responses still
 flow back to the clients), SIGTERM every worker, reap them until ``graceful_timeout_ms``, then
