@@ -32,3 +32,13 @@ def test_invalid_environment_names_the_variable(capsys, monkeypatch):
     monkeypatch.setenv("HPBROKER_WORKERS", "many")
     assert main(["serve"]) == 2
     assert "HPBROKER_WORKERS='many' is not an integer" in capsys.readouterr().err
+
+
+def test_up_hands_its_flags_to_the_stack(capsys, tmp_path):
+    """``hpbroker up`` parses with the stack's own parser: its flags and its errors."""
+    assert main(["up", "--data-dir", str(tmp_path), "--zookeeper-port", "70000"]) == 2
+    err = capsys.readouterr().err
+    assert "hpbroker up: invalid configuration: --zookeeper-port must be in [0, 65535]" in err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["up", "--help"])
+    assert exit_info.value.code == 0 and "usage: hpbroker up" in capsys.readouterr().out

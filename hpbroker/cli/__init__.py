@@ -1,6 +1,7 @@
 """The ``hpbroker`` command: one module per group of subcommands, each adding its parsers.
 
 - ``hpbroker version``: the version, and whether CRC32C is hardware-accelerated
+- ``hpbroker up``: the local stack, a ZooKeeper and a broker (``server``, ``hpbroker.stack``)
 - ``hpbroker serve``: run a broker (``server``)
 - ``hpbroker dump-log SEGMENT``: list and check a segment file (``segments``)
 - ``hpbroker topics create|list|describe|delete``: administer topics (``topics``)
@@ -43,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["up"]:  # the stack parses its own flags (hpbroker.stack)
+        return server.up(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)

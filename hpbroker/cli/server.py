@@ -1,4 +1,7 @@
-"""``hpbroker serve [--config FILE] [--port N] ...``: run a broker (``hpbroker.workers.arbiter``)
+"""``hpbroker up [...]``: the local stack (``hpbroker.stack``): a managed ZooKeeper, or an existing
+ensemble with ``--zookeeper``, and a broker registered in it, until Ctrl-C or SIGTERM.
+
+``hpbroker serve [--config FILE] [--port N] ...``: run a broker (``hpbroker.workers.arbiter``)
 until SIGTERM or SIGINT; settings come from the flags, then ``HPBROKER_*`` variables, then the
 TOML file (``hpbroker.broker.config``).  Exit status: the arbiter's (0 after a graceful stop, 1
 when it could not start or gave up), 2 for an invalid configuration."""
@@ -8,11 +11,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 
 from hpbroker import __version__
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    # Only listed here: main() hands "up ..." to the stack's own parser before this one runs.
+    sub.add_parser("up", add_help=False, help="run the local stack: ZooKeeper and a broker (up --help)")
     serve = sub.add_parser("serve", help="run a broker until SIGTERM or SIGINT")
     serve.add_argument("--config", metavar="FILE", help="TOML file with [broker] and [log] sections")
     serve.add_argument("--host", help="address to bind and advertise")
@@ -50,3 +56,9 @@ def serve_command(args: argparse.Namespace) -> int:
           f"(ZeroMQ), data ports {config.fetch_port}..{last_port} (TCP), {config.workers} workers, "
           f"data in {os.path.abspath(config.data_dir)}", flush=True)
     return Arbiter(config).run()
+
+
+def up(argv: Sequence[str]) -> int:
+    from hpbroker.stack import run_stack
+
+    return run_stack(argv)
