@@ -15,18 +15,20 @@ Two threads (the Kafka paper's asynchronous producer: latency traded for through
 queue is *muted* meanwhile), and a request carries every batch that became due while its
 predecessor was out (up to ``max_request_bytes``), so a retry can never overtake or be overtaken
 by later records.  Requests to different partitions are in flight together.  With ``acks=0``
-nothing is answered; requests follow each other on the one connection, in order.
+nothing is answered; requests follow each other on the one connection, in order, and only a
+request that could not be handed to a connection waits (muted) for a retry.
 
 **Retries.**  A retriable error (docs/PROTOCOL.md's table; also a lost connection or no response
 within ``request_timeout_ms``) sends the same bytes again after a backoff (``retry_backoff_ms``,
 doubling up to ``retry_backoff_max_ms``), refreshing the topic's metadata first after errors 6
 and 15, until ``delivery_timeout_ms`` after the oldest batch was opened; then, or at once for an
-error that is not retriable, the request's records fail.  When the first attempt's outcome is
+error that is not retriable, the request's records fail.  When an attempt's outcome is
 unknown (lost connection, timeout, error 7, 12 or 15: the broker may have appended it), the
 I/O thread first looks for the request's first batch in the partition (by producer name,
 ``base_sequence`` and CRC, fetching from where its previous acknowledged request ended): found,
 the records are acknowledged at the offsets where they are; not found, they are sent again.  So
-records that were appended are not appended twice, and a broker restart costs no duplicates.
+records that were appended are not appended twice, and a broker restart costs no duplicates (the
+look sees flushed records only: an append still waiting for its flush can be stored twice).
 
 **Delivery reports.**  Every record is acknowledged or failed, never dropped: a future
 (:meth:`send_future`) or callback (``send(..., callback=f)``, called on the I/O thread as
@@ -62,6 +64,7 @@ from hpbroker.client.partitioner import STICKY, Partitioner, partitioner_kind
 from hpbroker.errors import (
     BrokerNotAvailableError,
     HPBrokerError,
+    OffsetOutOfRangeError,
     RequestTimedOutError,
     UnknownServerError,
     UnknownTopicOrPartitionError,
@@ -323,8 +326,10 @@ class Producer(RecordAccumulator):
             while self.buffered_bytes >= self.buffer_bytes:
                 if self.closed:
                     self._raise_closed()
+                if not self._thread.is_alive():
+                    raise ProducerClosedError(f"producer {self.name}: its I/O thread has stopped")
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self._thread.is_alive():
+                if remaining <= 0:
                     raise TimeoutError(f"producer {self.name}: send blocked {self.config.max_block_ms} ms "
                                        f"with {self.buffered_bytes} bytes buffered "
                                        f"(buffer_bytes {self.buffer_bytes})")
@@ -399,6 +404,7 @@ class _Sender:
         self._alive = True
         self.connection: BrokerConnection | None = None
         self.metadata: ClusterMetadata | None = None
+        self._monitor: zmq.Socket | None = None
 
     # --- called from application threads -------------------------------------------------------
 
@@ -486,10 +492,11 @@ class _Sender:
         self.metadata = ClusterMetadata(self.connection, timeout_s=self._control_timeout_s)
 
     def _close(self) -> None:
-        if self.connection is not None:
+        if self._monitor is not None:
             with contextlib.suppress(zmq.ZMQError):
                 self.connection.socket.disable_monitor()
             self._monitor.close(linger=0)
+        if self.connection is not None:
             self.connection.close()
 
     def _read_monitor(self) -> None:
@@ -580,6 +587,7 @@ class _Sender:
     def _retry(self, request: _Request, error: HPBrokerError, now: float, *, uncertain: bool) -> None:
         request.error = error
         request.uncertain |= uncertain
+        request.queue.muted = True  # acks=0 too: nothing of the partition may overtake the retry
         if now >= request.deadline_s:
             self._settle(request, type(error)(
                 f"{request.record_count} records to {request} not delivered within delivery_timeout_ms "
@@ -613,22 +621,26 @@ class _Sender:
             except _Found as found:
                 self._acknowledged(request, found.base_offset)
                 continue
+            except _GiveUp as give_up:
+                self._settle(request, give_up.error)
+                continue
             self._send(request, now)
 
     def _prepare_retry(self, request: _Request) -> None:
         """Refresh metadata if asked, and find out whether an uncertain attempt was appended
-        (raises _Found if so).  Raises HPBrokerError when that cannot be known yet."""
+        (raises _Found if so).  Raises HPBrokerError when that cannot be known yet, _GiveUp when
+        the partition is gone."""
         topic, partition = request.queue.topic, request.queue.partition
         if topic in self._stale_topics:
             try:
                 count = len(self.metadata.partitions(topic, refresh=True))
             except UnknownTopicOrPartitionError:
-                raise UnknownTopicOrPartitionError(f"topic {topic!r} no longer exists on broker "
-                                                   f"{self._address}") from None
+                raise _GiveUp(UnknownTopicOrPartitionError(
+                    f"topic {topic!r} no longer exists on broker {self._address}")) from None
             self._stale_topics.discard(topic)
             if partition >= count:
-                raise UnknownTopicOrPartitionError(f"topic {topic!r} now has {count} partitions, "
-                                                   f"no partition {partition}")
+                raise _GiveUp(UnknownTopicOrPartitionError(
+                    f"topic {topic!r} now has {count} partitions, no partition {partition}"))
             self._producer.set_partition_count(topic, count)
         if request.uncertain:
             base_offset = self._find_appended(request)
@@ -649,15 +661,18 @@ class _Sender:
         first = request.batches[0]
         call, timeout_s = self.connection.call, self._control_timeout_s
         start = self._known_end.get((topic, partition))
-        if start is None:
-            oldest = min(b.min_timestamp for b in request.batches)
-            start = call(protocol.ListOffsetsRequest(topic, partition, oldest), timeout_s).offset
-            if start < 0:
-                return None
+        by_time = start is None
+        if by_time:
+            start = self._first_offset_since(request)
         scanned = 0
-        while scanned < _VERIFY_MAX_BYTES:
-            fetched = call(protocol.FetchRequest(topic, partition, start, max_bytes=_VERIFY_FETCH_BYTES,
-                                                 max_wait_ms=0), timeout_s)
+        while start is not None and scanned < _VERIFY_MAX_BYTES:
+            try:
+                fetched = call(protocol.FetchRequest(topic, partition, start, max_bytes=_VERIFY_FETCH_BYTES,
+                                                     max_wait_ms=0), timeout_s)
+            except OffsetOutOfRangeError:  # the log no longer has our last acknowledged offset
+                start = None if by_time else self._first_offset_since(request)
+                by_time = True
+                continue
             payload = fetched.payload
             scan = scan_batches(payload)
             for position in scan.positions:
@@ -669,8 +684,19 @@ class _Sender:
                 return None
             start = scan.next_offset
             scanned += len(payload)
+        if start is None:
+            return None
         raise UnknownServerError(f"{request}: request {request.correlation_id} not found in {scanned} bytes "
                                  "after the producer's last acknowledged offset; giving up looking")
+
+    def _first_offset_since(self, request: _Request) -> int | None:
+        """The first offset whose timestamp is at least the request's oldest one (None: no record
+        is that recent, so the request is not there)."""
+        oldest = min(b.min_timestamp for b in request.batches)
+        queue = request.queue
+        found = self.connection.call(protocol.ListOffsetsRequest(queue.topic, queue.partition, oldest),
+                                     self._control_timeout_s).offset
+        return None if found < 0 else found
 
     # --- settling ---------------------------------------------------------------------------------
 
@@ -733,6 +759,11 @@ class _Sender:
 class _Found(Exception):  # noqa: N818 - control flow, never leaves this module
     def __init__(self, base_offset: int) -> None:
         self.base_offset = base_offset
+
+
+class _GiveUp(Exception):  # noqa: N818 - control flow: settle the request with ``error`` now
+    def __init__(self, error: HPBrokerError) -> None:
+        self.error = error
 
 
 def _report(waiter: Any, metadata: RecordMetadata | None, error: BaseException | None) -> None:

@@ -3,6 +3,8 @@ time, and every acknowledged record stored exactly once, in order."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from concurrent.futures import wait
@@ -112,13 +114,13 @@ def test_flush_and_close_are_bounded_by_their_timeout(own_broker, topic_name):
         producer.send(topic_name, b"late")
 
 
-def test_a_broker_restart_mid_stream_loses_and_duplicates_no_acknowledged_record(own_broker, topic_name):
-    """Records flow while the broker stops and starts again on the same port and data: the
-    producer reconnects and goes on; each acknowledged record is stored once, at the offset its
-    future gave, and each partition holds them in send order."""
+def stream_through(own_broker: OwnBroker, topic: str, fault) -> None:
+    """Send keyed records from a thread while ``fault()`` runs, then check that each acknowledged
+    record is stored once, at the offset its future gave, and that each partition holds them in
+    send order; with the retries and the delivery timeout given, every record is acknowledged."""
     partitions = 2
     with closing(own_broker.connection()) as connection:
-        connection.call(protocol.CreateTopicRequest(topic_name, partitions))
+        connection.call(protocol.CreateTopicRequest(topic, partitions))
     producer = Producer(f"127.0.0.1:{own_broker.port}", linger_ms=2, batch_bytes=8192,
                         delivery_timeout_ms=30_000, request_timeout_ms=5000, retry_backoff_ms=50)
     futures = []
@@ -127,7 +129,7 @@ def test_a_broker_restart_mid_stream_loses_and_duplicates_no_acknowledged_record
     def produce():
         i = 0
         while not stop.is_set():
-            futures.append(producer.send_future(topic_name, b"%07d" % i, key=b"%d" % (i % 10)))
+            futures.append(producer.send_future(topic, b"%07d" % i, key=b"%d" % (i % 10)))
             i += 1
             if i % 200 == 0:
                 time.sleep(0.002)
@@ -136,9 +138,7 @@ def test_a_broker_restart_mid_stream_loses_and_duplicates_no_acknowledged_record
     sender.start()
     try:
         time.sleep(0.5)
-        own_broker.stop()
-        time.sleep(0.3)
-        own_broker.start()
+        fault()
         time.sleep(0.8)
     finally:
         stop.set()
@@ -154,7 +154,7 @@ def test_a_broker_restart_mid_stream_loses_and_duplicates_no_acknowledged_record
     assert len(acknowledged) == len(futures)
     with closing(own_broker.connection()) as connection:
         for partition in range(partitions):
-            records = read_partition(connection, topic_name, partition)
+            records = read_partition(connection, topic, partition)
             values = [r.value for r in records]
             assert len(values) == len(set(values)), "a record is stored twice"
             mine = [(r.offset, r.value) for r in records if (partition, r.offset) in acknowledged]
@@ -162,3 +162,26 @@ def test_a_broker_restart_mid_stream_loses_and_duplicates_no_acknowledged_record
             assert [v for _, v in mine] == sorted(v for _, v in mine)
             assert len(mine) == sum(1 for p, _ in acknowledged if p == partition)
 
+
+def test_a_broker_restart_mid_stream_loses_and_duplicates_no_acknowledged_record(own_broker, topic_name):
+    """The broker stops and starts again on the same port and data: the producer reconnects and
+    goes on, and what it had in flight is found in the log or sent again."""
+
+    def restart():
+        own_broker.stop()
+        time.sleep(0.3)
+        own_broker.start()
+
+    stream_through(own_broker, topic_name, restart)
+
+
+def test_a_worker_killed_mid_stream_loses_and_duplicates_no_acknowledged_record(own_broker, topic_name):
+    """kill -9 of the worker serving a partition: the broker answers what it had in flight with
+    error 15 (appended or not, nobody knows), respawns the worker, and the producer goes on."""
+
+    def kill_worker():
+        pid = own_broker.process.worker_pids()[0]
+        os.kill(pid, signal.SIGKILL)
+        own_broker.process.wait_for_log(r"forked worker slot=0", count=2)
+
+    stream_through(own_broker, topic_name, kill_worker)
