@@ -46,8 +46,11 @@ bench: setup
 	$(PY) -m pytest bench --benchmark-only --benchmark-columns=min,median,mean,ops,rounds \
 	  --benchmark-json=bench/results/storage.json -p no:cacheprovider -q $(PYTEST_ARGS)
 
-# The main job.  Until the broker server exists it is the storage benchmark.
-run: bench
+# The main job: the local stack (a ZooKeeper of its own and a broker registered in it, data under
+# ./data) until Ctrl-C.  RUN_ARGS adds flags of `hpbroker up`, e.g. RUN_ARGS="--workers 4".
+RUN_ARGS ?=
+run: setup
+	$(PY) -m hpbroker.cli up --data-dir data $(RUN_ARGS)
 
 lint: setup
 	$(PY) -m ruff check hpbroker tests bench
