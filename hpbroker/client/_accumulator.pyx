@@ -408,7 +408,13 @@ cdef class RecordAccumulator:
     # --- the application's side ---------------------------------------------------------------
 
     def send(self, topic, value, key=None, headers=None, timestamp=None, partition=None, callback=None):
-        """Append one record to its partition's batch; returns None.  See ``Producer.send``."""
+        """Append one record to its partition's open batch and return None (no future, nothing kept).
+
+        ``value``, ``key``: bytes-like or None.  ``headers``: ``[(str, bytes-like or None)]``.
+        ``timestamp``: ms since the epoch, now if None.  ``partition``: overrides the partitioner.
+        ``callback``: a ``concurrent.futures.Future`` to complete, or ``f(metadata, error)`` to call
+        (on the producer's I/O thread) once the record is acknowledged or failed.  Raises TypeError,
+        UnknownTopicOrPartitionError, RecordTooLargeError or ValueError for bad input, at once."""
         cdef PyObject* found
         cdef TopicState t
         cdef int64_t ts
