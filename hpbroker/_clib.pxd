@@ -2,7 +2,8 @@
 # and the small C helpers under hpbroker/_csrc/.  Every number of the format is declared here,
 # once; _core.pyx re-exports the public ones to Python.
 
-from libc.stdint cimport int32_t, int64_t, uint32_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 
 cdef extern from "crc32c.h":
     uint32_t crc32c_update(uint32_t crc, const unsigned char *data, size_t n) nogil
@@ -42,3 +43,62 @@ cdef enum:
     CODEC_NONE_ = 0
     CODEC_LZ4_ = 1
     CODEC_MASK_ = 0x07
+
+
+# ---------------------------------------------------------------------------------------------
+# Primitives of the record encoding, shared by every compiled module that reads or writes records
+# (inline: each module gets its own copy of the machine code, from this one source).
+
+cdef inline int64_t now_ms() noexcept nogil:
+    """Wall-clock time in ms since the epoch (record timestamps)."""
+    cdef timespec ts
+    clock_gettime(CLOCK_REALTIME, &ts)
+    return <int64_t>ts.tv_sec * 1000 + ts.tv_nsec // 1000000
+
+
+cdef inline int read_uvarint(const unsigned char** pp, const unsigned char* end, uint64_t* out) noexcept nogil:
+    """Unsigned LEB128 at *pp; advances *pp.  -1 when it runs off ``end`` or exceeds 10 bytes."""
+    cdef const unsigned char* p = pp[0]
+    cdef uint64_t result = 0
+    cdef int shift = 0
+    cdef unsigned char b
+    while p < end:
+        b = p[0]
+        p += 1
+        result |= (<uint64_t>(b & 0x7F)) << shift
+        if b < 0x80:
+            pp[0] = p
+            out[0] = result
+            return 0
+        shift += 7
+        if shift > 63:
+            return -1
+    return -1
+
+
+cdef inline int uvarint_size(uint64_t v) noexcept nogil:
+    """Bytes of the unsigned LEB128 encoding of ``v`` (1 to 10)."""
+    cdef int n = 1
+    while v >= 0x80:
+        v >>= 7
+        n += 1
+    return n
+
+
+cdef inline unsigned char* write_uvarint(unsigned char* p, uint64_t v) noexcept nogil:
+    """Write ``v`` as unsigned LEB128 at ``p``; the byte after it."""
+    while v >= 0x80:
+        p[0] = <unsigned char>((v & 0x7F) | 0x80)
+        v >>= 7
+        p += 1
+    p[0] = <unsigned char>v
+    return p + 1
+
+
+cdef inline uint64_t zigzag(int64_t v) noexcept nogil:
+    """Signed to unsigned, small magnitudes to small numbers (0, -1, 1, -2 -> 0, 1, 2, 3)."""
+    return (<uint64_t>v << 1) ^ <uint64_t>(v >> 63)
+
+
+cdef inline int64_t unzigzag(uint64_t v) noexcept nogil:
+    return <int64_t>(v >> 1) ^ -<int64_t>(v & 1)

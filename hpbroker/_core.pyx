@@ -47,7 +47,6 @@ from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from libc.stdint cimport INT64_MIN, int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy, memset
-from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 
 from hpbroker._clib cimport *
 
@@ -106,58 +105,7 @@ def crc32c_hardware_accelerated():
     return bool(crc32c_hardware())
 
 
-cdef inline int64_t _now_ms() noexcept nogil:
-    cdef timespec ts
-    clock_gettime(CLOCK_REALTIME, &ts)
-    return <int64_t>ts.tv_sec * 1000 + ts.tv_nsec // 1000000
-
-
-# ---------------------------------------------------------------------------------------------
-# Varints
-
-cdef inline int _read_uvarint(const unsigned char** pp, const unsigned char* end, uint64_t* out) noexcept nogil:
-    """Unsigned LEB128 at *pp; advances *pp.  -1 when it runs off ``end`` or exceeds 10 bytes."""
-    cdef const unsigned char* p = pp[0]
-    cdef uint64_t result = 0
-    cdef int shift = 0
-    cdef unsigned char b
-    while p < end:
-        b = p[0]
-        p += 1
-        result |= (<uint64_t>(b & 0x7F)) << shift
-        if b < 0x80:
-            pp[0] = p
-            out[0] = result
-            return 0
-        shift += 7
-        if shift > 63:
-            return -1
-    return -1
-
-
-cdef inline int _uvarint_size(uint64_t v) noexcept nogil:
-    cdef int n = 1
-    while v >= 0x80:
-        v >>= 7
-        n += 1
-    return n
-
-
-cdef inline unsigned char* _write_uvarint(unsigned char* p, uint64_t v) noexcept nogil:
-    while v >= 0x80:
-        p[0] = <unsigned char>((v & 0x7F) | 0x80)
-        v >>= 7
-        p += 1
-    p[0] = <unsigned char>v
-    return p + 1
-
-
-cdef inline uint64_t _zigzag(int64_t v) noexcept nogil:
-    return (<uint64_t>v << 1) ^ <uint64_t>(v >> 63)
-
-
-cdef inline int64_t _unzigzag(uint64_t v) noexcept nogil:
-    return <int64_t>(v >> 1) ^ -<int64_t>(v & 1)
+# Varints, zigzag and the clock: hpbroker/_clib.pxd (shared with the producer's accumulator).
 
 
 # ---------------------------------------------------------------------------------------------
@@ -419,12 +367,12 @@ cdef object _records_section(const unsigned char* p, Header* h):
 
 
 cdef inline bint _next_uvarint(const unsigned char** pp, const unsigned char* end, uint64_t* out) noexcept nogil:
-    """:func:`_read_uvarint` with the one-byte case (nearly every length here) inlined."""
+    """:func:`read_uvarint` (``_clib.pxd``) with the one-byte case (nearly every length here) inlined."""
     if pp[0] < end and pp[0][0] < 0x80:
         out[0] = pp[0][0]
         pp[0] += 1
         return True
-    return _read_uvarint(pp, end, out) == 0
+    return read_uvarint(pp, end, out) == 0
 
 
 cdef bint _records_look_valid(const unsigned char* cur, const unsigned char* end, int32_t count,
@@ -450,7 +398,7 @@ cdef bint _records_look_valid(const unsigned char* cur, const unsigned char* end
         cur = rec_end
         ok &= (_next_uvarint(&q, rec_end, &raw) and _next_uvarint(&q, rec_end, &offset_delta)
                and _next_uvarint(&q, rec_end, &key_len))
-        ts_delta = _unzigzag(raw)
+        ts_delta = unzigzag(raw)
         ok &= offset_delta == <uint64_t>i and (i != 0 or ts_delta == 0) and ts_delta >= min_timestamp_delta
         if ts_delta > max_delta:
             max_delta = ts_delta
@@ -503,13 +451,13 @@ cdef object _walk_batch(const unsigned char* p, Header* h, list out, object topi
             return None
     producer = _producer_name(p, h) if out is not None else None
     for i in range(h.record_count):
-        if _read_uvarint(&cur, end, &length) < 0 or length > <uint64_t>(end - cur):
+        if read_uvarint(&cur, end, &length) < 0 or length > <uint64_t>(end - cur):
             return f"record {i}: length runs past the end of the records section"
         rec_end = cur + length
-        if (_read_uvarint(&cur, rec_end, &ts_raw) < 0 or _read_uvarint(&cur, rec_end, &offset_delta) < 0
-                or _read_uvarint(&cur, rec_end, &key_len) < 0):
+        if (read_uvarint(&cur, rec_end, &ts_raw) < 0 or read_uvarint(&cur, rec_end, &offset_delta) < 0
+                or read_uvarint(&cur, rec_end, &key_len) < 0):
             return f"record {i}: bad varint in its prefix"
-        ts_delta = _unzigzag(ts_raw)
+        ts_delta = unzigzag(ts_raw)
         if h.first_timestamp + ts_delta < 0:
             return f"header: record {i} has a negative timestamp {h.first_timestamp + ts_delta}"
         if offset_delta != <uint64_t>i:
@@ -523,25 +471,25 @@ cdef object _walk_batch(const unsigned char* p, Header* h, list out, object topi
         key = None if key_len == 0 or out is None else PyBytes_FromStringAndSize(<const char*>cur, key_len - 1)
         if key_len:
             cur += key_len - 1
-        if _read_uvarint(&cur, rec_end, &value_len) < 0 or value_len > <uint64_t>(rec_end - cur) + 1:
+        if read_uvarint(&cur, rec_end, &value_len) < 0 or value_len > <uint64_t>(rec_end - cur) + 1:
             return f"record {i}: value overruns the record"
         value = None if value_len == 0 or out is None else PyBytes_FromStringAndSize(<const char*>cur, value_len - 1)
         if value_len:
             cur += value_len - 1
-        if _read_uvarint(&cur, rec_end, &header_count) < 0 or header_count > <uint64_t>(rec_end - cur):
+        if read_uvarint(&cur, rec_end, &header_count) < 0 or header_count > <uint64_t>(rec_end - cur):
             return f"record {i}: bad header count"
         headers = _EMPTY
         if header_count:
             hlist = []
             for j in range(header_count):
-                if _read_uvarint(&cur, rec_end, &hk_len) < 0 or hk_len > <uint64_t>(rec_end - cur):
+                if read_uvarint(&cur, rec_end, &hk_len) < 0 or hk_len > <uint64_t>(rec_end - cur):
                     return f"record {i}: header {j} key overruns the record"
                 try:
                     hkey = (<const char*>cur)[:hk_len].decode("utf-8")
                 except UnicodeDecodeError:
                     return f"record {i}: header {j} key is not UTF-8"
                 cur += hk_len
-                if _read_uvarint(&cur, rec_end, &hv_len) < 0 or hv_len > <uint64_t>(rec_end - cur) + 1:
+                if read_uvarint(&cur, rec_end, &hv_len) < 0 or hv_len > <uint64_t>(rec_end - cur) + 1:
                     return f"record {i}: header {j} value overruns the record"
                 hvalue = None if hv_len == 0 else PyBytes_FromStringAndSize(<const char*>cur, hv_len - 1)
                 if hv_len:
@@ -800,7 +748,7 @@ cdef class BatchBuilder:
         cdef unsigned char* w
         cdef bytes encoded_headers = b""
         if timestamp < 0:
-            timestamp = _now_ms()
+            timestamp = now_ms()
         if self.record_count == 0:
             self.first_timestamp = timestamp
             self.max_timestamp = timestamp
@@ -812,23 +760,23 @@ cdef class BatchBuilder:
                 vrel = _borrow(value, &vbuf, &vptr, &vlen)
             if key is not None:
                 krel = _borrow(key, &kbuf, &kptr, &klen)
-            body = (_uvarint_size(_zigzag(delta)) + _uvarint_size(self.record_count)
-                    + _uvarint_size(klen + 1 if key is not None else 0) + klen
-                    + _uvarint_size(vlen + 1 if value is not None else 0) + vlen
+            body = (uvarint_size(zigzag(delta)) + uvarint_size(self.record_count)
+                    + uvarint_size(klen + 1 if key is not None else 0) + klen
+                    + uvarint_size(vlen + 1 if value is not None else 0) + vlen
                     + (len(encoded_headers) if headers else 1))
-            total = _uvarint_size(body) + body
+            total = uvarint_size(body) + body
             if check_room and self.record_count > 0 and self.size_in_bytes + total > self.max_bytes:
                 return 0
             self._reserve(total)
             w = self.buf + self.length
-            w = _write_uvarint(w, body)
-            w = _write_uvarint(w, _zigzag(delta))
-            w = _write_uvarint(w, self.record_count)
-            w = _write_uvarint(w, klen + 1 if key is not None else 0)
+            w = write_uvarint(w, body)
+            w = write_uvarint(w, zigzag(delta))
+            w = write_uvarint(w, self.record_count)
+            w = write_uvarint(w, klen + 1 if key is not None else 0)
             if klen:
                 memcpy(w, kptr, klen)
                 w += klen
-            w = _write_uvarint(w, vlen + 1 if value is not None else 0)
+            w = write_uvarint(w, vlen + 1 if value is not None else 0)
             if vlen:
                 memcpy(w, vptr, vlen)
                 w += vlen
@@ -907,13 +855,13 @@ cdef bytes _encode_headers(object headers):
     cdef bytearray out = bytearray()
     cdef unsigned char tmp[10]
     items = list(headers)
-    out += (<char*>tmp)[:_write_uvarint(tmp, len(items)) - tmp]
+    out += (<char*>tmp)[:write_uvarint(tmp, len(items)) - tmp]
     for item in items:
         hkey, hvalue = item
         if not isinstance(hkey, str):
             raise TypeError(f"header keys must be str, not {type(hkey).__name__}")
         k = hkey.encode("utf-8")
-        out += (<char*>tmp)[:_write_uvarint(tmp, len(k)) - tmp]
+        out += (<char*>tmp)[:write_uvarint(tmp, len(k)) - tmp]
         out += k
         if hvalue is None:
             out.append(0)
@@ -921,7 +869,7 @@ cdef bytes _encode_headers(object headers):
             if isinstance(hvalue, str):
                 raise TypeError("header values must be bytes-like or None, not str")
             v = bytes(hvalue)
-            out += (<char*>tmp)[:_write_uvarint(tmp, len(v) + 1) - tmp]
+            out += (<char*>tmp)[:write_uvarint(tmp, len(v) + 1) - tmp]
             out += v
     return bytes(out)
 
@@ -941,7 +889,7 @@ def build_batch(values, *, keys=None, timestamps=None, headers=None, producer=""
     if headers is not None and len(headers) != n:
         raise ValueError(f"{len(headers)} header lists for {n} values")
     if timestamps is None:
-        ts = _now_ms()
+        ts = now_ms()
     elif isinstance(timestamps, int):
         ts = timestamps
         if ts < 0:

@@ -48,7 +48,7 @@ from cpython.object cimport PyObject
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy, memset
-from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 from posix.unistd cimport write
 
 from hpbroker._clib cimport *
@@ -77,12 +77,6 @@ cdef enum:
 cdef double _INFINITY = float("inf")
 
 
-cdef inline int64_t _now_ms() noexcept nogil:
-    cdef timespec ts
-    clock_gettime(CLOCK_REALTIME, &ts)
-    return <int64_t>ts.tv_sec * 1000 + ts.tv_nsec // 1000000
-
-
 cdef inline double _monotonic_s() noexcept nogil:
     """The clock of Python's time.monotonic (CLOCK_MONOTONIC on Linux), in seconds."""
     cdef timespec ts
@@ -90,33 +84,12 @@ cdef inline double _monotonic_s() noexcept nogil:
     return <double>ts.tv_sec + <double>ts.tv_nsec * 1e-9
 
 
-cdef inline int _uvarint_size(uint64_t v) noexcept nogil:
-    cdef int n = 1
-    while v >= 0x80:
-        v >>= 7
-        n += 1
-    return n
-
-
-cdef inline unsigned char* _write_uvarint(unsigned char* p, uint64_t v) noexcept nogil:
-    while v >= 0x80:
-        p[0] = <unsigned char>((v & 0x7F) | 0x80)
-        v >>= 7
-        p += 1
-    p[0] = <unsigned char>v
-    return p + 1
-
-
-cdef inline uint64_t _zigzag(int64_t v) noexcept nogil:
-    return (<uint64_t>v << 1) ^ <uint64_t>(v >> 63)
-
-
 cdef inline Py_ssize_t _body_size(int64_t delta, int32_t offset_delta, uint64_t kfield, Py_ssize_t klen,
                                   uint64_t vfield, Py_ssize_t vlen, Py_ssize_t hlen) noexcept nogil:
     """Bytes of a record after its ``length`` varint; ``kfield``/``vfield``: 0 for null, else
     length + 1; ``hlen``: bytes of the encoded headers, 0 for none (then one byte of count)."""
-    return (_uvarint_size(_zigzag(delta)) + _uvarint_size(<uint64_t>offset_delta) + _uvarint_size(kfield)
-            + klen + _uvarint_size(vfield) + vlen + (hlen if hlen else 1))
+    return (uvarint_size(zigzag(delta)) + uvarint_size(<uint64_t>offset_delta) + uvarint_size(kfield)
+            + klen + uvarint_size(vfield) + vlen + (hlen if hlen else 1))
 
 
 cdef inline void _write_record(unsigned char* w, Py_ssize_t body, int64_t delta, int32_t offset_delta,
@@ -124,14 +97,14 @@ cdef inline void _write_record(unsigned char* w, Py_ssize_t body, int64_t delta,
                                const unsigned char* vptr, Py_ssize_t vlen, const char* headers,
                                Py_ssize_t hlen) noexcept nogil:
     """One record as FORMAT.md lays it out (see the module docstring), at ``w``."""
-    w = _write_uvarint(w, <uint64_t>body)
-    w = _write_uvarint(w, _zigzag(delta))
-    w = _write_uvarint(w, <uint64_t>offset_delta)
-    w = _write_uvarint(w, kfield)
+    w = write_uvarint(w, <uint64_t>body)
+    w = write_uvarint(w, zigzag(delta))
+    w = write_uvarint(w, <uint64_t>offset_delta)
+    w = write_uvarint(w, kfield)
     if klen:
         memcpy(w, kptr, klen)
         w += klen
-    w = _write_uvarint(w, vfield)
+    w = write_uvarint(w, vfield)
     if vlen:
         memcpy(w, vptr, vlen)
         w += vlen
@@ -178,7 +151,7 @@ cdef bytes _encode_headers(object headers):
     cdef bytearray out = bytearray()
     cdef unsigned char tmp[10]
     items = list(headers)
-    out += (<char*>tmp)[:_write_uvarint(tmp, len(items)) - tmp]
+    out += (<char*>tmp)[:write_uvarint(tmp, len(items)) - tmp]
     for item in items:
         try:
             hkey, hvalue = item
@@ -187,7 +160,7 @@ cdef bytes _encode_headers(object headers):
         if not isinstance(hkey, str):
             raise TypeError(f"header keys must be str, not {type(hkey).__name__}")
         k = hkey.encode("utf-8")
-        out += (<char*>tmp)[:_write_uvarint(tmp, len(k)) - tmp]
+        out += (<char*>tmp)[:write_uvarint(tmp, len(k)) - tmp]
         out += k
         if hvalue is None:
             out.append(0)
@@ -195,7 +168,7 @@ cdef bytes _encode_headers(object headers):
         if isinstance(hvalue, str):
             raise TypeError(f"header {hkey!r}: values must be bytes-like or None, not str")
         v = bytes(hvalue)
-        out += (<char*>tmp)[:_write_uvarint(tmp, len(v) + 1) - tmp]
+        out += (<char*>tmp)[:write_uvarint(tmp, len(v) + 1) - tmp]
         out += v
     return bytes(out)
 
@@ -426,7 +399,7 @@ cdef class RecordAccumulator:
         found = PyDict_GetItem(self._topics, topic)
         t = self._new_topic(topic) if found == NULL else <TopicState>found
         if timestamp is None:
-            ts = _now_ms()
+            ts = now_ms()
         else:
             ts = timestamp
             if ts < 0:
@@ -457,7 +430,7 @@ cdef class RecordAccumulator:
             self._raise_closed()
         found = PyDict_GetItem(self._topics, topic)
         t = self._new_topic(topic) if found == NULL else <TopicState>found
-        ts = _now_ms() if timestamp is None else timestamp
+        ts = now_ms() if timestamp is None else timestamp
         if ts < 0:
             raise ValueError(f"timestamp {ts} is negative: milliseconds since the epoch expected")
         if partition is not None:
@@ -559,7 +532,7 @@ cdef class RecordAccumulator:
             while b is not None:
                 delta = ts - b.first_timestamp
                 body = _body_size(delta, b.record_count, kfield, klen, vfield, vlen, hlen)
-                total = _uvarint_size(<uint64_t>body) + body
+                total = uvarint_size(<uint64_t>body) + body
                 if b.length + total <= self.batch_bytes:
                     break
                 self._close(q)
@@ -571,7 +544,7 @@ cdef class RecordAccumulator:
                 b = self._open(q, ts)
                 delta = 0
                 body = _body_size(0, 0, kfield, klen, vfield, vlen, hlen)
-                total = _uvarint_size(<uint64_t>body) + body
+                total = uvarint_size(<uint64_t>body) + body
             if b.length + total > b.capacity:
                 self._grow(b, b.length + total)
             _write_record(b.buf + b.length, body, delta, b.record_count, kfield, kptr, klen, vfield, vptr, vlen,
@@ -596,7 +569,7 @@ cdef class RecordAccumulator:
                                 uint64_t kfield) except -1:
         """Refuse a record that could not fit even alone in a batch (its size as a first record)."""
         cdef Py_ssize_t body = _body_size(0, 0, kfield, klen, vfield, vlen, hlen)
-        cdef Py_ssize_t size = self.header_room + _uvarint_size(<uint64_t>body) + body
+        cdef Py_ssize_t size = self.header_room + uvarint_size(<uint64_t>body) + body
         if size > self.batch_bytes:
             raise RecordTooLargeError(
                 f"a record with a {klen}-byte key, a {vlen}-byte value and {hlen} bytes of headers makes a "

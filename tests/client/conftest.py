@@ -7,6 +7,8 @@ import itertools
 import pytest
 from harness import start_broker
 
+from hpbroker.client.connection import BrokerAddress, BrokerConnection
+
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
@@ -28,3 +30,18 @@ _topic_names = itertools.count()
 def topic_name():
     """A fresh topic name per test (the broker is shared by the module)."""
     return f"t{next(_topic_names)}"
+
+
+@pytest.fixture
+def connection(broker):
+    """A protocol-level connection to the module's broker (for set-up and checks)."""
+    _process, port = broker
+    connection = BrokerConnection(BrokerAddress("127.0.0.1", port))
+    yield connection
+    connection.close()
+
+
+@pytest.fixture
+def bootstrap(broker):
+    """The module's broker as a client's ``bootstrap`` string."""
+    return f"127.0.0.1:{broker[1]}"

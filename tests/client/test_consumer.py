@@ -10,25 +10,12 @@ from harness import wait_until
 
 from hpbroker import Consumer, TopicPartition, create_message_streams, protocol
 from hpbroker.client import fetcher as fetcher_module
-from hpbroker.client.connection import BrokerAddress, BrokerConnection
+from hpbroker.client.connection import BrokerConnection
 from hpbroker.errors import InvalidConfigError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
 from hpbroker.records import CODEC_LZ4, build_batch
 
 # Short long polls keep the tests quick where they wait for nothing to arrive.
 FAST = {"fetch_max_wait_ms": 200, "consumer_timeout_ms": 2000}
-
-
-@pytest.fixture
-def connection(broker):
-    _process, port = broker
-    connection = BrokerConnection(BrokerAddress("127.0.0.1", port))
-    yield connection
-    connection.close()
-
-
-@pytest.fixture
-def bootstrap(broker):
-    return f"127.0.0.1:{broker[1]}"
 
 
 def create_topic(connection: BrokerConnection, name: str, partitions: int) -> str:

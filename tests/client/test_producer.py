@@ -13,24 +13,11 @@ from concurrent.futures import wait
 import pytest
 
 from hpbroker import protocol
-from hpbroker.client.connection import BrokerAddress, BrokerConnection
+from hpbroker.client.connection import BrokerConnection
 from hpbroker.client.partitioner import partition_for_key
 from hpbroker.client.producer import Producer, ProducerClosedError, ProducerConfig, RecordMetadata
 from hpbroker.errors import RecordTooLargeError, UnknownTopicOrPartitionError
 from hpbroker.records import CODEC_LZ4, CODEC_NONE, decode_records, read_header, scan_batches
-
-
-@pytest.fixture
-def connection(broker):
-    _process, port = broker
-    connection = BrokerConnection(BrokerAddress("127.0.0.1", port))
-    yield connection
-    connection.close()
-
-
-@pytest.fixture
-def bootstrap(broker):
-    return f"127.0.0.1:{broker[1]}"
 
 
 def create_topic(connection: BrokerConnection, name: str, partitions: int, **configs: object) -> str:
