@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from kazoo.client import KazooState
 from kazoo.exceptions import KazooException
 
+from hpbroker.coord.cluster import ClusterView
 from hpbroker.coord.paths import ZkPaths
 from hpbroker.coord.registry import BrokerRegistration, BrokerRegistry, TopicRegistration, TopicRegistry
 from hpbroker.coord.session import DEFAULT_SESSION_TIMEOUT_S, Session
@@ -59,6 +60,7 @@ class BrokerMember:
         self.paths = paths or ZkPaths()
         self.brokers = BrokerRegistry(self.session, self.paths)
         self.topics = TopicRegistry(self.session, self.paths)
+        self.cluster = ClusterView(self.brokers, self.topics)  # what every broker stores, for metadata
         self._wake = threading.Condition()
         self._wanted: tuple[BrokerRegistration, dict[str, TopicRegistration]] | None = None
         self._dirty = False
@@ -86,6 +88,7 @@ class BrokerMember:
                                     f"{self.session.connect_string}: {e!r}") from None
         logger.info("[zookeeper] registered broker %d at %s (%d topics)", broker.broker_id,
                     self.paths.broker(broker.broker_id), len(topics))
+        self.cluster.start()
         self.session.client.add_listener(self._on_state)
         self._thread = threading.Thread(target=self._run, name="hpbroker-zookeeper", daemon=True)
         self._thread.start()
@@ -103,6 +106,7 @@ class BrokerMember:
         with self._wake:
             self._closing = True
             self._wake.notify()
+        self.cluster.close()
         self.session.close()  # also fails a write the thread is blocked in
         if self._thread is not None:
             self._thread.join(_JOIN_TIMEOUT_S)

@@ -203,7 +203,8 @@ class Arbiter:
 
             self._worker_main = run_worker
         self._frontend = Frontend(config, store, self._slots, self._run_dir,
-                                  admin_timeout_s=config.admin_timeout_ms / 1000)
+                                  admin_timeout_s=config.admin_timeout_ms / 1000,
+                                  cluster=lambda: self._member.cluster.snapshot if self._member else None)
         if sys.platform.startswith("linux"):
             with contextlib.suppress(OSError, AttributeError):
                 self._prctl = ctypes.CDLL(None, use_errno=True).prctl

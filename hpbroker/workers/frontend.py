@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -46,6 +46,9 @@ from hpbroker.workers.heartbeat import read_heartbeat
 from hpbroker.workers.ownership import owner_slot
 from hpbroker.workers.slots import Slot
 
+if TYPE_CHECKING:  # kazoo is loaded only by a broker configured with ZooKeeper
+    from hpbroker.coord.cluster import ClusterSnapshot
+
 __all__ = ["Frontend"]
 
 logger = logging.getLogger(__name__)
@@ -62,8 +65,13 @@ class Frontend:
     sockets once they exist; before that no request can arrive and no slot serves."""
 
     def __init__(self, config: BrokerConfig, store: TopicStore, slots: Sequence[Slot], run_dir: str,
-                 *, admin_timeout_s: float, clock=time.monotonic) -> None:
+                 *, admin_timeout_s: float, clock=time.monotonic,
+                 cluster: Callable[[], ClusterSnapshot | None] | None = None) -> None:
+        """``cluster`` returns the latest picture of the brokers and topics registered in
+        ZooKeeper (None when the broker runs standalone): metadata answers from it for topics
+        this broker does not store."""
         self._config = config
+        self._cluster = cluster
         self._store = store
         self._slots = slots
         self._run_dir = run_dir
@@ -175,24 +183,34 @@ class Frontend:
     # --- metadata -----------------------------------------------------------------------------------
 
     def _metadata(self, names: list[str]) -> protocol.MetadataResponse:
+        """This broker's topics from its store; the others from the cluster's registries when
+        ZooKeeper is configured (leader: the live broker storing the partition, -1 and error 15
+        when none does; offsets -1: only the serving broker knows them)."""
         offsets = self._heartbeat_offsets()
+        cluster = self._cluster() if self._cluster is not None else None
+        wanted = names or sorted({t.name for t in self._store.topics()} | set(_cluster_topics(cluster)))
         topics = []
-        for name in names or [t.name for t in self._store.topics()]:
+        for name in wanted:
             topic = self._store.get(name)
-            if topic is None or topic.deleting:
+            if topic is not None and not topic.deleting:
+                topics.append(protocol.TopicMetadata(
+                    name, 0, [self._partition_metadata(topic, p, offsets) for p in range(topic.partitions)],
+                    [protocol.TopicConfigEntry(k, v) for k, v in config_to_strings(topic.config)]))
+            elif (remote := _remote_topic(cluster, name, self._config.broker_id)) is not None:
+                topics.append(remote)
+            else:
                 try:
                     check_topic_name(name)
                     code = UnknownTopicOrPartitionError.code
                 except InvalidTopicError:
                     code = InvalidTopicError.code
                 topics.append(protocol.TopicMetadata(name, code))
-                continue
-            topics.append(protocol.TopicMetadata(
-                name, 0, [self._partition_metadata(topic, p, offsets) for p in range(topic.partitions)],
-                [protocol.TopicConfigEntry(k, v) for k, v in config_to_strings(topic.config)]))
-        broker = protocol.BrokerInfo(self._config.broker_id, self._config.host, self._config.port,
-                                     self._config.fetch_port)
-        return protocol.MetadataResponse([broker], topics)
+        brokers = [protocol.BrokerInfo(self._config.broker_id, self._config.host, self._config.port,
+                                       self._config.fetch_port)]
+        if cluster is not None:
+            brokers += [protocol.BrokerInfo(b.broker_id, b.host, b.port, (*b.data_ports, 0)[0])
+                        for b_id, b in sorted(cluster.brokers.items()) if b_id != self._config.broker_id]
+        return protocol.MetadataResponse(brokers, topics)
 
     def _partition_metadata(self, topic: Topic, partition: int,
                             offsets: dict[tuple[str, int], tuple[int, int]]) -> protocol.PartitionMetadata:
@@ -290,3 +308,32 @@ class Frontend:
         frames = protocol.encode_response(body, correlation_id, code, text)
         self._front.send_multipart([client, *frames], copy=False)
 
+
+def _cluster_topics(cluster: ClusterSnapshot | None) -> set[str]:
+    """Every topic the registries know: registered, or stored by a live broker."""
+    if cluster is None:
+        return set()
+    names = set(cluster.topics)
+    for broker in cluster.brokers.values():
+        names.update(broker.topics)
+    return names
+
+
+def _remote_topic(cluster: ClusterSnapshot | None, name: str, own_id: int) -> protocol.TopicMetadata | None:
+    """``name`` as the registries describe it, if some other broker has it."""
+    if cluster is None:
+        return None
+    registered = cluster.topics.get(name)
+    stored = {p for b_id, b in cluster.brokers.items() if b_id != own_id for p in b.topics.get(name, ())}
+    if registered is None and not stored:
+        return None
+    count = registered.partitions if registered is not None else max(stored) + 1
+    partitions = []
+    for partition in range(count):
+        where = cluster.location(name, partition, owner_slot)
+        if where is None or where.broker_id == own_id:
+            partitions.append(protocol.PartitionMetadata(partition, PartitionNotAvailableError.code))
+        else:
+            partitions.append(protocol.PartitionMetadata(partition, 0, where.broker_id, where.fetch_port))
+    config = config_to_strings(registered.config) if registered is not None else []
+    return protocol.TopicMetadata(name, 0, partitions, [protocol.TopicConfigEntry(k, v) for k, v in config])

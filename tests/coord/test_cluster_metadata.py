@@ -1,0 +1,79 @@
+"""Two brokers on one ZooKeeper: each answers metadata for the other's topics too, so a client
+bootstrapped at either finds every partition (and fetches it from the broker that stores it)."""
+
+from __future__ import annotations
+
+import pytest
+from harness import Client, start_broker, wait_until
+
+from hpbroker import protocol
+from hpbroker.client import Consumer, Producer, TopicPartition
+
+pytestmark = pytest.mark.zookeeper
+
+
+@pytest.fixture
+def two_brokers(tmp_path, zk_connect):
+    started = []
+    for broker_id in (1, 2):
+        config = tmp_path / f"broker-{broker_id}.toml"
+        config.write_text(f'[broker]\nbroker_id = {broker_id}\nzookeeper = "{zk_connect}"\n'
+                          f"zookeeper_session_timeout_ms = 4000\n")
+        process, port = start_broker(tmp_path / f"data-{broker_id}", tmp_path / f"broker-{broker_id}.log",
+                                     config=config)
+        started.append((process, port, Client(port)))
+    try:
+        yield started
+    finally:
+        for process, _port, client in started:
+            client.close()
+            assert process.stop() == 0, process.log()
+
+
+def _metadata(client, *names):
+    header, response = client.request(protocol.MetadataRequest(list(names)))
+    assert header.error_code == 0
+    return response
+
+
+def test_metadata_from_either_broker_names_every_topic_and_where_it_is_served(two_brokers):
+    (_, port_1, client_1), (_, port_2, client_2) = two_brokers
+    assert client_1.request(protocol.CreateTopicRequest("on-one", 2))[0].error_code == 0
+    assert client_2.request(protocol.CreateTopicRequest("on-two", 3, [
+        protocol.TopicConfigEntry("retention_ms", "60000")]))[0].error_code == 0
+
+    def other_broker_topic_served():
+        response = _metadata(client_1)
+        served = {t.name for t in response.topics
+                  if t.partitions and all(p.error_code == 0 for p in t.partitions)}
+        return served == {"on-one", "on-two"} and response
+    response = wait_until(other_broker_topic_served, 10, what="broker 1 to see broker 2's topic served")
+    assert [(b.broker_id, b.port, b.fetch_port) for b in response.brokers] == \
+        [(1, port_1, port_1 + 1), (2, port_2, port_2 + 1)]
+    remote = next(t for t in response.topics if t.name == "on-two")
+    assert remote.error_code == 0
+    assert [(c.key, c.value) for c in remote.configs] == [("retention_ms", "60000")]
+    assert [p.leader for p in remote.partitions] == [2, 2, 2]
+    assert {p.fetch_port for p in remote.partitions} <= {port_2 + 1, port_2 + 2}
+    own = _metadata(client_2, "on-two").topics[0]
+    assert [p.fetch_port for p in own.partitions] == [p.fetch_port for p in remote.partitions]
+    wait_until(lambda: {t.name for t in _metadata(client_2).topics} == {"on-one", "on-two"}, 10,
+               what="broker 2 to see broker 1's topic")
+    assert _metadata(client_1, "nowhere").topics[0].error_code == 6
+
+
+def test_a_consumer_bootstrapped_at_one_broker_reads_a_topic_stored_on_the_other(two_brokers):
+    (_, port_1, client_1), (_, port_2, client_2) = two_brokers
+    # Created through broker 1, so stored there; produced through broker 1, consumed via broker 2.
+    assert client_1.request(protocol.CreateTopicRequest("elsewhere", 1))[0].error_code == 0
+    with Producer(f"127.0.0.1:{port_1}") as producer:
+        for i in range(20):
+            producer.send("elsewhere", f"record {i}".encode())
+    wait_until(lambda: any(t.name == "elsewhere" and t.partitions[0].leader == 1
+                           for t in _metadata(client_2).topics), 10, what="broker 2 to see the topic")
+    with Consumer(f"127.0.0.1:{port_2}", consumer_timeout_ms=2000) as consumer:
+        tp = TopicPartition("elsewhere", 0)
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+        values = [record.value for record in consumer]
+    assert values == [f"record {i}".encode() for i in range(20)]
