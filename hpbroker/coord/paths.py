@@ -169,6 +169,14 @@ class ZkPaths:
         """A live consumer's registration in its group (ephemeral)."""
         return self._join("consumers", check_group(group), "ids", check_consumer_id(consumer_id))
 
+    def group_owners(self, group: str) -> str:
+        """Parent of the group's ownership nodes, one child per topic."""
+        return self._join("consumers", check_group(group), "owners")
+
+    def group_offsets(self, group: str) -> str:
+        """Parent of the group's committed offsets, one child per topic."""
+        return self._join("consumers", check_group(group), "offsets")
+
     def owners(self, group: str, topic: str) -> str:
         """Parent of the ownership nodes of ``topic``'s partitions in the group."""
         return self._join("consumers", check_group(group), "owners", check_topic(topic))
