@@ -34,6 +34,10 @@ How records flow, per partition::
 Metadata (which data port serves a partition) and ListOffsets go over the broker's ZeroMQ
 front-end (:class:`~hpbroker.client.connection.BrokerConnection`).
 
+**Consumer groups.**  ``Consumer(bootstrap, group=..., topics=[...], zookeeper=...)`` makes the
+consumer a member of a group that shares the topics' partitions (``hpbroker.client.group``, which
+is imported only then): the group decides the assignment, and the consumer commits offsets.
+
 Threads: a consumer belongs to the thread that polls or iterates it.  :meth:`Consumer.wakeup` and
 :meth:`Consumer.close` may be called from any thread: both make a blocked poll or iteration
 return at once.  :func:`create_message_streams` gives each stream its own consumer, so each
@@ -54,7 +58,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from hpbroker import protocol
 from hpbroker.client.connection import BrokerConnection, parse_bootstrap
@@ -72,6 +76,9 @@ from hpbroker.errors import (
     error_for_code,
 )
 from hpbroker.records import Record
+
+if TYPE_CHECKING:
+    from hpbroker.client.group import GroupMember
 
 __all__ = ["AUTO_OFFSET_RESETS", "Consumer", "ConsumerConfig", "ConsumerRecord", "MessageStream",
            "TopicPartition", "create_message_streams"]
@@ -181,10 +188,20 @@ class Consumer:
 
     ``settings`` are :class:`ConsumerConfig` fields and :class:`FetchConfig` fields by name,
     e.g. ``Consumer("localhost:9092", auto_offset_reset="earliest", fetch_max_wait_ms=100)``.
+
+    With ``group=`` (and ``topics=``, ``zookeeper=``, and the other
+    :class:`~hpbroker.client.group.GroupConfig` settings) the consumer joins a consumer group,
+    which assigns its partitions; :meth:`assign` is then refused.
     """
 
     def __init__(self, bootstrap: str | Sequence[str], **settings: object) -> None:
+        group_config = None
+        if "group" in settings:  # only then is ZooKeeper's client loaded
+            from hpbroker.client.group import GroupConfig
+
+            group_config = GroupConfig.take(settings)
         self.config = ConsumerConfig.from_settings(**settings)
+        self._group: GroupMember | None = None
         self._address = parse_bootstrap(bootstrap)[0]
         connect_timeout_s = min(5.0, self.config.reconnect_timeout_ms / 1000)
         self._connection = BrokerConnection(self._address, client_id=self.config.client_id,
@@ -199,9 +216,18 @@ class Consumer:
         self._wake_writer.setblocking(False)
         self._lock = threading.Lock()  # held while polling; close() takes it to know nobody is
         self._closed = False
+        if group_config is not None:
+            from hpbroker.client.group import GroupMember
+
+            try:
+                self._group = GroupMember(self, group_config)
+            except BaseException:
+                self.close()
+                raise
 
     def __repr__(self) -> str:
-        return f"Consumer({self._address}, assignment={sorted(map(str, self._states))})"
+        group = "" if self._group is None else f", group={self._group.config.group!r}"
+        return f"Consumer({self._address}{group}, assignment={sorted(map(str, self._states))})"
 
     # --- assignment and positions -------------------------------------------------------------
 
@@ -209,6 +235,9 @@ class Consumer:
         """Read exactly these partitions from now on.  Partitions kept keep their positions; new
         ones start where ``auto_offset_reset`` says unless sought."""
         self._check_open()
+        if self._group is not None:
+            raise RuntimeError(f"assign() is refused in a consumer group (group {self._group.config.group!r} "
+                               "assigns the partitions)")
         wanted = list(dict.fromkeys(_topic_partition(tp) for tp in partitions))
         for tp in [tp for tp in self._states if tp not in wanted]:
             state = self._states.pop(tp)
@@ -220,6 +249,7 @@ class Consumer:
                 self._states[tp] = _PartitionState(tp)
 
     def assignment(self) -> set[TopicPartition]:
+        """The partitions this consumer reads: assigned, or, in a group, owned."""
         return set(self._states)
 
     def partitions_for_topic(self, topic: str) -> set[int]:
@@ -298,6 +328,52 @@ class Consumer:
         tps = map(_topic_partition, partitions)
         return self._list_offsets(dict.fromkeys(tps, protocol.LATEST_TIMESTAMP))
 
+    # --- consumer groups ----------------------------------------------------------------------
+
+    def commit(self, offsets: Mapping[TopicPartition, int] | None = None) -> None:
+        """Commit the group's offsets synchronously: ``offsets`` (the next offset to consume, per
+        owned partition), by default the position of every owned partition.  CoordinationError
+        when ZooKeeper cannot be reached or a partition is not (or no longer) owned."""
+        group = self._need_group("commit()")
+        with self._lock:
+            group.commit(None if offsets is None else {_topic_partition(tp): o for tp, o in offsets.items()})
+
+    def committed(self, tp: TopicPartition) -> int | None:
+        """The group's committed offset of ``tp`` (owned or not), read from ZooKeeper; None if the
+        group never committed one."""
+        return self._need_group("committed()").committed(_topic_partition(tp))
+
+    def _need_group(self, what: str) -> GroupMember:
+        self._check_open()
+        if self._group is None:
+            raise RuntimeError(f"{what} needs a consumer group: Consumer(..., group=..., topics=..., "
+                               "zookeeper=...)")
+        return self._group
+
+    def _group_take(self, tp: TopicPartition, offset: int | None) -> None:
+        """The group gave this consumer ``tp``: read it from ``offset`` (None: auto_offset_reset)."""
+        state = self._states[tp] = _PartitionState(tp)
+        state.position = offset
+
+    def _group_drop(self, tp: TopicPartition) -> None:
+        """The group took ``tp`` away: stop fetching it, discard what was fetched."""
+        state = self._states.pop(tp, None)
+        if state is not None:
+            self._drop_iterated(state)
+            if state.fetcher is not None:
+                state.fetcher.close()
+
+    def _group_positions(self, held: tuple[TopicPartition, int] | None = None) -> dict[TopicPartition, int]:
+        """The position of every partition that has one, exact mid-iteration (``held``: one
+        taken before the iterated list was cleared)."""
+        positions = {tp: state.position for tp, state in self._states.items() if state.position is not None}
+        iterated = self._iterated
+        if iterated is not None and iterated[0].position is not None and iterated[0].tp in positions:
+            positions[iterated[0].tp] = iterated[0].position - operator.length_hint(iterated[2])
+        if held is not None and held[0] in positions:
+            positions[held[0]] = min(positions[held[0]], held[1])
+        return positions
+
     # --- reading ------------------------------------------------------------------------------
 
     def poll(self, timeout_ms: int = 0) -> dict[TopicPartition, list[Record]]:
@@ -309,6 +385,10 @@ class Consumer:
         if self._iterated is not None:  # records an interrupted iteration did not hand out
             state, _, rest = self._iterated
             left = list(rest)
+            if left and self._group is not None and not self._group.may_hand_out():
+                if self._states.get(state.tp) is state:  # still owned: fetched again later
+                    self.seek(state.tp, left[0].offset)
+                left = []
             if left:
                 out[state.tp] = left
         if out:
@@ -340,7 +420,8 @@ class Consumer:
                 for state, records in lists:
                     records_iterator = iter(records)
                     self._iterated = (state, records, records_iterator)
-                    yield records_iterator
+                    group = self._group
+                    yield records_iterator if group is None else group.leased(state.tp, records_iterator)
                 if woken or (not lists and timeout_ms is not None):
                     return
         finally:
@@ -355,6 +436,8 @@ class Consumer:
             if self._closed:
                 return [], True
             woken = self._run(deadline)
+            if self._group is not None and not self._group.may_hand_out():
+                return [], woken
             out = []
             for state in self._states.values():
                 records = state.ready
@@ -373,8 +456,11 @@ class Consumer:
         """The fetch loop: start fetches, sleep on the sockets, take responses.  True if woken."""
         while True:
             now = time.monotonic()
+            if self._group is not None:
+                self._group.service(now)
             self._start_fetches(now)
-            if any(state.ready or state.error is not None for state in self._states.values()):
+            if any(state.ready or state.error is not None for state in self._states.values()) \
+                    and (self._group is None or self._group.may_hand_out()):
                 return False
             wait_s = max(0.0, min(deadline, self._next_timer(now)) - now)
             if self._wait(min(wait_s, 1.0)) or self._closed:
@@ -384,7 +470,7 @@ class Consumer:
 
     def _next_timer(self, now: float) -> float:
         """The next moment something is due: a retry, or a fetch becoming overdue."""
-        due = float("inf")
+        due = float("inf") if self._group is None else self._group.next_due(now)
         for state in self._states.values():
             if state.retry_at > now:
                 due = min(due, state.retry_at)
@@ -409,10 +495,9 @@ class Consumer:
             if state is not None:
                 self._receive(state)
                 continue
-            woken = True
             try:
-                while self._wake_reader.recv(4096):
-                    pass
+                while data := self._wake_reader.recv(4096):
+                    woken = woken or b"w" in data  # b"n" (a nudge) only makes the loop look again
             except BlockingIOError:
                 pass
         return woken
@@ -579,16 +664,26 @@ class Consumer:
         with contextlib.suppress(OSError):  # a wake-up is already pending, or the consumer is closed
             self._wake_writer.send(b"w")
 
+    def _nudge(self) -> None:
+        """Make the fetch loop look at its group again without ending a poll or iteration (from
+        kazoo's threads)."""
+        with contextlib.suppress(OSError):
+            self._wake_writer.send(b"n")
+
     def close(self) -> None:
         """Close every connection.  Safe from any thread: a blocked poll or iteration returns."""
         if self._closed:
             return
         self._closed = True
         iterated = self._iterated
+        held = None
         if iterated is not None:
+            held = (iterated[0].tp, iterated[0].position - operator.length_hint(iterated[2]))
             iterated[1].clear()
         self.wakeup()
         with self._lock:
+            if self._group is not None:
+                self._group.close(self._group_positions(held))
             for state in self._states.values():
                 if state.fetcher is not None:
                     state.fetcher.close()
