@@ -368,7 +368,8 @@ class Consumer:
         taken before the iterated list was cleared)."""
         positions = {tp: state.position for tp, state in self._states.items() if state.position is not None}
         iterated = self._iterated
-        if iterated is not None and iterated[0].position is not None and iterated[0].tp in positions:
+        if iterated is not None and iterated[0].position is not None and \
+                self._states.get(iterated[0].tp) is iterated[0]:
             positions[iterated[0].tp] = iterated[0].position - operator.length_hint(iterated[2])
         if held is not None and held[0] in positions:
             positions[held[0]] = min(positions[held[0]], held[1])
@@ -459,14 +460,17 @@ class Consumer:
             if self._group is not None:
                 self._group.service(now)
             self._start_fetches(now)
-            if any(state.ready or state.error is not None for state in self._states.values()) \
-                    and (self._group is None or self._group.may_hand_out()):
-                return False
+            if self._has_output() and (self._group is None
+                                       or (self._group.may_hand_out() and self._has_output())):
+                return False  # (the group may have dropped partitions before allowing the rest)
             wait_s = max(0.0, min(deadline, self._next_timer(now)) - now)
             if self._wait(min(wait_s, 1.0)) or self._closed:
                 return True
             if time.monotonic() >= deadline:
                 return False
+
+    def _has_output(self) -> bool:
+        return any(state.ready or state.error is not None for state in self._states.values())
 
     def _next_timer(self, now: float) -> float:
         """The next moment something is due: a retry, or a fetch becoming overdue."""
@@ -676,9 +680,10 @@ class Consumer:
             return
         self._closed = True
         iterated = self._iterated
-        held = None
+        held = None  # the exact position of the list being iterated, taken before it is cleared
         if iterated is not None:
-            held = (iterated[0].tp, iterated[0].position - operator.length_hint(iterated[2]))
+            if iterated[0].position is not None:
+                held = (iterated[0].tp, iterated[0].position - operator.length_hint(iterated[2]))
             iterated[1].clear()
         self.wakeup()
         with self._lock:
