@@ -13,10 +13,14 @@ Modules, one responsibility each (imports point down this list):
 - ``producer``      the batching producer: linger, in-flight requests, retries, futures
 - ``fetcher``       fetches over a worker's TCP data port, pipelined
 - ``consumer``      the pulling consumer and message streams
+- ``group``         consumer groups through ZooKeeper: rebalancing, the ownership lease, commits
+                    (the one client module that imports ``hpbroker.coord`` and kazoo, loaded
+                    only when a consumer is given ``group=``)
 - ``admin``         create, list, describe and delete topics
 
 The client uses the record format (``hpbroker.records``), the protocol (``hpbroker.protocol``)
-and the errors; it never imports storage (``hpbroker.io``) or broker code.
+and the errors (and, in ``group`` only, ``hpbroker.coord``); it never imports storage
+(``hpbroker.io``) or broker code.
 """
 
 from __future__ import annotations
