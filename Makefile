@@ -15,7 +15,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEBIAN_PACKAGES := zookeeper default-jre-headless
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps build test bench run lint clean
+.PHONY: setup system-deps build test bench bench-long run lint clean
 
 setup: system-deps $(INSTALLED) $(EXT)
 
@@ -41,10 +41,19 @@ build: setup
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# bench: the pytest-benchmark suite, then loadgen's standard scenarios 1-4 against a real broker
+# (bench/scenarios.py; bench/results/scenarios.{json,md}); SCENARIO_ARGS adds flags, e.g. "--repeat 1".
+# bench-long: scenario 5, at least 10 GB written (about a minute; the topic is deleted afterwards).
+SCENARIO_ARGS ?=
 bench: setup
 	mkdir -p bench/results
 	$(PY) -m pytest bench --benchmark-only --benchmark-columns=min,median,mean,ops,rounds \
 	  --benchmark-json=bench/results/storage.json -p no:cacheprovider -q $(PYTEST_ARGS)
+	$(PY) -m bench.scenarios $(SCENARIO_ARGS)
+
+bench-long: setup
+	mkdir -p bench/results
+	$(PY) -m bench.scenarios --only 5 $(SCENARIO_ARGS)
 
 # The main job: the local stack (a ZooKeeper of its own and a broker registered in it, data under
 # ./data) until Ctrl-C.  RUN_ARGS adds flags of `hpbroker up`, e.g. RUN_ARGS="--workers 4".
