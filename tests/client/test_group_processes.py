@@ -147,16 +147,17 @@ def test_zookeeper_stopped_and_restarted_under_a_consuming_group(tmp_path):
         time.sleep(lease_s + 0.5)  # every lease has run out
         produce(bootstrap, "orders", partitions, 30, start=30)  # the broker goes on without ZooKeeper
         time.sleep(SESSION_TIMEOUT_MS / 1000)  # down for longer than the members' session timeout
+        restarting_at = time.monotonic()  # from here on the members may reconnect at any moment
         zookeeper = ZooKeeperServer(tmp_path / "zk", port=zookeeper.port).start()  # same data
-        restarted_at = time.monotonic()
         produce(bootstrap, "orders", partitions, 30, start=60)
         run.wait_consumed(dict.fromkeys(range(partitions), 90))
         with connect(zk_connect, session_timeout_s=5.0) as zk:
             owned = wait_balanced(GroupRegistry(zk, "g"), ["c0", "c1"], partitions, "orders")
         assert sorted(len(tps) for tps in owned.values()) == [3, 3]
-        during = [(name, p, o) for name, m in run.members.items() for p, o, received in m.records()
-                  if stopped_at + lease_s + 0.5 < received < restarted_at]
-        assert during == [], "records handed out while the members could not reach ZooKeeper"
+        during = [(name, p, o, round(received - stopped_at, 3)) for name, m in run.members.items()
+                  for p, o, received in m.records() if stopped_at + lease_s + 0.5 < received < restarting_at]
+        assert during == [], (f"records handed out while the members could not reach ZooKeeper (s after "
+                              f"the stop; restarted {restarting_at - stopped_at:.3f} s after it)")
         assert_in_order(run)
     finally:
         statuses = run.stop_all() if run is not None else {}
