@@ -43,7 +43,7 @@ test: setup
 
 # bench: the pytest-benchmark suite, then loadgen's standard scenarios 1-4 against a real broker
 # (bench/scenarios.py; bench/results/scenarios.{json,md}); SCENARIO_ARGS adds flags, e.g. "--repeat 1".
-# bench-long: scenario 5, at least 10 GB written (about a minute; the topic is deleted afterwards).
+# bench-long: scenario 5, 10 GB written twice and a raw 10 GB write (about 2 minutes; topics deleted).
 SCENARIO_ARGS ?=
 bench: setup
 	mkdir -p bench/results
