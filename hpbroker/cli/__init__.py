@@ -7,6 +7,7 @@
 - ``hpbroker topics create|list|describe|delete``: administer topics (``topics``)
 - ``hpbroker produce TOPIC``: lines of stdin or a file become records (``produce``)
 - ``hpbroker consume TOPIC``: print records, from the start, an offset or a time (``consume``)
+- ``hpbroker groups list|describe|reset-offsets``: consumer groups in ZooKeeper (``groups``)
 
 Exit status: 0 on success, 1 when the operation failed (the message says why), 2 for bad usage.
 Client commands find the broker with ``--bootstrap host:port``, else ``$HPBROKER_BOOTSTRAP``, else
@@ -21,7 +22,7 @@ import sys
 from collections.abc import Sequence
 
 from hpbroker import __version__
-from hpbroker.cli import consume, produce, segments, server, topics
+from hpbroker.cli import consume, groups, produce, segments, server, topics
 
 __all__ = ["main"]
 
@@ -38,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpbroker", description="hpbroker log broker")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("version", help="print the version").set_defaults(run=_version)
-    for module in (server, segments, topics, produce, consume):
+    for module in (server, segments, topics, produce, consume, groups):
         module.register(sub)
     return parser
 
