@@ -208,12 +208,12 @@ def test_a_joining_member_takes_half_and_starts_where_the_first_one_committed_on
 
 def test_iteration_goes_on_across_a_rebalance_and_hands_out_each_record_once(consumers, group_cluster, topic):
     group = unique_name("g")
-    first = consumers(group, topic, consumer_id="a", consumer_timeout_ms=4000)
+    first = consumers(group, topic, consumer_id="a")
     seen = []
     done = threading.Event()
 
     def iterate():
-        for record in first:
+        for record in first:  # ends on wakeup()
             seen.append((record.partition, record.offset))
         done.set()
 
@@ -221,17 +221,18 @@ def test_iteration_goes_on_across_a_rebalance_and_hands_out_each_record_once(con
     thread.start()
     wait_until(lambda: len(seen) >= 40, 20, what="the first records")
     second = consumers(group, topic, consumer_id="b")
-    for _ in range(100):  # the second member polls until the first has let go of its half
-        second.poll(timeout_ms=50)
-        if len(second.assignment()) == 2:
-            break
+    wait_until(lambda: second.poll(timeout_ms=50) == {} and len(second.assignment()) == 2, 20,
+               what="the first member to let go of half its partitions")
     assert second.assignment() == {TopicPartition(topic, 2), TopicPartition(topic, 3)}
     produce(group_cluster.bootstrap, topic, 4, 3, start=10)
     others = poll_until(second, lambda r: len(r) >= 6)
-    assert done.wait(20), "the iteration ends after consumer_timeout_ms of silence"
+    wait_until(lambda: len(seen) >= 46, 20, what="the first member's new records")
+    first.wakeup()
+    assert done.wait(20), "the iteration ends on wakeup()"
     assert offsets_by_partition(others) == {2: [10, 11, 12], 3: [10, 11, 12]}
     mine = offsets_by_partition(seen)
     assert mine[0] == mine[1] == list(range(13)) and mine[2] == mine[3] == list(range(10))
+    assert not first.poll(timeout_ms=200)
 
 
 # --- sessions and the lease --------------------------------------------------------------------

@@ -84,8 +84,6 @@ def test_a_member_paused_past_its_session_timeout_hands_out_nothing_it_lost(grou
                                                                            tmp_path):
     topic, group = new_topic(group_cluster, group_zk), unique_name("g")
     registry = GroupRegistry(group_zk, group)
-    for batch in range(10):  # batches of 10 records: small fetches keep the next batch buffered
-        produce(group_cluster.bootstrap, topic, PARTITIONS, 10, start=batch * 10)
     end = 100
     run = ConsumerGroupRun(tmp_path, group_cluster.bootstrap, group_cluster.zk_connect, group, topic,
                            max_partition_fetch_bytes=64)
@@ -94,6 +92,8 @@ def test_a_member_paused_past_its_session_timeout_hands_out_nothing_it_lost(grou
         run.start("c1")
         run.start("c2")
         wait_balanced(registry, ["c0", "c1", "c2"], PARTITIONS, topic)
+        for batch in range(end // 10):  # batches of 10 records: small fetches keep the next one buffered
+            produce(group_cluster.bootstrap, topic, PARTITIONS, 10, start=batch * 10)
         wait_until(lambda: len(slow.records()) >= 30, 30, what="the slow member to get going")
         slow.pause()
         paused_at = len(slow.records())
