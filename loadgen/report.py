@@ -218,7 +218,7 @@ def format_report(report: dict) -> str:
     """The report as text, for a person."""
     s = report["settings"]
     lines = [f"loadgen {report['workload']} run {report['run_id']}: topic {report['topic']} "
-             f"({report['partitions']} partitions), {s['producers']} producers, {s['consumers']} consumers, "
+             f"({report['partitions']} partitions), producers {s['producers']}, consumers {s['consumers']}, "
              f"records {s['record_size']} B {s['payload']}, keys {s['keys']}, acks {s['acks']}, "
              f"compression {s['compression'] or 'none'}, linger {s['linger_ms']:g} ms, "
              f"rate {'max' if s['rate'] is None else format(s['rate'], ',.0f') + '/s'}"]
