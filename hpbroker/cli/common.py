@@ -8,6 +8,8 @@ import os
 import sys
 from collections.abc import Callable
 
+import zmq
+
 from hpbroker.errors import HPBrokerError
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
@@ -23,18 +25,21 @@ def add_bootstrap(parser: argparse.ArgumentParser) -> None:
 
 def reports_errors(command: str) -> Callable[[Callable[[argparse.Namespace], int]],
                                               Callable[[argparse.Namespace], int]]:
-    """Run the command; an hpbroker error, a refused value or a timeout becomes one line on
-    stderr (``hpbroker <command>: <message>``) and exit status 1."""
+    """Run the command; an hpbroker error, a refused value, a timeout, an address ZeroMQ cannot
+    use or a closed client becomes one line on stderr (``hpbroker <command>: <message>``) and
+    exit status 1; a broken pipe is left to :func:`hpbroker.cli.main`, which ends quietly."""
 
     def decorate(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
         @functools.wraps(run)
         def guarded(args: argparse.Namespace) -> int:
             try:
                 return run(args)
+            except BrokenPipeError:
+                raise  # the reader went away (`| head`): main() ends quietly
             except HPBrokerError as e:
                 print(f"hpbroker {command}: {type(e).__name__}: {e.message}", file=sys.stderr)
-            except (ValueError, TypeError, TimeoutError, OSError) as e:
-                print(f"hpbroker {command}: {e}", file=sys.stderr)
+            except (ValueError, TypeError, TimeoutError, OSError, RuntimeError, zmq.ZMQError) as e:
+                print(f"hpbroker {command}: {type(e).__name__}: {e}", file=sys.stderr)
             return 1
 
         return guarded

@@ -1,7 +1,8 @@
 """``hpbroker consume TOPIC``: print records of a topic's partitions, one per line.
 
-Where to start: ``--from-beginning``, ``--offset N``, ``--from-time T`` (ms since the epoch, or an
-ISO 8601 time, UTC unless it says otherwise), else the end (only records produced from now on).
+Where to start: ``--from-beginning``, ``--offset N`` (an offset outside the log is an error that
+names the log's bounds), ``--from-time T`` (ms since the epoch, or an ISO 8601 time, UTC unless it
+says otherwise), else the end (only records produced from now on).
 It stops after ``--max-records``, or once no record came for ``--timeout-ms``; otherwise it waits
 for new records until interrupted.
 
@@ -95,8 +96,16 @@ def _run(args: argparse.Namespace) -> int:
     if args.max_records is not None and args.max_records < 0:
         raise ValueError(f"--max-records must be at least 0, got {args.max_records}")
     start_ms = parse_time_ms(args.from_time) if args.from_time is not None else None
-    with Consumer(args.bootstrap, auto_offset_reset="earliest" if args.from_beginning else "latest",
-                  consumer_timeout_ms=args.timeout_ms, client_id="hpbroker-cli") as consumer:
+    # An explicit --offset outside the log is an error naming the log's bounds, never a silent
+    # jump; the other starts fall back to the oldest record kept (retention may move it meanwhile).
+    if args.offset is not None:
+        reset = "error"
+    elif args.from_beginning or start_ms is not None:
+        reset = "earliest"
+    else:
+        reset = "latest"
+    with Consumer(args.bootstrap, auto_offset_reset=reset, consumer_timeout_ms=args.timeout_ms,
+                  client_id="hpbroker-cli") as consumer:
         partitions = args.partition or sorted(consumer.partitions_for_topic(args.topic))
         assigned = [TopicPartition(args.topic, p) for p in partitions]
         consumer.assign(assigned)

@@ -33,7 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                          help="how long a batch waits to fill (default 5)")
     produce.add_argument("--name", help="the producer's name in every batch (default host-pid-n)")
     produce.add_argument("--timeout-s", type=float, default=60,
-                         help="how long to wait for the last acknowledgements (default 60)")
+                         help="how long to wait for the last acknowledgements, and again at the most to "
+                              "close (default 60)")
     produce.set_defaults(run=_run)
 
 
@@ -64,8 +65,9 @@ def _run(args: argparse.Namespace) -> int:
     count = 0
     stream: BinaryIO = open(args.file, "rb") if args.file else sys.stdin.buffer  # noqa: SIM115
     try:
-        with Producer(args.bootstrap, acks=args.acks, linger_ms=args.linger_ms, compression=compression,
-                      name=args.name) as producer:
+        producer = Producer(args.bootstrap, acks=args.acks, linger_ms=args.linger_ms, compression=compression,
+                            name=args.name)
+        try:
             send = producer.send
             for line in _lines(stream):
                 key = None
@@ -76,6 +78,8 @@ def _run(args: argparse.Namespace) -> int:
                 send(args.topic, line, key, headers, None, args.partition)
                 count += 1
             producer.flush(args.timeout_s)
+        finally:
+            producer.close(args.timeout_s)  # bounded on every path, as --timeout-s says
     finally:
         if args.file:
             stream.close()

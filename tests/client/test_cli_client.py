@@ -99,3 +99,29 @@ def test_start_times_parse_as_ms_or_iso_8601(text, ms):
 def test_a_bad_start_time_is_refused_by_name():
     with pytest.raises(ValueError, match="--from-time 'yesterday'"):
         parse_time_ms("yesterday")
+
+
+def test_an_offset_outside_the_log_is_an_error_naming_its_bounds(broker, topic_name):
+    _process, port = broker
+    assert hpbroker(port, "topics", "create", topic_name, "--partitions", "1").returncode == 0
+    assert hpbroker(port, "produce", topic_name, stdin=b"a\nb\n").returncode == 0
+    result = hpbroker(port, "consume", topic_name, "--offset", "5", "--max-records", "1")
+    assert result.returncode == 1 and b"OffsetOutOfRangeError" in result.stderr, result.stderr
+
+
+def test_a_closed_pipe_ends_consume_quietly(broker, topic_name):
+    _process, port = broker
+    assert hpbroker(port, "topics", "create", topic_name, "--partitions", "1").returncode == 0
+    assert hpbroker(port, "produce", topic_name, stdin=b"x\n" * 20000).returncode == 0
+    pipeline = subprocess.run(["bash", "-o", "pipefail", "-c",
+                               f"{sys.executable} -m hpbroker.cli consume {topic_name} --from-beginning "
+                               f"--max-records 20000 --bootstrap 127.0.0.1:{port} | head -1"],
+                              capture_output=True, timeout=60)
+    assert pipeline.stdout.count(b"\n") == 1
+    assert pipeline.returncode == 0 and b"Broken pipe" not in pipeline.stderr, pipeline.stderr
+
+
+def test_an_unusable_bootstrap_address_is_one_clear_line(broker):
+    result = subprocess.run([sys.executable, "-m", "hpbroker.cli", "topics", "list", "--bootstrap",
+                             "bad host:9092"], capture_output=True, timeout=60)
+    assert result.returncode == 1 and result.stderr.count(b"\n") == 1, result.stderr
