@@ -62,7 +62,7 @@ run: setup
 	$(PY) -m hpbroker.cli up --data-dir data $(RUN_ARGS)
 
 lint: setup
-	$(PY) -m ruff check hpbroker tests bench
+	$(PY) -m ruff check hpbroker loadgen tests bench
 
 clean:
 	rm -rf build $(VENV) .pytest_cache .benchmarks bench/results
