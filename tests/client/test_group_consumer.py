@@ -172,6 +172,23 @@ def test_close_commits_and_the_next_member_resumes_where_it_stopped(consumers, g
     assert offsets_by_partition(records) == {p: [10, 11, 12] for p in range(4)}
 
 
+def test_offsets_written_by_a_tool_for_the_stopped_group_are_where_it_resumes(consumers, group_zk, topic):
+    group = unique_name("g")
+    first = consumers(group, topic)
+    poll_until(first, lambda r: len(r) >= 40)
+    first.close()
+    GroupRegistry(group_zk, group).write_offsets({(topic, 0): 7, (topic, 3): 8})
+    records = poll_until(consumers(group, topic), lambda r: len(r) >= 5)
+    assert offsets_by_partition(records) == {0: [7, 8, 9], 3: [8, 9]}
+
+
+def test_a_second_member_with_the_id_of_a_live_one_is_refused(consumers, topic):
+    group = unique_name("g")
+    consumers(group, topic, consumer_id="twin")
+    with pytest.raises(CoordinationError, match="ids/twin is held by session"):
+        consumers(group, topic, consumer_id="twin")
+
+
 def test_a_commit_of_a_partition_not_owned_is_refused(consumers, topic):
     member = consumers(unique_name("g"), topic)
     poll_until(member, lambda r: len(member.assignment()) == 4)
