@@ -1,5 +1,5 @@
-"""Coordination through ZooKeeper (kazoo): who is alive, what they store, and, later, which
-consumer owns which partition.  ``docs/COORDINATION.md`` draws the znode tree and the JSON of
+"""Coordination through ZooKeeper (kazoo): which brokers are alive and what they store, which
+consumers are in which group, who owns which partition and how far each group has consumed.  ``docs/COORDINATION.md`` draws the znode tree and the JSON of
 every node.
 
 Modules, one responsibility each (imports point down this list):
@@ -11,11 +11,16 @@ Modules, one responsibility each (imports point down this list):
 - ``watches``   children and data watches that re-arm, with cancellable handles
 - ``registry``  the broker registry (ephemeral, one node per live broker) and the topic registry
                 (persistent topic metadata), their JSON, and watches on them
+- ``cluster``   the cluster as the registries describe it: immutable snapshots kept by watches,
+                from which a broker answers metadata for topics other brokers store
 - ``member``    one broker's membership: its nodes kept in step with snapshots from the broker's
-                loop, on a thread of its own
+                loop, on a thread of its own, and its ``cluster`` view
+- ``groups``    consumer groups: the consumer, ownership and offset registries, and the range
+                assignment every member computes the same way
 - ``server``    a managed ZooKeeper server process, for the local stack and the tests
 
-Used by the broker (``hpbroker.workers.arbiter``) and the local stack (``hpbroker.stack``);
-storage (``hpbroker.io``) never imports it.  A kazoo client is not fork-safe: make it in the
+Used by the broker (``hpbroker.workers.arbiter``), the local stack (``hpbroker.stack``), group
+consumers (``hpbroker.client.group``, the one client module that loads kazoo) and ``hpbroker
+groups``; storage (``hpbroker.io``) never imports it.  A kazoo client is not fork-safe: make it in the
 process that uses it, after any ``fork``.
 """
