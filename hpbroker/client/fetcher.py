@@ -32,7 +32,9 @@ gives the end of the valid prefix and the offset to fetch next; ``decode_records
 then builds the records of that prefix from the offset asked for on, tagged with topic and
 partition, without checking the CRCs again.  A corrupt batch ends the response: the records before
 it are returned, then a :class:`~hpbroker.errors.CorruptRecordError` naming topic, partition,
-offset and byte position, and no next fetch is sent.
+offset and byte position, and no next fetch is sent.  A batch whose CRC holds but whose records
+do not decode ends it the same way; the next fetch, already sent past it, is dropped with the
+connection.
 
 Threads: a fetcher belongs to the thread of its consumer.
 """
@@ -267,10 +269,30 @@ class PartitionFetcher:
             # and these records are still returned: the next fetch reconnects.
             with contextlib.suppress(OSError):
                 self.fetch(next_offset)
-        records = decode_records(payload[:valid_bytes], verify_crc=False, topic=self.topic,
-                                 partition=self.partition, min_offset=fetch_offset) if valid_bytes else []
+        try:
+            records = decode_records(payload[:valid_bytes], verify_crc=False, topic=self.topic,
+                                     partition=self.partition, min_offset=fetch_offset) if valid_bytes else []
+        except (CorruptRecordError, ValueError):
+            self.disconnect()  # the next fetch, sent past the batch that does not decode, is dropped
+            records, next_offset, error = self._decode_until_corrupt(payload[:valid_bytes], fetch_offset)
         return CompletedFetch(fetch_offset, records, next_offset, response.high_watermark,
                               response.log_start_offset, error)
+
+    def _decode_until_corrupt(self, payload: memoryview,
+                              fetch_offset: int) -> tuple[list[Record], int, CorruptRecordError]:
+        """A payload that passed its CRCs but does not decode: the records of the batches before
+        the one that fails, the offset where it starts, and the error naming it."""
+        scan = scan_batches(payload)
+        records: list[Record] = []
+        for position, size, base_offset in zip(scan.positions, scan.sizes, scan.base_offsets, strict=True):
+            try:
+                records += decode_records(payload[position:position + size], verify_crc=False,
+                                          topic=self.topic, partition=self.partition, min_offset=fetch_offset)
+            except (CorruptRecordError, ValueError) as e:
+                offset = max(base_offset, fetch_offset)
+                return records, offset, self._corrupt(offset, position, str(e))
+        offset = max(scan.next_offset, fetch_offset)  # (each batch decodes alone: not seen happen)
+        return records, offset, self._corrupt(offset, scan.valid_bytes, "the records do not decode")
 
     def _check(self, payload: memoryview, fetch_offset: int) -> tuple[int, int, CorruptRecordError | None]:
         """The payload's valid prefix in bytes, the offset after it, and the error that ends it."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import struct
 import time
 
 import pytest
@@ -12,7 +13,7 @@ from harness import free_ports, start_broker
 from hpbroker import Consumer, TopicPartition, protocol
 from hpbroker.client.connection import BrokerAddress, BrokerConnection
 from hpbroker.errors import BrokerNotAvailableError, CorruptRecordError
-from hpbroker.records import build_batch
+from hpbroker.records import build_batch, crc32c, scan_batches
 
 TOPIC = "faults"
 
@@ -77,6 +78,31 @@ def test_a_corrupt_batch_on_disk_is_reported_with_topic_partition_and_offset(own
             consumer.poll(timeout_ms=5000)
         consumer.seek(tp, 20)
         assert [r.offset for r in poll_until(consumer, 10, [])] == list(range(20, 30))
+
+
+def test_a_batch_whose_crc_holds_but_whose_records_do_not_decode_is_a_corrupt_record_error(own_broker,
+                                                                                            tmp_path):
+    _brokers, port = own_broker
+    create_topic(port)
+    produce_batches(port, 0, batches=3, size=10)
+    segment = tmp_path / "data" / f"{TOPIC}-0" / "00000000000000000000.log"
+    data = bytearray(segment.read_bytes())
+    position = scan_batches(data).positions[1]
+    batch = data[position:position + scan_batches(data).sizes[1]]
+    struct.pack_into("<ii", batch, 24, 10, 11)  # last_offset_delta, record_count: one record too many
+    struct.pack_into("<I", batch, 16, crc32c(bytes(batch[20:])))  # ... under a CRC that holds
+    with open(segment, "r+b") as f:
+        f.seek(position)
+        f.write(batch)
+    tp = TopicPartition(TOPIC, 0)
+    with Consumer(f"127.0.0.1:{port}", auto_offset_reset="earliest", fetch_max_wait_ms=200) as consumer:
+        consumer.assign([tp])
+        first = consumer.poll(timeout_ms=5000).get(tp, [])
+        assert [r.offset for r in first] == list(range(10)), "the records before the bad batch arrive"
+        with pytest.raises(CorruptRecordError, match=rf"{TOPIC}-0 at offset 10 ") as info:
+            consumer.poll(timeout_ms=5000)
+        assert (info.value.topic, info.value.partition, info.value.offset) == (TOPIC, 0, 10)
+        assert consumer.position(tp) == 10
 
 
 def test_a_broker_restart_mid_stream_loses_and_repeats_no_record(own_broker, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 import select
 import socket
+import struct
 import threading
 import time
 
@@ -21,7 +22,7 @@ from hpbroker.errors import (
     OffsetOutOfRangeError,
     UnknownTopicOrPartitionError,
 )
-from hpbroker.records import build_batch, decode_records
+from hpbroker.records import build_batch, crc32c, decode_records
 
 
 def _stamped(batch: bytes, base_offset: int) -> bytes:
@@ -193,6 +194,32 @@ def test_a_corrupt_batch_ends_the_response_after_the_good_ones():
         assert (completed.error.topic, completed.error.partition, completed.error.offset) == ("t", 3, 7)
         assert f"t-3 at offset 7 (byte {len(good)} of a fetch response" in str(completed.error)
         assert "CRC mismatch" in str(completed.error)
+    finally:
+        fetcher.close()
+        server.close()
+        thread.join(5)
+
+
+def _undecodable(values: list[bytes], base_offset: int) -> bytes:
+    """A batch that passes framing and CRC but whose header claims one record more than it holds."""
+    batch = bytearray(_stamped(build_batch(values, timestamps=1_000), base_offset))
+    struct.pack_into("<ii", batch, 24, len(values), len(values) + 1)  # last_offset_delta, record_count
+    struct.pack_into("<I", batch, 16, crc32c(bytes(batch[20:])))
+    return bytes(batch)
+
+
+def test_a_batch_whose_crc_holds_but_whose_records_do_not_decode_ends_the_response():
+    good = _stamped(build_batch([b"a", b"b"]), 5) + _stamped(build_batch([b"c"]), 7)
+    server, thread = _peer_sending(_fetch_response(good + _undecodable([b"d"], 8)))
+    fetcher = PartitionFetcher("t", 3, "127.0.0.1", server.getsockname()[1], FetchConfig())
+    try:
+        fetcher.fetch(6)
+        completed = _receive(fetcher)
+        assert [(r.offset, r.value) for r in completed.records] == [(6, b"b"), (7, b"c")]
+        assert isinstance(completed.error, CorruptRecordError) and completed.next_offset == 8
+        assert (completed.error.topic, completed.error.partition, completed.error.offset) == ("t", 3, 8)
+        assert f"t-3 at offset 8 (byte {len(good)} of a fetch response" in str(completed.error)
+        assert not fetcher.in_flight, "the fetch sent past the bad batch is dropped"
     finally:
         fetcher.close()
         server.close()
