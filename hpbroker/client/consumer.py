@@ -19,6 +19,9 @@ How records flow, per partition::
 - **Fast iteration.**  ``iter(consumer)`` is an ``itertools.chain`` over the decoded lists, so
   handing out a record is C code; the record objects are ``hpbroker._core.Record``, built in
   Cython.  ``position()`` stays exact mid-list (the list iterator knows how many are left).
+  The iteration takes one partition's list at a time, when it reaches it (the partition that
+  waited longest first); until then the list stays with its partition, so ``poll()``,
+  ``seek()``, ``assign()`` and ``position()`` all see it, whenever the application breaks off.
 - **Offsets outside the log.**  ``auto_offset_reset`` decides: ``"earliest"`` (the log start),
   ``"latest"`` (the high watermark) or ``"error"`` (raise OffsetOutOfRangeError with the log's
   bounds).  It also decides where a partition starts when it was never sought.
@@ -160,7 +163,7 @@ class _PartitionState:
     """One assigned partition: position, fetcher, what waits for the application, failures."""
 
     __slots__ = ("attempts", "error", "failing_since", "fetcher", "high_watermark", "position", "ready",
-                 "refresh_metadata", "retry_at", "tp")
+                 "refresh_metadata", "retry_at", "tp", "turn")
 
     def __init__(self, tp: TopicPartition) -> None:
         self.tp = tp
@@ -173,6 +176,7 @@ class _PartitionState:
         self.attempts = 0
         self.retry_at = 0.0
         self.refresh_metadata = False
+        self.turn = 0  # when the iteration last took a list of it (the lowest goes first)
 
     def forget_fetch(self) -> None:
         """Nothing decoded or pending survives (after a seek, or leaving the assignment)."""
@@ -211,6 +215,7 @@ class Consumer:
         self._iterator: Iterator[Record] | None = None
         self._iteration = 0  # which _record_lists generator is current
         self._iterated: tuple[_PartitionState, list[Record], Iterator[Record]] | None = None
+        self._turns = itertools.count(1)
         self._wake_reader, self._wake_writer = socket.socketpair()
         self._wake_reader.setblocking(False)
         self._wake_writer.setblocking(False)
@@ -417,7 +422,7 @@ class Consumer:
         try:
             while not self._closed:
                 deadline = float("inf") if timeout_ms is None else time.monotonic() + timeout_ms / 1000
-                lists, woken = self._next_lists(deadline)
+                lists, woken = self._next_lists(deadline, one=True)
                 for state, records in lists:
                     records_iterator = iter(records)
                     self._iterated = (state, records, records_iterator)
@@ -430,22 +435,30 @@ class Consumer:
                 self._iterated = None
                 self._iterator = None
 
-    def _next_lists(self, deadline: float) -> tuple[list[tuple[_PartitionState, list[Record]]], bool]:
-        """Fetch until some partition has records (or an error) or ``deadline``; hand them out.
-        Returns the lists, and whether :meth:`wakeup` cut the wait short."""
+    def _next_lists(self, deadline: float, *, one: bool = False
+                    ) -> tuple[list[tuple[_PartitionState, list[Record]]], bool]:
+        """Fetch until some partition has records (or an error) or ``deadline``; hand them out:
+        every partition's list, or with ``one`` (iteration) the list of the partition that has
+        waited longest.  A partition's position moves past its list only as the list is handed
+        out.  Returns the lists, and whether :meth:`wakeup` cut the wait short."""
         with self._lock:
             if self._closed:
                 return [], True
             woken = self._run(deadline)
             if self._group is not None and not self._group.may_hand_out():
                 return [], woken
+            ready = [state for state in self._states.values() if state.ready]
+            if one and len(ready) > 1:
+                ready = [min(ready, key=operator.attrgetter("turn"))]
             out = []
-            for state in self._states.values():
+            for state in ready:
                 records = state.ready
-                if records:
-                    state.ready = None
-                    state.position = records[-1].offset + 1
-                    out.append((state, records))
+                assert records is not None
+                state.ready = None
+                state.position = records[-1].offset + 1
+                if one:
+                    state.turn = next(self._turns)
+                out.append((state, records))
             if not out:
                 for state in self._states.values():
                     if state.error is not None:

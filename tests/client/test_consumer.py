@@ -124,6 +124,108 @@ def test_breaking_out_of_iteration_and_iterating_again_loses_nothing(connection,
         assert offsets == list(range(10)) + list(range(30, 35))
 
 
+@pytest.fixture
+def fetched(monkeypatch) -> dict[TopicPartition, int]:
+    """Per partition, the offset after the last record its fetcher has taken in (decoded)."""
+    seen: dict[TopicPartition, int] = {}
+    real_receive = fetcher_module.PartitionFetcher.receive
+
+    def receive(self):
+        completed = real_receive(self)
+        if getattr(completed, "records", None):
+            seen[TopicPartition(self.topic, self.partition)] = completed.records[-1].offset + 1
+        return completed
+
+    monkeypatch.setattr(fetcher_module.PartitionFetcher, "receive", receive)
+    return seen
+
+
+def _break_off_with_the_other_partition_fetched(consumer: Consumer, tps: list[TopicPartition],
+                                                fetched: dict[TopicPartition, int]):
+    """Iterate (pausing at the first record, so that both partitions' responses come in) until,
+    in the middle of one partition's records, the other has records fetched and not handed out;
+    break off there.  Returns the offsets handed out per partition and the partition being read."""
+    got: dict[TopicPartition, list[int]] = {tp: [] for tp in tps}
+    for record in consumer:
+        tp = TopicPartition(record.topic, record.partition)
+        got[tp].append(record.offset)
+        other = next(o for o in tps if o != tp)
+        if fetched.get(other, 0) > (got[other][-1] + 1 if got[other] else 0):
+            return got, tp
+        if sum(map(len, got.values())) == 1:
+            time.sleep(0.3)
+    raise AssertionError(f"the iteration ended after {got}")
+
+
+@pytest.fixture
+def two_partitions(connection, topic_name):
+    """Two partitions of 300 records each, in batches of 10."""
+    create_topic(connection, topic_name, 2)
+    for p in range(2):
+        for start in range(0, 300, 10):
+            produce(connection, topic_name, p, values(f"p{p}-", 10, start))
+    return [TopicPartition(topic_name, 0), TopicPartition(topic_name, 1)]
+
+
+SMALL_FETCHES = {**FAST, "auto_offset_reset": "earliest", "max_partition_fetch_bytes": 1024}
+
+
+def test_positions_count_only_the_records_handed_out_when_iterating_several_partitions(
+        bootstrap, two_partitions):
+    with Consumer(bootstrap, **SMALL_FETCHES) as consumer:
+        consumer.assign(two_partitions)
+        got = {tp: [] for tp in two_partitions}
+        for record in consumer:
+            got[TopicPartition(record.topic, record.partition)].append(record.offset)
+            if sum(map(len, got.values())) == 1:
+                time.sleep(0.3)  # both partitions' responses come in at once
+            for tp, offsets in got.items():
+                assert consumer.position(tp) == (offsets[-1] + 1 if offsets else 0), f"{tp} after {got}"
+            if sum(map(len, got.values())) == 400:
+                break
+        for tp, offsets in got.items():
+            assert consumer.position(tp) == (offsets[-1] + 1 if offsets else 0)
+
+
+def test_records_fetched_for_a_partition_the_iteration_has_not_reached_are_polled_after_a_break(
+        bootstrap, two_partitions, fetched):
+    with Consumer(bootstrap, **SMALL_FETCHES) as consumer:
+        consumer.assign(two_partitions)
+        got, _ = _break_off_with_the_other_partition_fetched(consumer, two_partitions, fetched)
+        deadline = time.monotonic() + 10
+        while any(len(offsets) < 300 for offsets in got.values()) and time.monotonic() < deadline:
+            for tp, records in consumer.poll(timeout_ms=200).items():
+                assert consumer.position(tp) == records[-1].offset + 1
+                got[tp] += [r.offset for r in records]
+    assert got == {tp: list(range(300)) for tp in two_partitions}
+
+
+def test_a_seek_after_a_break_drops_what_was_fetched_for_the_partition(bootstrap, two_partitions, fetched):
+    with Consumer(bootstrap, **SMALL_FETCHES) as consumer:
+        consumer.assign(two_partitions)
+        got, reading = _break_off_with_the_other_partition_fetched(consumer, two_partitions, fetched)
+        other = next(tp for tp in two_partitions if tp != reading)
+        consumer.seek(other, 0)
+        got[other] = []
+        for record in consumer:
+            got[TopicPartition(record.topic, record.partition)].append(record.offset)
+    assert got == {tp: list(range(300)) for tp in two_partitions}
+
+
+def test_a_partition_assigned_away_after_a_break_hands_out_nothing_more(bootstrap, two_partitions,
+                                                                        fetched):
+    with Consumer(bootstrap, **SMALL_FETCHES) as consumer:
+        consumer.assign(two_partitions)
+        got, reading = _break_off_with_the_other_partition_fetched(consumer, two_partitions, fetched)
+        other = next(tp for tp in two_partitions if tp != reading)
+        handed_out = len(got[other])
+        consumer.assign([reading])
+        for record in consumer:
+            got[TopicPartition(record.topic, record.partition)].append(record.offset)
+    assert got[reading] == list(range(300))
+    assert len(got[other]) == handed_out, f"{other} handed out records after it was assigned away"
+
+
 def test_a_fetch_from_the_middle_of_a_batch_starts_at_the_offset_asked_for(connection, bootstrap, topic_name):
     create_topic(connection, topic_name, 1)
     produce(connection, topic_name, 0, values("v", 10))
