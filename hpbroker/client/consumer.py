@@ -34,8 +34,11 @@ How records flow, per partition::
   ``reconnect_timeout_ms`` raises BrokerNotAvailableError (or the broker's last error), with the
   attempts and seconds.
 
-Metadata (which data port serves a partition) and ListOffsets go over the broker's ZeroMQ
-front-end (:class:`~hpbroker.client.connection.BrokerConnection`).
+Metadata (which data port serves a partition) goes over the bootstrap broker's ZeroMQ front-end
+(:class:`~hpbroker.client.connection.BrokerConnection`).  ListOffsets go to the partition's data
+port, where the partition is stored: a partition without a position sends one on its fetcher's
+connection, in the fetch loop, before its first fetch; ``offsets_for_times`` and the like open a
+connection per partition for the call.
 
 **Consumer groups.**  ``Consumer(bootstrap, group=..., topics=[...], zookeeper=...)`` makes the
 consumer a member of a group that shares the topics' partitions (``hpbroker.client.group``, which
@@ -65,7 +68,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from hpbroker import protocol
 from hpbroker.client.connection import BrokerConnection, parse_bootstrap
-from hpbroker.client.fetcher import CompletedFetch, FetchConfig, PartitionFetcher
+from hpbroker.client.fetcher import CompletedFetch, FetchConfig, ListedOffset, PartitionFetcher
 from hpbroker.client.metadata import ClusterMetadata
 from hpbroker.errors import (
     BrokerNotAvailableError,
@@ -162,12 +165,14 @@ class ConsumerConfig:
 class _PartitionState:
     """One assigned partition: position, fetcher, what waits for the application, failures."""
 
-    __slots__ = ("attempts", "error", "failing_since", "fetcher", "high_watermark", "position", "ready",
-                 "refresh_metadata", "retry_at", "tp", "turn")
+    __slots__ = ("attempts", "error", "failing_since", "fetcher", "high_watermark", "log_start_offset",
+                 "position", "ready", "refresh_metadata", "reset_to", "retry_at", "tp", "turn")
 
     def __init__(self, tp: TopicPartition) -> None:
         self.tp = tp
         self.position: int | None = None  # the next offset the application gets; None: not yet reset
+        self.reset_to: int | None = None  # with no position: the ListOffsets timestamp, None: the policy's
+        self.log_start_offset: int | None = None  # with no position and policy "error": listed so far
         self.fetcher: PartitionFetcher | None = None
         self.ready: list[Record] | None = None  # decoded, not yet handed out
         self.error: HPBrokerError | None = None  # to raise once ``ready`` has been handed out
@@ -220,6 +225,7 @@ class Consumer:
         self._wake_reader.setblocking(False)
         self._wake_writer.setblocking(False)
         self._lock = threading.Lock()  # held while polling; close() takes it to know nobody is
+        self._wake_pending = False  # a wakeup() taken in by an offset lookup, for the next wait
         self._closed = False
         if group_config is not None:
             from hpbroker.client.group import GroupMember
@@ -267,10 +273,8 @@ class Consumer:
         already handed out, also mid-iteration).  Resets a never-sought partition first."""
         state = self._state(tp)
         if state.position is None:
-            self._reset_positions([state])
-            if state.error is not None:
-                error, state.error = state.error, None
-                raise error
+            with self._lock:
+                self._settle([state])
         assert state.position is not None
         iterated = self._iterated
         if iterated is not None and iterated[0] is state:
@@ -293,7 +297,7 @@ class Consumer:
         fetcher = state.fetcher
         if fetcher is not None and fetcher.in_flight and fetcher.fetch_offset != offset:
             fetcher.disconnect()  # its answer is for another offset; reconnecting beats waiting for it
-        state.position = offset
+        state.position, state.reset_to, state.log_start_offset = offset, None, None
 
     def seek_to_beginning(self, *partitions: TopicPartition) -> None:
         """Seek to the log start offset of each of ``partitions`` (all assigned ones if none)."""
@@ -467,40 +471,65 @@ class Consumer:
             return out, woken
 
     def _run(self, deadline: float) -> bool:
-        """The fetch loop: start fetches, sleep on the sockets, take responses.  True if woken."""
+        """The fetch loop: start requests, sleep on the sockets, take responses.  True if woken."""
         while True:
             now = time.monotonic()
             if self._group is not None:
                 self._group.service(now)
-            self._start_fetches(now)
+            states = self._states.values()
+            self._start_requests(states, now)
             if self._has_output() and (self._group is None
                                        or (self._group.may_hand_out() and self._has_output())):
                 return False  # (the group may have dropped partitions before allowing the rest)
-            wait_s = max(0.0, min(deadline, self._next_timer(now)) - now)
-            if self._wait(min(wait_s, 1.0)) or self._closed:
+            if self._wake_pending:  # a wakeup() that came while offsets were being looked up
+                self._wake_pending = False
+                return True
+            due = self._next_timer(now, states)
+            if self._group is not None:
+                due = min(due, self._group.next_due(now))
+            wait_s = max(0.0, min(deadline, due) - now)
+            if self._wait(min(wait_s, 1.0), states) or self._closed:
                 return True
             if time.monotonic() >= deadline:
                 return False
 
+    def _settle(self, states: list[_PartitionState]) -> None:
+        """Run the fetch loop for ``states`` alone until each has a position (its ListOffsets
+        answered) or an error, and raise the first error.  A partition gives up after failing
+        for ``reconnect_timeout_ms``; :meth:`close` from another thread ends the wait at once
+        (RuntimeError); a :meth:`wakeup` is kept for the next poll or iteration.  Lock held."""
+        while pending := [state for state in states if state.position is None and state.error is None]:
+            self._check_open()
+            now = time.monotonic()
+            self._start_requests(pending, now)
+            wait_s = max(0.0, self._next_timer(now, pending) - now)
+            if self._wait(min(wait_s, 1.0), pending):
+                self._wake_pending = True
+        for state in states:
+            if state.error is not None:
+                error, state.error = state.error, None
+                raise error
+
     def _has_output(self) -> bool:
         return any(state.ready or state.error is not None for state in self._states.values())
 
-    def _next_timer(self, now: float) -> float:
-        """The next moment something is due: a retry, or a fetch becoming overdue."""
-        due = float("inf") if self._group is None else self._group.next_due(now)
-        for state in self._states.values():
+    def _next_timer(self, now: float, states: Iterable[_PartitionState]) -> float:
+        """The next moment something is due: a retry, or a request becoming overdue."""
+        due = float("inf")
+        for state in states:
             if state.retry_at > now:
                 due = min(due, state.retry_at)
             if state.fetcher is not None and state.fetcher.in_flight:
                 due = min(due, state.fetcher.deadline())
         return due
 
-    def _wait(self, timeout_s: float) -> bool:
-        """Sleep until a fetch response arrives, take it; True if woken by :meth:`wakeup`."""
+    def _wait(self, timeout_s: float, states: Iterable[_PartitionState]) -> bool:
+        """Sleep until a response for one of ``states`` arrives, take it; True if woken by
+        :meth:`wakeup`."""
         poller = select.poll()
         poller.register(self._wake_reader, select.POLLIN)
         waiting: dict[int, _PartitionState] = {}
-        for state in self._states.values():
+        for state in states:
             fetcher = state.fetcher
             if state.ready is None and fetcher is not None and fetcher.in_flight:
                 fd = fetcher.fileno()
@@ -521,25 +550,28 @@ class Consumer:
 
     # --- fetching -----------------------------------------------------------------------------
 
-    def _start_fetches(self, now: float) -> None:
-        unpositioned = [s for s in self._states.values() if s.position is None and s.error is None]
-        if unpositioned:
-            self._reset_positions(unpositioned)
-        for state in self._states.values():
-            if state.ready or state.error is not None or state.position is None or now < state.retry_at:
+    def _start_requests(self, states: Iterable[_PartitionState], now: float) -> None:
+        """Send each partition's next request, unless it holds records or an error for the
+        application, waits for a retry or has one in flight: a ListOffsets while it has no
+        position, else a fetch."""
+        for state in states:
+            if state.ready or state.error is not None or now < state.retry_at:
                 continue
             fetcher = state.fetcher
             if fetcher is not None and fetcher.in_flight:
                 if fetcher.overdue(now):
+                    waiting_for = fetcher.waiting_for()
                     fetcher.disconnect()
                     self._failed(state, RequestTimedOutError(
-                        f"no answer from {fetcher.host}:{fetcher.port} to a fetch of {state.tp} from offset "
-                        f"{fetcher.fetch_offset}"))
+                        f"no answer from {fetcher.host}:{fetcher.port} to {waiting_for}"))
                 continue
             try:
                 if fetcher is None:
                     fetcher = state.fetcher = self._new_fetcher(state)
-                fetcher.fetch(state.position)
+                if state.position is None:
+                    fetcher.list_offsets(self._lookup_timestamp(state))
+                else:
+                    fetcher.fetch(state.position)
             except OSError as e:
                 where = f"{fetcher.host}:{fetcher.port}" if fetcher is not None else "?"
                 self._failed(state, BrokerNotAvailableError(
@@ -564,15 +596,17 @@ class Consumer:
     def _receive(self, state: _PartitionState) -> None:
         fetcher = state.fetcher
         assert fetcher is not None
-        offset = fetcher.fetch_offset
+        waiting_for = fetcher.waiting_for()
         try:
             completed = fetcher.receive()
         except (OSError, HPBrokerError) as e:
             self._failed(state, BrokerNotAvailableError(
-                f"lost the data connection to {fetcher.host}:{fetcher.port} fetching {state.tp} from offset "
-                f"{offset}: {e}"))
+                f"lost the data connection to {fetcher.host}:{fetcher.port} waiting for {waiting_for}: {e}"))
             return
         if completed is None:
+            return
+        if isinstance(completed, ListedOffset):
+            self._listed(state, completed)
             return
         if completed.fetch_offset != state.position:  # cannot happen: seek() drops stale fetches
             logger.warning("[%s] dropped a fetch response from offset %d at position %s", state.tp,
@@ -588,6 +622,35 @@ class Consumer:
         if completed.error is not None:
             self._fetch_error(state, completed)
 
+    def _listed(self, state: _PartitionState, listed: ListedOffset) -> None:
+        """A ListOffsets answer: the partition's position (or, for the policy "error", the
+        log's bounds: first its start, then its end, then the error)."""
+        if listed.error is not None:
+            self._partition_error(state, listed.error)
+            return
+        state.failing_since = None
+        state.attempts = 0
+        state.refresh_metadata = False
+        if state.reset_to is not None or self.config.auto_offset_reset != "error":
+            state.position, state.reset_to = listed.offset, None
+        elif state.log_start_offset is None:
+            state.log_start_offset = listed.offset  # the loop lists the end next
+        else:
+            start, end = state.log_start_offset, listed.offset
+            state.log_start_offset = None
+            state.error = OffsetOutOfRangeError(
+                f"{state.tp} has no position and auto_offset_reset is 'error': seek() it first; the log "
+                f"holds offsets {start} up to {end} (exclusive)", start, end)
+
+    def _lookup_timestamp(self, state: _PartitionState) -> int:
+        """What a partition without a position lists: a seek's timestamp, or the policy's."""
+        if state.reset_to is not None:
+            return state.reset_to
+        policy = self.config.auto_offset_reset
+        if policy == "latest" or (policy == "error" and state.log_start_offset is not None):
+            return protocol.LATEST_TIMESTAMP
+        return protocol.EARLIEST_TIMESTAMP
+
     def _fetch_error(self, state: _PartitionState, completed: CompletedFetch) -> None:
         error = completed.error
         assert error is not None
@@ -600,7 +663,13 @@ class Consumer:
                 logger.info("[%s] offset %d is out of range; resetting to the %s offset %d", state.tp,
                             completed.fetch_offset, policy, offset)
                 state.position = offset if offset >= 0 else None
-        elif error.retriable and not isinstance(error, CorruptRecordError):
+        else:
+            self._partition_error(state, error)
+
+    def _partition_error(self, state: _PartitionState, error: HPBrokerError) -> None:
+        """The broker's answer for the partition is an error: retry the retriable ones (but a
+        corrupt batch) through fresh metadata, keep the others for the application."""
+        if error.retriable and not isinstance(error, CorruptRecordError):
             if state.fetcher is not None:
                 state.fetcher.close()
                 state.fetcher = None  # the partition may be served elsewhere now: ask the metadata
@@ -626,52 +695,24 @@ class Consumer:
         logger.debug("[%s] attempt %d failed (%s); retrying in %d ms", state.tp, state.attempts, error,
                      backoff_ms)
 
-    # --- offsets over the front-end -------------------------------------------------------------
-
-    def _reset_positions(self, states: list[_PartitionState]) -> None:
-        """Positions for never-sought partitions, by ``auto_offset_reset``."""
-        policy = self.config.auto_offset_reset
-        if policy != "error":
-            timestamp = protocol.EARLIEST_TIMESTAMP if policy == "earliest" else protocol.LATEST_TIMESTAMP
-            for tp, offset in self._list_offsets({s.tp: timestamp for s in states}).items():
-                self._states[tp].position = offset
-            return
-        starts = self._list_offsets({s.tp: protocol.EARLIEST_TIMESTAMP for s in states})
-        ends = self._list_offsets({s.tp: protocol.LATEST_TIMESTAMP for s in states})
-        for state in states:
-            start, end = starts[state.tp], ends[state.tp]
-            state.error = OffsetOutOfRangeError(
-                f"{state.tp} has no position and auto_offset_reset is 'error': seek() it first; the log "
-                f"holds offsets {start} up to {end} (exclusive)", start, end)
+    # --- offsets over the data ports -----------------------------------------------------------
 
     def _list_offsets(self, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
-        """ListOffsets for every partition, pipelined; retriable failures are retried with backoff
-        for up to ``reconnect_timeout_ms``."""
-        result: dict[TopicPartition, int] = {}
-        started = time.monotonic()
-        attempts = 0
-        timeout_s = self.config.request_timeout_ms / 1000
-        while len(result) < len(timestamps):
-            pending = {tp: ts for tp, ts in timestamps.items() if tp not in result}
-            ids: dict[TopicPartition, int] = {}
-            try:
-                for tp, ts in pending.items():
-                    ids[tp] = self._connection.send(protocol.ListOffsetsRequest(tp.topic, tp.partition, ts))
-                for tp, correlation_id in ids.items():
-                    response = self._connection.wait_for(correlation_id, timeout_s).raise_for_error()
-                    result[tp] = response.offset
-            except HPBrokerError as e:
-                for correlation_id in ids.values():
-                    self._connection.forget(correlation_id)
-                attempts += 1
-                elapsed_s = time.monotonic() - started
-                if not e.retriable or isinstance(e, UnknownTopicOrPartitionError):
-                    raise
-                if elapsed_s * 1000 >= self.config.reconnect_timeout_ms:
-                    raise type(e)(f"{e.message}; gave up listing offsets of {sorted(map(str, pending))} "
-                                  f"after {attempts} attempts in {elapsed_s:.1f} s") from e
-                time.sleep(self.config.backoff_ms(attempts) / 1000)
-        return result
+        """ListOffsets for every partition, assigned or not, each over a connection of its own to
+        its data port (closed afterwards), all in flight together; bounded like :meth:`_settle`."""
+        states = []
+        for tp, timestamp in timestamps.items():
+            state = _PartitionState(tp)
+            state.reset_to = timestamp
+            states.append(state)
+        try:
+            with self._lock:
+                self._settle(states)
+        finally:
+            for state in states:
+                if state.fetcher is not None:
+                    state.fetcher.close()
+        return {state.tp: state.position for state in states if state.position is not None}
 
     # --- lifecycle ----------------------------------------------------------------------------
 

@@ -3,7 +3,9 @@
 The broker serves a partition's fetches on the TCP data port of the worker that owns it
 (``PartitionInfo.fetch_port``) and sends the record batches with ``sendfile`` straight from its
 segment files.  A :class:`PartitionFetcher` keeps one TCP connection to that port for one
-partition, with at most one FetchRequest in flight on it.
+partition, with at most one request in flight on it: a FetchRequest, or a ListOffsetsRequest
+(the data ports serve both, docs/PROTOCOL.md), so a partition's offsets are looked up where the
+partition is stored, whichever broker the client was bootstrapped at.
 
 Why a connection per partition: a data port answers each connection's requests in the order they
 arrived, so a long poll parked on a caught-up partition would hold back the answers for every
@@ -59,7 +61,7 @@ from hpbroker.errors import (
 )
 from hpbroker.records import Record, decode_records, read_header, scan_batches
 
-__all__ = ["CompletedFetch", "FetchConfig", "PartitionFetcher"]
+__all__ = ["CompletedFetch", "FetchConfig", "ListedOffset", "PartitionFetcher"]
 
 # The TCP framing's prefix: head_length u32, payload_length u32.
 _TCP_PREFIX = struct.Struct("<II")
@@ -110,6 +112,16 @@ class CompletedFetch:
     error: HPBrokerError | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ListedOffset:
+    """One answered ListOffsetsRequest: the ``offset`` for ``timestamp`` (-1 when no record is
+    that recent), or the broker's ``error``."""
+
+    timestamp: int
+    offset: int
+    error: HPBrokerError | None = None
+
+
 class PartitionFetcher:
     """Fetches one partition over one TCP connection to the data port ``host:port``."""
 
@@ -122,12 +134,14 @@ class PartitionFetcher:
         self._config = config
         self._client_id = client_id
         self._sock: socket.socket | None = None
-        self._buffer = bytearray(config.max_partition_fetch_bytes + _HEAD_ROOM_BYTES)
+        self._buffer = bytearray(_HEAD_ROOM_BYTES)  # grown for a whole fetch by the first one
         self._view = memoryview(self._buffer)
         self._filled = 0  # bytes of the response in flight received so far
         self._total = -1  # its size with the prefix, once the prefix is in
         self._fetch_offset = -1  # the offset the fetch in flight asked for; -1 when none
+        self._listing: int | None = None  # the timestamp the ListOffsetsRequest in flight asked for
         self._sent_at = 0.0
+        self._limit_s = 0.0  # how long the request in flight may go unanswered
         self._correlation_ids = itertools.count(1)
 
     def __repr__(self) -> str:
@@ -135,7 +149,14 @@ class PartitionFetcher:
 
     @property
     def in_flight(self) -> bool:
-        return self._fetch_offset >= 0
+        return self._fetch_offset >= 0 or self._listing is not None
+
+    def waiting_for(self) -> str:
+        """The request in flight, in words (for error messages)."""
+        where = f"{self.topic}-{self.partition}"
+        if self._listing is not None:
+            return f"a ListOffsets of {where} for timestamp {self._listing}"
+        return f"a fetch of {where} from offset {self._fetch_offset}"
 
     @property
     def fetch_offset(self) -> int:
@@ -148,23 +169,36 @@ class PartitionFetcher:
         return self._sock.fileno()
 
     def overdue(self, now: float) -> bool:
-        """Whether the fetch in flight has gone unanswered for longer than the broker may hold it
-        plus ``request_timeout_ms``."""
-        limit_s = (self._config.fetch_max_wait_ms + self._config.request_timeout_ms) / 1000
-        return self.in_flight and now - self._sent_at > limit_s
+        """Whether the request in flight has gone unanswered for longer than
+        ``request_timeout_ms`` (plus, for a fetch, the ``fetch_max_wait_ms`` the broker may hold it)."""
+        return self.in_flight and now - self._sent_at > self._limit_s
 
     def deadline(self) -> float:
-        """When the fetch in flight becomes :meth:`overdue` (monotonic seconds)."""
-        return self._sent_at + (self._config.fetch_max_wait_ms + self._config.request_timeout_ms) / 1000
+        """When the request in flight becomes :meth:`overdue` (monotonic seconds)."""
+        return self._sent_at + self._limit_s
 
     def fetch(self, offset: int) -> None:
         """Send a FetchRequest from ``offset``, connecting first if needed.  Raises OSError when
         the data port cannot be reached or the connection breaks (nothing is then in flight)."""
-        if self.in_flight:
-            raise RuntimeError(f"{self!r}: a fetch from offset {self._fetch_offset} is already in flight")
         config = self._config
         request = protocol.FetchRequest(self.topic, self.partition, offset, config.max_partition_fetch_bytes,
                                         config.fetch_max_wait_ms, config.fetch_min_bytes)
+        if len(self._buffer) < config.max_partition_fetch_bytes + _HEAD_ROOM_BYTES:
+            self._grow(config.max_partition_fetch_bytes)
+        self._send(request, (config.fetch_max_wait_ms + config.request_timeout_ms) / 1000)
+        self._fetch_offset = offset
+
+    def list_offsets(self, timestamp: int) -> None:
+        """Send a ListOffsetsRequest for ``timestamp`` (ms, or ``protocol.EARLIEST_TIMESTAMP`` /
+        ``LATEST_TIMESTAMP``), connecting first if needed; :meth:`receive` gives the
+        :class:`ListedOffset`.  Raises OSError like :meth:`fetch`."""
+        request = protocol.ListOffsetsRequest(self.topic, self.partition, timestamp)
+        self._send(request, self._config.request_timeout_ms / 1000)
+        self._listing = timestamp
+
+    def _send(self, request: protocol.Message, limit_s: float) -> None:
+        if self.in_flight:
+            raise RuntimeError(f"{self!r}: {self.waiting_for()} is already in flight")
         frames = protocol.frame_tcp(protocol.encode_request(request, next(self._correlation_ids) & 0xFFFFFFFF,
                                                             self._client_id))
         try:
@@ -175,8 +209,8 @@ class PartitionFetcher:
         except OSError:
             self.disconnect()
             raise
-        self._fetch_offset = offset
         self._sent_at = time.monotonic()
+        self._limit_s = limit_s
         self._filled = 0
         self._total = -1
 
@@ -191,22 +225,30 @@ class PartitionFetcher:
         sock.settimeout(None)
         self._sock = sock
 
-    def receive(self) -> CompletedFetch | None:
-        """Take what has arrived of the response in flight: None until it is whole.  Then send
-        the next fetch (unless the response ended in an error) and return the decoded response.
+    def receive(self) -> CompletedFetch | ListedOffset | None:
+        """Take what has arrived of the response in flight: None until it is whole.  For a fetch,
+        then send the next fetch (unless the response ended in an error) and return the decoded
+        response; for a ListOffsetsRequest, return its :class:`ListedOffset`.
 
         Raises ConnectionError when the broker closed the connection, OSError when it broke, and
         InvalidRequestError when the stream makes no sense; the fetcher is then disconnected with
-        nothing in flight, and the same fetch may be sent again."""
+        nothing in flight, and the same request may be sent again."""
         if not self.in_flight:
             return None
+        timestamp = self._listing
         try:
             if not self._read():
                 return None
-            header, response = self._decode_head()
+            header, response = self._decode_head(protocol.ApiKey.FETCH if timestamp is None
+                                                 else protocol.ApiKey.LIST_OFFSETS)
         except (OSError, HPBrokerError):
             self.disconnect()
             raise
+        if timestamp is not None:
+            assert isinstance(response, protocol.ListOffsetsResponse)
+            self._listing = None
+            return self._listed(timestamp, header, response)
+        assert isinstance(response, protocol.FetchResponse)
         fetch_offset = self._fetch_offset
         self._fetch_offset = -1
         if header.error_code:
@@ -214,6 +256,14 @@ class PartitionFetcher:
             return CompletedFetch(fetch_offset, [], fetch_offset, response.high_watermark,
                                   response.log_start_offset, error)
         return self._complete(fetch_offset, response)
+
+    def _listed(self, timestamp: int, header: protocol.ResponseHeader,
+                response: protocol.ListOffsetsResponse) -> ListedOffset:
+        if header.error_code:
+            where = f"ListOffsets of {self.topic}-{self.partition} for timestamp {timestamp}"
+            return ListedOffset(timestamp, -1, error_for_code(
+                header.error_code, f"{where} at {self.host}:{self.port}: {header.error_message}"))
+        return ListedOffset(timestamp, response.offset)
 
     def _read(self) -> bool:
         """recv_into the buffer until the response is whole (True) or nothing more has arrived."""
@@ -238,9 +288,9 @@ class PartitionFetcher:
             except BlockingIOError:
                 return False
             if received == 0:
-                raise ConnectionError(f"{self.host}:{self.port} closed the connection with a fetch of "
-                                      f"{self.topic}-{self.partition} from offset {self._fetch_offset} "
-                                      f"unanswered ({self._filled} bytes of its response received)")
+                raise ConnectionError(f"{self.host}:{self.port} closed the connection with "
+                                      f"{self.waiting_for()} unanswered ({self._filled} bytes of its "
+                                      f"response received)")
             self._filled += received
 
     def _grow(self, size: int) -> None:
@@ -250,14 +300,13 @@ class PartitionFetcher:
         self._buffer = bigger
         self._view = memoryview(bigger)
 
-    def _decode_head(self) -> tuple[protocol.ResponseHeader, protocol.FetchResponse]:
+    def _decode_head(self, api_key: int) -> tuple[protocol.ResponseHeader, protocol.Message]:
         head_length = _TCP_PREFIX.unpack_from(self._buffer, 0)[0]
         head_end = _TCP_PREFIX.size + head_length
         frames = [self._view[_TCP_PREFIX.size:head_end]]
         if self._total > head_end:
             frames.append(self._view[head_end:self._total])
-        header, response = protocol.decode_response(protocol.ApiKey.FETCH, frames)
-        return header, response  # type: ignore[return-value]
+        return protocol.decode_response(api_key, frames)
 
     def _complete(self, fetch_offset: int, response: protocol.FetchResponse) -> CompletedFetch:
         """Check the payload, send the next fetch, then decode (see the module docstring)."""
@@ -338,6 +387,7 @@ class PartitionFetcher:
             self._sock.close()
             self._sock = None
         self._fetch_offset = -1
+        self._listing = None
         self._filled = 0
         self._total = -1
 

@@ -13,7 +13,7 @@ import pytest
 
 from hpbroker import protocol
 from hpbroker.client.connection import BrokerAddress, BrokerConnection
-from hpbroker.client.fetcher import FetchConfig, PartitionFetcher
+from hpbroker.client.fetcher import FetchConfig, ListedOffset, PartitionFetcher
 from hpbroker.client.metadata import ClusterMetadata
 from hpbroker.errors import (
     CorruptRecordError,
@@ -149,6 +149,37 @@ def test_a_fetch_for_a_partition_another_port_serves_is_refused(partition_0, top
     try:
         fetcher.fetch(0)
         assert isinstance(_receive(fetcher).error, UnknownTopicOrPartitionError)
+    finally:
+        fetcher.close()
+
+
+def test_offsets_are_listed_over_the_data_port_and_the_same_connection_then_fetches(partition_0, topic_name):
+    connection, info = partition_0
+    _produce(connection, topic_name, [b"a", b"b", b"c"])
+    fetcher = PartitionFetcher(topic_name, 0, info.host, info.fetch_port, FetchConfig(fetch_max_wait_ms=100))
+    try:
+        fetcher.list_offsets(protocol.LATEST_TIMESTAMP)
+        assert fetcher.in_flight and "ListOffsets of" in fetcher.waiting_for()
+        assert _receive(fetcher) == ListedOffset(protocol.LATEST_TIMESTAMP, 3)
+        assert not fetcher.in_flight
+        fetcher.list_offsets(protocol.EARLIEST_TIMESTAMP)
+        assert _receive(fetcher) == ListedOffset(protocol.EARLIEST_TIMESTAMP, 0)
+        fetcher.fetch(1)
+        assert [r.value for r in _receive(fetcher).records] == [b"b", b"c"]
+    finally:
+        fetcher.close()
+
+
+def test_offsets_listed_at_a_port_that_does_not_serve_the_partition_are_an_error(partition_0, topic_name,
+                                                                                 broker):
+    _connection, info = partition_0
+    other_port = next(p for p in (broker[1] + 1, broker[1] + 2) if p != info.fetch_port)
+    fetcher = PartitionFetcher(topic_name, 0, info.host, other_port, FetchConfig())
+    try:
+        fetcher.list_offsets(protocol.EARLIEST_TIMESTAMP)
+        listed = _receive(fetcher)
+        assert listed.offset == -1 and isinstance(listed.error, UnknownTopicOrPartitionError)
+        assert f"{topic_name}-0 for timestamp -2 at 127.0.0.1:{other_port}" in str(listed.error)
     finally:
         fetcher.close()
 

@@ -77,3 +77,26 @@ def test_a_consumer_bootstrapped_at_one_broker_reads_a_topic_stored_on_the_other
         consumer.seek(tp, 0)
         values = [record.value for record in consumer]
     assert values == [f"record {i}".encode() for i in range(20)]
+
+
+def test_a_consumer_bootstrapped_at_one_broker_finds_offsets_of_a_topic_stored_on_the_other(two_brokers):
+    (_, port_1, client_1), (_, port_2, client_2) = two_brokers
+    # Stored on broker 1; the consumer knows only broker 2, whose front-end answers error 6 for it.
+    assert client_1.request(protocol.CreateTopicRequest("offsets-elsewhere", 1))[0].error_code == 0
+    with Producer(f"127.0.0.1:{port_1}") as producer:
+        for i in range(20):
+            producer.send("offsets-elsewhere", f"record {i}".encode(), timestamp=1_000 + i)
+    wait_until(lambda: any(t.name == "offsets-elsewhere" and t.partitions[0].leader == 1
+                           for t in _metadata(client_2).topics), 10, what="broker 2 to see the topic")
+    tp = TopicPartition("offsets-elsewhere", 0)
+    with Consumer(f"127.0.0.1:{port_2}", auto_offset_reset="earliest", consumer_timeout_ms=2000,
+                  reconnect_timeout_ms=3000) as consumer:
+        assert consumer.beginning_offsets([tp]) == {tp: 0}
+        assert consumer.end_offsets([tp]) == {tp: 20}
+        assert consumer.offsets_for_times({tp: 1_015}) == {tp: 15}
+        consumer.assign([tp])
+        assert consumer.position(tp) == 0, "auto_offset_reset='earliest' looked up where the log starts"
+        consumer.seek_to_end(tp)
+        assert consumer.position(tp) == 20
+        consumer.seek_to_beginning(tp)
+        assert [record.value for record in consumer] == [f"record {i}".encode() for i in range(20)]
