@@ -14,7 +14,14 @@ Who calls what:
 
 There is no lock: every method runs with the GIL held and never lets it go while it changes
 shared state (the only calls that may release it, lz4 and the producer's blocking hooks, happen
-on batches already detached, or before anything is touched).
+on batches already detached, or before anything is touched).  Compiled code keeps the GIL until
+it runs Python code, and *allocating* an object the garbage collector tracks (a list, a tuple, a
+Batch) may start a collection whose finalizers and callbacks are Python code, during which any
+other thread may run.  Hence the rule: **allocate first, then touch**.  A method allocates
+every object it will need before it reads the shared state it is about to change, and from
+that read to the last counter it updates it allocates nothing tracked and calls no Python code.
+So a new topic's state is built complete (its random first partition drawn: ``os.urandom``
+lets the GIL go) before one ``dict.setdefault`` looks it up and stores it.
 
 Batch buffers.  An open batch is one ``malloc``'d buffer: ``header_room`` bytes (the 56-byte fixed
 header and the producer name, written when the batch is finished) followed by its records,
@@ -37,7 +44,9 @@ Invariants:
 - a partition's batches are drained in the order they were opened, and a muted partition (one
   with a request in flight or waiting to be retried) is not drained at all;
 - every batch that ever held a record is in ``_unfinished`` (by ``batch_id``, which increases in
-  the order batches are opened) until :meth:`finish` is called with it.
+  the order batches are opened) until :meth:`finish` is called with it, and :meth:`take_all`
+  returns every one of them that the producer does not hold in a request, so none can be left
+  unsettled when the producer stops.
 """
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
@@ -213,6 +222,9 @@ cdef void _finish_batches(unsigned char* out, _Finish* items, Py_ssize_t n, cons
         pos += size
 
 
+cdef class PartitionQueue
+
+
 cdef class Batch:
     """One batch of one partition: filling while open, then what the I/O thread needs to settle it
     (its records' count, who waits for which record, when it was opened)."""
@@ -226,6 +238,7 @@ cdef class Batch:
     cdef readonly int64_t batch_id
     cdef readonly int64_t base_sequence  # set when drained
     cdef readonly uint32_t crc  # set by build_payload
+    cdef readonly PartitionQueue queue  # the partition it belongs to (set when opened)
     # Delivery reports asked for: the future or callback of each, and (in C arrays, so that asking
     # creates no Python object per record) the record's index in the batch and its timestamp.
     cdef list waiter_objects
@@ -332,7 +345,7 @@ cdef class RecordAccumulator:
     cdef readonly int64_t buffer_bytes
     cdef int64_t _last_batch_id
     cdef int64_t _flush_through  # batches with an id up to this are due now, linger or not
-    cdef set _unfinished
+    cdef dict _unfinished  # batch_id -> Batch, every batch not yet finished
     cdef bint _wake_pending
     cdef int _wake_fd
     cdef readonly bint closed
@@ -344,7 +357,7 @@ cdef class RecordAccumulator:
 
     def __cinit__(self, *args, **kwargs):
         self._topics = {}
-        self._unfinished = set()
+        self._unfinished = {}
         self._wake_fd = -1
         self._pool_count = 0
 
@@ -453,22 +466,24 @@ cdef class RecordAccumulator:
         return self._register_topic(topic, count)
 
     cdef TopicState _register_topic(self, str topic, Py_ssize_t count):
-        cdef TopicState t
+        """The topic's state, made if new, with at least ``count`` partition queues.  Threads may
+        race here (a first send from two threads; the I/O thread after a metadata refresh): the
+        state is built complete before one ``setdefault`` looks and stores, and each queue is
+        allocated before the count it takes is read (module docstring: allocate first)."""
+        cdef TopicState t, fresh
         cdef PartitionQueue q
-        found = self._topics.get(topic)
-        if found is not None:  # another thread got there first while the GIL was released
-            t = <TopicState>found
-        else:
-            t = TopicState.__new__(TopicState)
-            t.name = topic
-            t.partitions = []
-            t.next_partition = int.from_bytes(_os.urandom(4), "little") % count
-            self._topics[topic] = t
+        fresh = TopicState.__new__(TopicState)
+        fresh.name = topic
+        fresh.partitions = []
+        fresh.next_partition = int.from_bytes(_os.urandom(4), "little") % count  # may let the GIL go
+        t = <TopicState>self._topics.setdefault(topic, fresh)
         while t.partition_count < count:
             q = PartitionQueue.__new__(PartitionQueue)
-            q.topic, q.partition, q.closed, q.topic_state = topic, t.partition_count, [], t
-            t.partitions.append(q)
-            t.partition_count += 1
+            q.topic, q.closed, q.topic_state = topic, [], t
+            if t.partition_count < count:  # still: nothing since the test let the GIL go
+                q.partition = t.partition_count
+                t.partitions.append(q)
+                t.partition_count += 1
         return t
 
     def set_partition_count(self, str topic, Py_ssize_t count):
@@ -590,7 +605,8 @@ cdef class RecordAccumulator:
         b.base_sequence = -1
         self._last_batch_id += 1
         b.batch_id = self._last_batch_id
-        self._unfinished.add(b.batch_id)
+        b.queue = q
+        self._unfinished[b.batch_id] = b
         q.open = b
         self._wake()
         return b
@@ -680,7 +696,7 @@ cdef class RecordAccumulator:
         cdef Batch b
         cdef list taken
         cdef Py_ssize_t size, i, n
-        for t in self._topics.values():
+        for t in list(self._topics.values()):  # a copy: a send may add a topic while this allocates
             for q in t.partitions:
                 if q.muted or (q.open is None and not q.closed):
                     continue
@@ -716,23 +732,23 @@ cdef class RecordAccumulator:
         return ready, next_due
 
     def take_all(self):
-        """Every batch still in the accumulator, muted partitions too (when the producer gives up
-        at close); their buffers are freed.  Returns ``[(queue, batches)]``."""
-        cdef list out = []
+        """Every unfinished batch (when the producer gives up, after settling the requests it
+        holds): those still queued, muted partitions too, and any other that is not finished,
+        such as one drained into a request that was never made.  Their buffers are freed.
+        Returns ``[(queue, batches)]``, each partition's batches in the order they were opened."""
+        cdef dict by_queue = {}
         cdef TopicState t
         cdef PartitionQueue q
         cdef Batch b
-        for t in self._topics.values():
+        for t in list(self._topics.values()):
             for q in t.partitions:
                 if q.open is not None:
-                    q.closed.append(q.open)
-                    q.open = None
-                if q.closed:
-                    for b in q.closed:
-                        self._recycle(b)
-                    out.append((q, q.closed))
-                    q.closed = []
-        return out
+                    self._close(q, False)
+                q.closed = []
+        for _, b in sorted(self._unfinished.items()):  # by batch_id: the order they were opened
+            self._recycle(b)
+            by_queue.setdefault(b.queue, []).append(b)
+        return list(by_queue.items())
 
     def build_payload(self, list batches):
         """The bytes of one ProduceRequest: ``batches`` (one partition's, drained, in order)
@@ -803,8 +819,7 @@ cdef class RecordAccumulator:
         ``buffer_bytes`` and they no longer hold up a flush."""
         cdef Batch b
         for b in batches:
-            if b.batch_id in self._unfinished:
-                self._unfinished.discard(b.batch_id)
+            if self._unfinished.pop(b.batch_id, None) is not None:
                 self.buffered_bytes -= b.length - self.header_room
             self._recycle(b)
 

@@ -134,3 +134,51 @@ def test_send_many_with_one_timestamp_and_keys():
     assert sorted(r.value for r in records) == [b"a", b"b", b"c"] and {r.timestamp for r in records} == {42}
     with pytest.raises(ValueError, match="2 keys for 3 values"):
         accumulator.send_many("t", [b"a", b"b", b"c"], keys=[b"x", b"y"])
+
+
+def test_threads_sending_first_to_one_topic_share_one_topic_state(monkeypatch):
+    """Drawing a new topic's random first partition lets the GIL go (os.urandom); slowed down
+    here so that every thread is inside it at once: each record must still be in a batch the
+    accumulator drains."""
+    import os
+    import threading
+
+    real_urandom = os.urandom
+
+    def slow_urandom(n: int) -> bytes:
+        time.sleep(0.02)
+        return real_urandom(n)
+
+    monkeypatch.setattr(os, "urandom", slow_urandom)
+    accumulator = FixedTopics(4)
+    barrier = threading.Barrier(8)
+
+    def first_send(i: int) -> None:
+        barrier.wait()
+        accumulator.send("t", b"thread %d" % i)
+
+    threads = [threading.Thread(target=first_send, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    ready = drain_all(accumulator)
+    assert sum(b.record_count for _, batches in ready for b in batches) == 8
+    assert accumulator.unfinished_batches == sum(len(batches) for _, batches in ready)
+
+
+def test_take_all_returns_every_unfinished_batch_also_one_no_queue_holds():
+    """A batch that left its queue (drained) but was never finished, such as one whose request
+    could not be built, is still returned when the producer gives up: nothing unfinished can
+    outlive the producer's I/O thread."""
+    accumulator = FixedTopics(2, linger_ms=0)
+    accumulator.send("t", b"drained", partition=0)
+    [(queue, [lost])] = drain_all(accumulator)
+    accumulator.send("t", b"open", partition=1)
+    taken = {q.partition: batches for q, batches in accumulator.take_all()}
+    assert set(taken) == {0, 1}
+    assert taken[0] == [lost] and lost.queue is queue
+    assert [b.record_count for b in taken[1]] == [1]
+    for batches in taken.values():
+        accumulator.finish(batches)
+    assert accumulator.unfinished_batches == 0 and accumulator.buffered_bytes == 0
