@@ -20,8 +20,11 @@ Batch) may start a collection whose finalizers and callbacks are Python code, du
 other thread may run.  Hence the rule: **allocate first, then touch**.  A method allocates
 every object it will need before it reads the shared state it is about to change, and from
 that read to the last counter it updates it allocates nothing tracked and calls no Python code.
-So a new topic's state is built complete (its random first partition drawn: ``os.urandom``
-lets the GIL go) before one ``dict.setdefault`` looks it up and stores it.
+So :meth:`send` encodes the headers and makes sure a spare batch (with its waiter list) exists
+before it looks at the partition's open batch, then writes the record, adds
+its waiter and counts its bytes in one stretch; a new topic's state is built complete (its
+random first partition drawn: ``os.urandom`` lets the GIL go) before one ``dict.setdefault``
+looks it up and stores it.
 
 Batch buffers.  An open batch is one ``malloc``'d buffer: ``header_room`` bytes (the 56-byte fixed
 header and the producer name, written when the batch is finished) followed by its records,
@@ -227,7 +230,8 @@ cdef class PartitionQueue
 
 cdef class Batch:
     """One batch of one partition: filling while open, then what the I/O thread needs to settle it
-    (its records' count, who waits for which record, when it was opened)."""
+    (its records' count, who waits for which record, when it was opened).  Made by
+    :func:`_new_batch` only, waiter list included, so that filling it allocates nothing tracked."""
 
     cdef unsigned char* buf
     cdef Py_ssize_t capacity
@@ -255,7 +259,7 @@ cdef class Batch:
     def waiters(self):
         """None, or ``[(index in batch, timestamp, future or callback)]`` of the records that asked."""
         cdef Py_ssize_t i
-        if self.waiter_objects is None:
+        if not self.waiter_objects:
             return None
         return [(self.waiter_index[i], self.waiter_timestamp[i], self.waiter_objects[i])
                 for i in range(len(self.waiter_objects))]
@@ -265,7 +269,9 @@ cdef class Batch:
         return 0 if self.waiter_objects is None else len(self.waiter_objects)
 
     cdef int add_waiter(self, int32_t index, int64_t timestamp, object waiter) except -1:
-        cdef Py_ssize_t n = 0 if self.waiter_objects is None else len(self.waiter_objects)
+        """Allocates nothing the garbage collector tracks (the list exists, growing it is not an
+        allocation of an object): safe in the middle of appending a record."""
+        cdef Py_ssize_t n = len(self.waiter_objects)
         cdef Py_ssize_t cap
         cdef int32_t* grown_index
         cdef int64_t* grown_timestamp
@@ -280,8 +286,6 @@ cdef class Batch:
                 raise MemoryError()
             self.waiter_timestamp = grown_timestamp
             self.waiter_capacity = cap
-        if self.waiter_objects is None:
-            self.waiter_objects = []
         self.waiter_index[n] = index
         self.waiter_timestamp[n] = timestamp
         self.waiter_objects.append(waiter)
@@ -290,6 +294,13 @@ cdef class Batch:
     def __repr__(self):
         return (f"Batch(id={self.batch_id}, records={self.record_count}, bytes={self.length}, "
                 f"base_sequence={self.base_sequence})")
+
+
+cdef Batch _new_batch():
+    """A batch to open later, with its (empty) waiter list: both allocated before a record needs it."""
+    cdef Batch b = Batch.__new__(Batch)
+    b.waiter_objects = []
+    return b
 
 
 cdef class PartitionQueue:
@@ -346,6 +357,7 @@ cdef class RecordAccumulator:
     cdef int64_t _last_batch_id
     cdef int64_t _flush_through  # batches with an id up to this are due now, linger or not
     cdef dict _unfinished  # batch_id -> Batch, every batch not yet finished
+    cdef Batch _spare  # the next batch to open, allocated before a record touches anything
     cdef bint _wake_pending
     cdef int _wake_fd
     cdef readonly bint closed
@@ -521,7 +533,12 @@ cdef class RecordAccumulator:
                      object waiter, bint sticky) except -1:
         """Encode one record at the end of ``q``'s open batch, closing it first if it is full.
         ``sticky``: the sticky rule chose ``q``; if the batch is full the record follows the rule
-        to the next partition instead of opening the next batch here."""
+        to the next partition instead of opening the next batch here.
+
+        Allocate first, then touch (module docstring): the encoded headers and the spare batch
+        (with its waiter list) exist before the open batch is looked at; from
+        there to the last counter nothing lets the GIL go, so the I/O thread never sees the
+        record half added."""
         cdef Py_buffer vbuf, kbuf
         cdef const unsigned char* vptr = NULL
         cdef const unsigned char* kptr = NULL
@@ -534,6 +551,8 @@ cdef class RecordAccumulator:
         if headers:
             encoded_headers = _encode_headers(headers)
             hlen = PyBytes_GET_SIZE(encoded_headers)
+        while self._spare is None:  # the batch _open takes, if it must open one
+            self._spare = _new_batch()
         try:
             if value is not None:
                 vrel = _borrow(value, &vbuf, &vptr, &vlen, "value")
@@ -564,20 +583,20 @@ cdef class RecordAccumulator:
                 self._grow(b, b.length + total)
             _write_record(b.buf + b.length, body, delta, b.record_count, kfield, kptr, klen, vfield, vptr, vlen,
                           PyBytes_AS_STRING(encoded_headers) if hlen else NULL, hlen)
+            if waiter is not None:
+                b.add_waiter(b.record_count, ts, waiter)
+            b.length += total
+            b.record_count += 1
+            if ts > b.max_timestamp:
+                b.max_timestamp = ts
+            elif ts < b.min_timestamp:
+                b.min_timestamp = ts
+            self.buffered_bytes += total
         finally:
             if vrel:
                 PyBuffer_Release(&vbuf)
             if krel:
                 PyBuffer_Release(&kbuf)
-        if waiter is not None:
-            b.add_waiter(b.record_count, ts, waiter)
-        b.length += total
-        b.record_count += 1
-        if ts > b.max_timestamp:
-            b.max_timestamp = ts
-        elif ts < b.min_timestamp:
-            b.min_timestamp = ts
-        self.buffered_bytes += total
         return 0
 
     cdef int _check_record_fits(self, Py_ssize_t vlen, Py_ssize_t klen, Py_ssize_t hlen, uint64_t vfield,
@@ -592,7 +611,9 @@ cdef class RecordAccumulator:
         return 0
 
     cdef Batch _open(self, PartitionQueue q, int64_t ts):
-        cdef Batch b = Batch.__new__(Batch)
+        """Open the spare as ``q``'s batch (allocates nothing: see _append)."""
+        cdef Batch b = self._spare
+        self._spare = None
         if self._pool_count:
             self._pool_count -= 1
             b.buf = self._pool[self._pool_count]

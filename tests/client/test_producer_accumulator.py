@@ -182,3 +182,56 @@ def test_take_all_returns_every_unfinished_batch_also_one_no_queue_holds():
     for batches in taken.values():
         accumulator.finish(batches)
     assert accumulator.unfinished_batches == 0 and accumulator.buffered_bytes == 0
+
+
+def test_a_collection_during_send_never_splits_a_record_from_its_batch():
+    """Allocating a Python object can start a garbage collection whose finalizers run Python code,
+    during which the I/O thread may take the GIL and drain the batches.  Here a gc callback does
+    that drain (and settles what it took) at each allocation of one send() in turn: the record
+    and its waiter are always delivered together, once, and every byte is accounted for."""
+    import gc
+
+    for nth in range(1, 7):
+        accumulator = FixedTopics(1, linger_ms=0)
+        delivered = []  # (record values, waiters) of every batch drained and finished
+
+        def settle_everything(accumulator=accumulator, delivered=delivered):
+            for _, batches in drain_all(accumulator):
+                payload = accumulator.build_payload(batches)
+                delivered.append(([r.value for r in decode_records(payload)],
+                                  [w for b in batches for _, _, w in (b.waiters or ())]))
+                accumulator.finish(batches)
+
+        armed = []
+
+        def on_gc(phase, info, armed=armed, settle_everything=settle_everything):
+            if armed and phase == "start":
+                armed.clear()
+                settle_everything()
+
+        accumulator.send("t", b"first")  # an open batch the collection can take
+        marker = object()
+        threshold = gc.get_threshold()
+        gc.callbacks.append(on_gc)
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            keep = [[] for _ in range(200)]  # empties the list free list: a new list is a GC allocation
+            gc.set_threshold(gc.get_count()[0] + nth - 1)  # a collection at the nth allocation from now
+            armed.append(True)
+            gc.enable()
+            accumulator.send("t", b"second", callback=marker)
+        finally:
+            gc.disable()
+            armed.clear()
+            gc.callbacks.remove(on_gc)
+            gc.set_threshold(*threshold)
+            if was_enabled:
+                gc.enable()
+            del keep
+        settle_everything()
+        values = [v for vs, _ in delivered for v in vs]
+        assert values == [b"first", b"second"], (nth, delivered)
+        [(_, waiters)] = [(vs, ws) for vs, ws in delivered if b"second" in vs]
+        assert waiters == [marker], nth
+        assert accumulator.buffered_bytes == 0 and accumulator.unfinished_batches == 0, nth
