@@ -21,7 +21,7 @@ other thread may run.  Hence the rule: **allocate first, then touch**.  A method
 every object it will need before it reads the shared state it is about to change, and from
 that read to the last counter it updates it allocates nothing tracked and calls no Python code.
 So :meth:`send` encodes the headers and makes sure a spare batch (with its waiter list) exists
-before it looks at the partition's open batch, then writes the record, adds
+before it looks at the partition's open batch, then checks ``closed``, writes the record, adds
 its waiter and counts its bytes in one stretch; a new topic's state is built complete (its
 random first partition drawn: ``os.urandom`` lets the GIL go) before one ``dict.setdefault``
 looks it up and stores it.
@@ -49,7 +49,9 @@ Invariants:
 - every batch that ever held a record is in ``_unfinished`` (by ``batch_id``, which increases in
   the order batches are opened) until :meth:`finish` is called with it, and :meth:`take_all`
   returns every one of them that the producer does not hold in a request, so none can be left
-  unsettled when the producer stops.
+  unsettled when the producer stops;
+- once ``closed`` is set, no record is appended (:meth:`send` checks it at the point of no
+  return, after any wait).
 """
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
@@ -417,7 +419,7 @@ cdef class RecordAccumulator:
         cdef TopicState t
         cdef int64_t ts
         cdef Py_ssize_t p
-        if self.closed:
+        if self.closed:  # again in _append, after any wait: this one only saves the wait
             self._raise_closed()
         if self.buffered_bytes >= self.buffer_bytes:
             self._wait_for_room()
@@ -463,8 +465,6 @@ cdef class RecordAccumulator:
         for i in range(n):
             if self.buffered_bytes >= self.buffer_bytes:
                 self._wait_for_room()
-                if self.closed:
-                    self._raise_closed()
             key = None if key_list is None else <object>PyList_GET_ITEM(key_list, i)
             self._append(<PartitionQueue>PyList_GET_ITEM(t.partitions, self._choose(t, key) if p < 0 else p),
                          <object>PyList_GET_ITEM(vals, i), key, ts, None, None, sticky and key is None)
@@ -536,9 +536,9 @@ cdef class RecordAccumulator:
         to the next partition instead of opening the next batch here.
 
         Allocate first, then touch (module docstring): the encoded headers and the spare batch
-        (with its waiter list) exist before the open batch is looked at; from
+        (with its waiter list) exist before ``closed`` and the open batch are looked at; from
         there to the last counter nothing lets the GIL go, so the I/O thread never sees the
-        record half added."""
+        record half added, and no record is added once the producer is closed."""
         cdef Py_buffer vbuf, kbuf
         cdef const unsigned char* vptr = NULL
         cdef const unsigned char* kptr = NULL
@@ -553,6 +553,8 @@ cdef class RecordAccumulator:
             hlen = PyBytes_GET_SIZE(encoded_headers)
         while self._spare is None:  # the batch _open takes, if it must open one
             self._spare = _new_batch()
+        if self.closed:
+            self._raise_closed()
         try:
             if value is not None:
                 vrel = _borrow(value, &vbuf, &vptr, &vlen, "value")

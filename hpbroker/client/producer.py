@@ -265,7 +265,8 @@ class Producer(RecordAccumulator):
     def close(self, timeout_s: float | None = None) -> None:
         """Refuse new records, deliver the ones sent (waiting at most ``timeout_s``; records
         still unacknowledged then fail with ProducerClosedError), stop the I/O thread.  Raises
-        like :meth:`flush`.  Closing twice does nothing."""
+        like :meth:`flush`, also for records the I/O thread failed on its way out.  Closing
+        twice does nothing."""
         self._refuse_on_io_thread("close()")
         with self._close_lock:
             if self._closed_done:
@@ -286,6 +287,7 @@ class Producer(RecordAccumulator):
                 self.set_wake_fd(-1)
                 os.close(self._wake_read)
                 os.close(self._wake_write)
+        self._raise_unreported()
 
     def _refuse_on_io_thread(self, what: str) -> None:
         if threading.current_thread() is self._thread:

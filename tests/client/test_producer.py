@@ -339,3 +339,44 @@ def test_a_callback_may_send_but_not_wait_for_its_own_thread(bootstrap, connecti
         assert done.wait(10)
     assert outcomes and "flush() called from a callback" in outcomes[0]
     assert [r.value for r in read_partition(connection, other, 0)] == [b"from the callback"]
+
+
+def test_a_send_that_waited_for_room_while_the_producer_closed_is_refused(bootstrap, connection, topic_name):
+    """A send() blocked on a full buffer finds room only once close() has delivered everything:
+    it must raise ProducerClosedError, never return as if its record were taken."""
+    create_topic(connection, topic_name, 1)
+    producer = Producer(bootstrap, batch_bytes=1024, buffer_bytes=1024, linger_ms=60_000)
+    original_wait = producer._wait_for_room
+    waiting, release = threading.Event(), threading.Event()
+
+    def wait_after_close() -> None:
+        waiting.set()
+        release.wait(30)
+        original_wait()
+
+    producer._wait_for_room = wait_after_close
+    outcome = []
+
+    def send_into_full_buffer() -> None:
+        try:
+            while not waiting.is_set():
+                producer.send(topic_name, b"filler " + bytes(200))
+            outcome.append("returned")
+        except ProducerClosedError:
+            outcome.append("refused")
+
+    sender = threading.Thread(target=send_into_full_buffer)
+    sender.start()
+    assert waiting.wait(30)
+    closer = threading.Thread(target=producer.close)
+    closer.start()
+    deadline = time.monotonic() + 30
+    while not (producer.closed and producer.buffered_bytes < producer.buffer_bytes):
+        assert time.monotonic() < deadline, "close() delivered nothing"
+        time.sleep(0.01)
+    release.set()
+    sender.join(30)
+    closer.join(30)
+    assert outcome == ["refused"]
+    stored = read_partition(connection, topic_name, 0)
+    assert stored and all(r.value.startswith(b"filler") for r in stored)
