@@ -247,20 +247,23 @@ class Producer(RecordAccumulator):
     def flush(self, timeout_s: float | None = None) -> None:
         """Send every record sent before this call at once (linger or not) and wait until each
         is acknowledged or failed.  Raises TimeoutError after ``timeout_s``, and the error of
-        records that failed with no future or callback to report it (since the last flush)."""
+        records that failed with no future or callback to report it (since the last flush);
+        ProducerClosedError once the I/O thread has failed."""
         self._refuse_on_io_thread("flush()")
         target = self.mark_flush()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._progress:
             while self.unfinished_through(target):
-                if not self._thread.is_alive():
-                    break  # it settled everything on its way out
+                if not self._thread.is_alive():  # it settles everything on its way out: never here
+                    raise ProducerClosedError(f"producer {self.name}: its I/O thread stopped with "
+                                              f"{self.unfinished_batches} batches unsettled")
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise TimeoutError(f"producer {self.name}: flush did not finish within {timeout_s} s "
                                        f"({self.unfinished_batches} batches unacknowledged)")
                 self._progress.wait(remaining)
         self._raise_unreported()
+        self._raise_failed()
 
     def close(self, timeout_s: float | None = None) -> None:
         """Refuse new records, deliver the ones sent (waiting at most ``timeout_s``; records
@@ -338,7 +341,14 @@ class Producer(RecordAccumulator):
                 self._progress.wait(min(remaining, 0.1))
 
     def _raise_closed(self) -> None:
+        self._raise_failed()
         raise ProducerClosedError(f"producer {self.name} is closed")
+
+    def _raise_failed(self) -> None:
+        failure = self._sender.failure
+        if failure is not None:
+            raise ProducerClosedError(f"producer {self.name}: its I/O thread failed ({failure!r}); it takes "
+                                      "no more records") from failure
 
     # --- reports from the I/O thread ------------------------------------------------------------
 
@@ -404,6 +414,7 @@ class _Sender:
         self._settled = False  # a batch settled this turn: notify the application threads
         self._stopping = False
         self._alive = True
+        self.failure: BaseException | None = None  # what ended the thread, if not close()
         self.connection: BrokerConnection | None = None
         self.metadata: ClusterMetadata | None = None
         self._monitor: zmq.Socket | None = None
@@ -450,9 +461,11 @@ class _Sender:
                 self._turn()
         except BaseException as e:  # the thread must settle every record, whatever happened
             logger.exception("[producer %s] the I/O thread failed", producer.name)
+            self.failure = e
             error = ProducerClosedError(f"producer {producer.name}: its I/O thread failed: {e!r}")
         finally:
             self._alive = False
+            producer.close_for_sends()  # nobody would send what came in now: send() raises
             self._abort(error)
             self._close()
 
@@ -769,6 +782,8 @@ class _GiveUp(Exception):  # noqa: N818 - control flow: settle the request with 
 
 
 def _report(waiter: Any, metadata: RecordMetadata | None, error: BaseException | None) -> None:
+    """Tell one future or callback.  Whatever it raises, SystemExit and KeyboardInterrupt too,
+    is logged: the I/O thread must live on to report every other record."""
     if type(waiter) is Future:
         try:
             if error is None:
@@ -777,8 +792,10 @@ def _report(waiter: Any, metadata: RecordMetadata | None, error: BaseException |
                 waiter.set_exception(error)
         except InvalidStateError:  # cancelled by its owner: nobody is listening
             pass
+        except BaseException:  # a done-callback of the future raised past concurrent.futures
+            logger.exception("a done-callback of a producer future raised")
         return
     try:
         waiter(metadata, error)
-    except Exception:
+    except BaseException:
         logger.exception("a producer callback raised")

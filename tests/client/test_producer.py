@@ -380,3 +380,50 @@ def test_a_send_that_waited_for_room_while_the_producer_closed_is_refused(bootst
     assert outcome == ["refused"]
     stored = read_partition(connection, topic_name, 0)
     assert stored and all(r.value.startswith(b"filler") for r in stored)
+
+
+def test_a_callback_that_raises_even_system_exit_does_not_stop_delivery(bootstrap, connection, topic_name):
+    create_topic(connection, topic_name, 1)
+
+    def exits(metadata, error):
+        raise SystemExit("a callback called sys.exit()")
+
+    def interrupted(metadata, error):
+        raise KeyboardInterrupt
+
+    with Producer(bootstrap) as producer:
+        producer.send(topic_name, b"first", callback=exits)
+        producer.flush(10)
+        producer.send(topic_name, b"second", callback=interrupted)
+        assert producer.send_future(topic_name, b"third").result(10).offset == 2
+        producer.send(topic_name, b"fourth")
+        producer.flush(10)
+    assert [r.value for r in read_partition(connection, topic_name, 0)] == [b"first", b"second", b"third",
+                                                                            b"fourth"]
+
+
+def test_once_the_io_thread_fails_records_fail_and_send_refuses(bootstrap, connection, topic_name):
+    create_topic(connection, topic_name, 1)
+    producer = Producer(bootstrap)
+    try:
+        producer.send_future(topic_name, b"delivered").result(10)
+
+        def broken(now: float) -> None:
+            raise RuntimeError("a bug in the I/O thread")
+
+        producer._sender._send_due = broken
+        future = producer.send_future(topic_name, b"never sent")
+        producer.send(topic_name, b"never sent either")
+        assert isinstance(future.exception(10), ProducerClosedError)
+        assert "a bug in the I/O thread" in str(future.exception(0))
+        with pytest.raises(ProducerClosedError, match="1 records sent without a future or callback failed"):
+            producer.flush(10)
+        with pytest.raises(ProducerClosedError, match="I/O thread failed"):
+            producer.send(topic_name, b"after")
+        with pytest.raises(ProducerClosedError, match="I/O thread failed"):
+            producer.flush(10)
+    finally:
+        with pytest.raises(ProducerClosedError):
+            producer.close(10)
+    assert producer.unfinished_batches == 0
+    assert [r.value for r in read_partition(connection, topic_name, 0)] == [b"delivered"]
