@@ -323,10 +323,12 @@ class Producer(RecordAccumulator):
             return count
 
     def _wait_for_room(self) -> None:
-        """``buffered_bytes`` reached ``buffer_bytes``: wait (GIL released) for batches to settle."""
+        """``buffered_bytes`` reached ``buffer_bytes``: wait (GIL released) for batches to settle.
+        Meanwhile every open batch is due, linger or not (a flush of what is buffered): the
+        buffer may be full of batches that are neither full nor lingered, with nothing in flight
+        to free it.  The caller checks ``closed`` again after this returns (in ``_append``)."""
         self._refuse_on_io_thread("send() with a full buffer")
         deadline = time.monotonic() + self.config.max_block_ms / 1000
-        self.wake()
         with self._progress:
             while self.buffered_bytes >= self.buffer_bytes:
                 if self.closed:
@@ -338,6 +340,7 @@ class Producer(RecordAccumulator):
                     raise TimeoutError(f"producer {self.name}: send blocked {self.config.max_block_ms} ms "
                                        f"with {self.buffered_bytes} bytes buffered "
                                        f"(buffer_bytes {self.buffer_bytes})")
+                self.mark_flush()  # batches opened by other threads meanwhile too
                 self._progress.wait(min(remaining, 0.1))
 
     def _raise_closed(self) -> None:

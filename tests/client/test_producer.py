@@ -382,6 +382,18 @@ def test_a_send_that_waited_for_room_while_the_producer_closed_is_refused(bootst
     assert stored and all(r.value.startswith(b"filler") for r in stored)
 
 
+def test_a_buffer_full_of_open_batches_sends_them_before_their_linger(bootstrap, connection, topic_name):
+    """buffer_bytes is reached by four partitions' open batches, none full, none due for ten
+    minutes: send() does not wait for the linger (nor time out after max_block_ms), the batches
+    go at once."""
+    create_topic(connection, topic_name, 4)
+    with Producer(bootstrap, batch_bytes=64 << 10, buffer_bytes=64 << 10, linger_ms=600_000,
+                  max_block_ms=20_000) as producer:
+        for i in range(1000):
+            producer.send(topic_name, b"%04d" % i + bytes(996), partition=i % 4)
+    assert [len(read_partition(connection, topic_name, p)) for p in range(4)] == [250] * 4
+
+
 def test_a_callback_that_raises_even_system_exit_does_not_stop_delivery(bootstrap, connection, topic_name):
     create_topic(connection, topic_name, 1)
 
