@@ -42,7 +42,7 @@ Record (varints are unsigned LEB128; ``zz`` marks zigzag-encoded signed ones)::
 cimport cython
 from cpython cimport array
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_CheckBuffer, PyObject_GetBuffer
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from libc.stdint cimport INT64_MIN, int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, realloc
@@ -866,8 +866,8 @@ cdef bytes _encode_headers(object headers):
         if hvalue is None:
             out.append(0)
         else:
-            if isinstance(hvalue, str):
-                raise TypeError("header values must be bytes-like or None, not str")
+            if not PyObject_CheckBuffer(hvalue):  # bytes(5) would be five zero bytes
+                raise TypeError(f"header values must be bytes-like or None, not {type(hvalue).__name__}")
             v = bytes(hvalue)
             out += (<char*>tmp)[:write_uvarint(tmp, len(v) + 1) - tmp]
             out += v

@@ -390,3 +390,13 @@ def test_negative_timestamps_are_invalid():
     late[record1 + 1] = 11  # zigzag(-6): timestamp -1
     with pytest.raises(InvalidRecordError, match="negative timestamp -1"):
         validate_batches(_recrc(late))
+
+
+@pytest.mark.parametrize("value", [5, 300_000_000, 2.5, [1, 2]])
+def test_a_header_value_that_is_not_bytes_like_is_refused(value):
+    """bytes(5) is five zero bytes: an int header value would be stored as that, silently."""
+    with pytest.raises(TypeError, match="header values must be bytes-like or None, not "):
+        build_batch([b"v"], headers=[[("count", value)]])
+    builder = BatchBuilder("p")
+    with pytest.raises(TypeError, match="header values must be bytes-like or None"):
+        builder.append(b"v", headers=[("count", value)])

@@ -16,7 +16,8 @@ PARTITIONER_ROUND_ROBIN: int
 PARTITIONER_CALLABLE: int
 
 def partition_for_key(key: Buffer, partition_count: int) -> int:
-    """CRC32C of the key's bytes (unsigned 32-bit) modulo ``partition_count``."""
+    """CRC32C of the key's bytes (unsigned 32-bit) modulo ``partition_count`` (1 to 2**31 - 1;
+    ValueError otherwise).  TypeError for a None key: it is no key."""
 
 class Batch:
     """One partition's batch; after :meth:`RecordAccumulator.build_payload`, what settling it needs."""
@@ -74,8 +75,9 @@ class RecordAccumulator:
         partition: int | None = None,
         callback: Any = None,
     ) -> None:
-        """Append one record to its partition's open batch.  ``callback``: a Future or a callable
-        ``(metadata, error)``, told when the record is acknowledged or failed."""
+        """Append one record to its partition's open batch.  ``timestamp``: an int (or int-like),
+        TypeError for a float.  ``callback``: a Future or a callable ``(metadata, error)``, told
+        when the record is acknowledged or failed."""
     def send_many(
         self,
         topic: str,

@@ -54,10 +54,12 @@ Invariants:
   return, after any wait).
 """
 
-from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_CheckBuffer, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItem
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.long cimport PyLong_CheckExact
+from cpython.number cimport PyIndex_Check, PyNumber_Index
 from cpython.object cimport PyObject
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
@@ -128,12 +130,36 @@ cdef inline void _write_record(unsigned char* w, Py_ssize_t body, int64_t delta,
         w[0] = 0
 
 
+cdef enum:
+    MAX_PARTITION_COUNT = 0x7FFFFFFF  # partitions a topic may have: a signed 32-bit count, as in Kafka
+
+
+cdef inline int _check_partition_count(Py_ssize_t count, object topic) except -1:
+    """Refuse a partition count the modulo of the key rule cannot take (0, or beyond 32 bits)."""
+    if not 1 <= count <= MAX_PARTITION_COUNT:
+        where = "" if topic is None else f"topic {topic!r}: "
+        raise ValueError(f"{where}partition count {count} must be in [1, {MAX_PARTITION_COUNT}]")
+    return 0
+
+
+cdef object _as_timestamp(object timestamp):
+    """A timestamp given as an int or int-like (``__index__``); a float would lose its fraction
+    silently, a bool is no time."""
+    if isinstance(timestamp, bool) or not PyIndex_Check(timestamp):
+        raise TypeError(f"timestamp must be an int (ms since the epoch), not {type(timestamp).__name__}")
+    return PyNumber_Index(timestamp)
+
+
 def partition_for_key(key, Py_ssize_t partition_count):
     """CRC32C of the key's bytes, as an unsigned 32-bit number, modulo ``partition_count``:
-    the partition of a keyed record (docs/CLIENT.md, "Partitioning")."""
+    the partition of a keyed record (docs/CLIENT.md, "Partitioning").  ``partition_count``:
+    1 to 2**31 - 1.  A None key is no key: keyless records are placed by the partitioner
+    setting, so asking where one goes is a TypeError."""
     cdef const unsigned char[::1] view
-    if partition_count < 1:
-        raise ValueError(f"partition_count must be at least 1, got {partition_count}")
+    _check_partition_count(partition_count, None)
+    if key is None:
+        raise TypeError("None is no key: keyless records are spread by the partitioner setting, "
+                        "not by the key rule")
     if isinstance(key, str):
         raise TypeError("record keys must be bytes-like, not str (encode it first)")
     view = key
@@ -179,8 +205,8 @@ cdef bytes _encode_headers(object headers):
         if hvalue is None:
             out.append(0)
             continue
-        if isinstance(hvalue, str):
-            raise TypeError(f"header {hkey!r}: values must be bytes-like or None, not str")
+        if not PyObject_CheckBuffer(hvalue):  # bytes(5) would be five zero bytes
+            raise TypeError(f"header {hkey!r}: values must be bytes-like or None, not {type(hvalue).__name__}")
         v = bytes(hvalue)
         out += (<char*>tmp)[:write_uvarint(tmp, len(v) + 1) - tmp]
         out += v
@@ -428,7 +454,7 @@ cdef class RecordAccumulator:
         if timestamp is None:
             ts = now_ms()
         else:
-            ts = timestamp
+            ts = timestamp if PyLong_CheckExact(timestamp) else _as_timestamp(timestamp)
             if ts < 0:
                 raise ValueError(f"timestamp {ts} is negative: milliseconds since the epoch expected")
         if partition is not None:
@@ -457,7 +483,10 @@ cdef class RecordAccumulator:
             self._raise_closed()
         found = PyDict_GetItem(self._topics, topic)
         t = self._new_topic(topic) if found == NULL else <TopicState>found
-        ts = now_ms() if timestamp is None else timestamp
+        if timestamp is None:
+            ts = now_ms()
+        else:
+            ts = timestamp if PyLong_CheckExact(timestamp) else _as_timestamp(timestamp)
         if ts < 0:
             raise ValueError(f"timestamp {ts} is negative: milliseconds since the epoch expected")
         if partition is not None:
@@ -484,6 +513,7 @@ cdef class RecordAccumulator:
         allocated before the count it takes is read (module docstring: allocate first)."""
         cdef TopicState t, fresh
         cdef PartitionQueue q
+        _check_partition_count(count, topic)
         fresh = TopicState.__new__(TopicState)
         fresh.name = topic
         fresh.partitions = []
@@ -501,8 +531,6 @@ cdef class RecordAccumulator:
     def set_partition_count(self, str topic, Py_ssize_t count):
         """Record that ``topic`` has ``count`` partitions (more than before: add queues).  A
         count that shrank is ignored here; the I/O thread fails what cannot be delivered."""
-        if count < 1:
-            raise ValueError(f"topic {topic!r}: partition count {count} is below 1")
         self._register_topic(topic, count)
 
     def partition_count(self, str topic):

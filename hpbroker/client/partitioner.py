@@ -6,7 +6,8 @@ The rule is a contract with every other client: a keyed record goes to
 
 where CRC32C is the Castagnoli CRC of docs/FORMAT.md (reflected polynomial ``0x82F63B78``, initial
 value and final XOR ``0xFFFFFFFF``; ``123456789`` gives ``0xE3069283``), taken as an unsigned
-32-bit number.  An empty key is a key (CRC 0, partition 0); a ``None`` key is no key.
+32-bit number, for a ``partition_count`` of 1 to 2**31 - 1.  An empty key is a key (CRC 0,
+partition 0); a ``None`` key is no key (:func:`partition_for_key` refuses it with TypeError).
 
 Records without a key (and without an explicit ``partition=``) are spread by the producer's
 ``partitioner`` setting:

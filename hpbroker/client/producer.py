@@ -189,11 +189,12 @@ class Producer(RecordAccumulator):
     a sequence of ``(str, bytes-like or None)``; ``timestamp`` ms since the epoch (now if None);
     ``partition`` overrides the partitioner; ``callback(metadata, error)`` is called on the I/O
     thread once the record is acknowledged (``error`` None) or failed (``metadata`` None): keep
-    it short.  It raises at once for bad input: TypeError (a value, key or topic of the wrong
-    type), UnknownTopicOrPartitionError (a topic the broker does not have, a partition out of
-    range), RecordTooLargeError (a record over ``batch_bytes``), ProducerClosedError; and after
-    ``max_block_ms`` BrokerNotAvailableError (no metadata for a new topic) or TimeoutError (no
-    buffer room).
+    it short.  It raises at once for bad input: TypeError (a value, key, topic, header value or
+    timestamp of the wrong type; a float timestamp too), UnknownTopicOrPartitionError (a topic
+    the broker does not have, a partition out of range), RecordTooLargeError (a record over
+    ``batch_bytes``), ProducerClosedError (closed, or the I/O thread failed, also when that
+    happened while it waited); and after ``max_block_ms`` BrokerNotAvailableError (no metadata
+    for a new topic) or TimeoutError (no buffer room).
 
     ``send_many(topic, values, keys=None, partition=None, timestamp=None)`` appends a sequence
     of values in one call (one timestamp for all) and returns how many.

@@ -50,7 +50,7 @@ def test_partition_is_crc32c_of_the_key_modulo_the_count(key, count):
 def test_bad_arguments_are_refused():
     with pytest.raises(TypeError, match="not str"):
         partition_for_key("k", 3)
-    with pytest.raises(ValueError, match="at least 1"):
+    with pytest.raises(ValueError, match=r"partition count 0 must be in \[1, "):
         partition_for_key(b"k", 0)
     with pytest.raises(ValueError, match="unknown partitioner 'hash'"):
         partitioner_kind("hash")
@@ -92,3 +92,20 @@ def test_round_robin_sends_each_keyless_record_to_the_next_partition():
     for _ in range(8):
         accumulator.send("t", b"v")
     assert sorted(placed(accumulator)) == [(0, 2), (1, 2), (2, 2), (3, 2)]
+
+
+@pytest.mark.parametrize("count", [2**31, 2**32, 2**32 + 3])
+def test_a_partition_count_beyond_the_wire_range_is_refused(count):
+    """2**32 would be a division by zero in the unsigned 32-bit modulo."""
+    with pytest.raises(ValueError, match=r"must be in \[1, 2147483647\]"):
+        partition_for_key(b"k", count)
+
+
+def test_the_largest_partition_count_works():
+    assert partition_for_key(b"123456789", 2**31 - 1) == 0xE3069283 % (2**31 - 1)
+
+
+def test_a_none_key_is_no_key_and_has_no_partition():
+    """docs/CLIENT.md: a null key is no key, placed by the partitioner setting, not by the key rule."""
+    with pytest.raises(TypeError, match="None is no key"):
+        partition_for_key(None, 3)

@@ -235,3 +235,41 @@ def test_a_collection_during_send_never_splits_a_record_from_its_batch():
         [(_, waiters)] = [(vs, ws) for vs, ws in delivered if b"second" in vs]
         assert waiters == [marker], nth
         assert accumulator.buffered_bytes == 0 and accumulator.unfinished_batches == 0, nth
+
+
+@pytest.mark.parametrize("value", [5, 300_000_000, 1.5, [1, 2], "text"])
+def test_a_header_value_that_is_not_bytes_like_is_refused(value):
+    accumulator = FixedTopics()
+    with pytest.raises(TypeError, match="header 'count': values must be bytes-like or None, not "):
+        accumulator.send("t", b"v", headers=[("count", value)])
+    assert accumulator.buffered_bytes == 0 and accumulator.unfinished_batches == 0
+
+
+@pytest.mark.parametrize("timestamp", [1.7e12, 1_700_000_000_000.0, True, "1700000000000"])
+def test_a_timestamp_that_is_not_an_int_is_refused(timestamp):
+    accumulator = FixedTopics()
+    with pytest.raises(TypeError, match="timestamp must be an int"):
+        accumulator.send("t", b"v", timestamp=timestamp)
+    with pytest.raises(TypeError, match="timestamp must be an int"):
+        accumulator.send_many("t", [b"v"], timestamp=timestamp)
+    assert accumulator.buffered_bytes == 0
+
+
+def test_an_integer_like_timestamp_is_taken():
+    class Millis:
+        def __index__(self) -> int:
+            return 1_700_000_000_123
+
+    accumulator = FixedTopics()
+    accumulator.send("t", b"v", timestamp=Millis())
+    [(_, batches)] = drain_all(accumulator)
+    assert [r.timestamp for r in decode_records(accumulator.build_payload(batches))] == [1_700_000_000_123]
+
+
+@pytest.mark.parametrize("count", [0, -1, 2**31, 2**32])
+def test_a_partition_count_out_of_range_is_refused(count):
+    accumulator = FixedTopics(count)
+    with pytest.raises(ValueError, match=r"partition count .* must be in \[1, 2147483647\]"):
+        accumulator.send("t", b"v")
+    with pytest.raises(ValueError, match=r"must be in \[1, 2147483647\]"):
+        accumulator.set_partition_count("t", count)
