@@ -117,6 +117,12 @@ class BrokerConnection:
     def in_flight(self) -> int:
         return len(self._waiting)
 
+    @property
+    def arrived(self) -> int:
+        """Responses already read (while :meth:`wait_for` waited for another) and kept for
+        :meth:`poll`: the socket no longer shows them, so a poller would not wake for them."""
+        return len(self._arrived)
+
     def send(self, message: protocol.Message, *, expect_response: bool = True) -> int:
         """Send a request; its correlation id.  ``expect_response=False`` for a request the broker
         does not answer (acks=0 produce).  Raises BrokerNotAvailableError when no connection to
@@ -126,13 +132,27 @@ class BrokerConnection:
         try:
             self._socket.send_multipart(frames, zmq.NOBLOCK, copy=False)
         except zmq.Again:
-            if not self._socket.poll(int(self.connect_timeout_s * 1000), zmq.POLLOUT):
-                raise BrokerNotAvailableError(f"broker {self.address} is not reachable "
-                                              f"(no connection within {self.connect_timeout_s} s)") from None
-            self._socket.send_multipart(frames, copy=False)
+            self._send_once_connected(frames)
         if expect_response:
             self._waiting[correlation_id] = message.API_KEY
         return correlation_id
+
+    def _send_once_connected(self, frames: list) -> None:
+        """Send ``frames``, which found no connected broker, once one is there: within
+        ``connect_timeout_s`` or BrokerNotAvailableError.  Every try is non-blocking: the
+        connection POLLOUT reported may be gone again by the send, and a blocking send would
+        then wait for as long as the broker stays away."""
+        deadline = time.monotonic() + self.connect_timeout_s
+        while True:
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0 or not self._socket.poll(remaining_ms, zmq.POLLOUT):
+                raise BrokerNotAvailableError(f"broker {self.address} is not reachable "
+                                              f"(no connection within {self.connect_timeout_s} s)") from None
+            try:
+                self._socket.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                return
+            except zmq.Again:
+                continue
 
     def poll(self, timeout_s: float) -> Response | None:
         """The next response to arrive (or already arrived and not taken), or None after

@@ -146,7 +146,8 @@ class ProducerConfig:
     #: from a batch's first record to its acknowledgement, retries included; then its records
     #: fail with the last error.  Default 120000.
     delivery_timeout_ms: int = 120_000
-    #: how long to wait for the response to one request (also its timeout_ms on the wire).
+    #: how long to wait for the response to one request.  Its timeout_ms on the wire is a tenth
+    #: shorter (at most 1 s), so the broker's error 12 arrives while the client listens.
     #: Default 30000.
     request_timeout_ms: int = 30_000
     #: the first wait before a retry; it doubles on each retry of a request.  Default 100.
@@ -407,6 +408,7 @@ class _Sender:
         self._wake_fd = wake_fd
         self._acks = config.acks
         self._request_timeout_s = config.request_timeout_ms / 1000
+        self._broker_timeout_ms = _broker_timeout_ms(config.request_timeout_ms)
         self._control_timeout_s = min(self._request_timeout_s, _CONTROL_TIMEOUT_S)
         self._tasks: collections.deque[tuple[Callable[[_Sender], Any], Future]] = collections.deque()
         self._in_flight: dict[int, _Request] = {}
@@ -493,7 +495,7 @@ class _Sender:
                 self._producer._progress.notify_all()
 
     def _poll_timeout_ms(self) -> int:
-        if self._tasks:
+        if self._tasks or self.connection.arrived:  # responses a synchronous call read and kept
             return 0
         due = self._next_due_s
         for request in self._waiting:
@@ -519,16 +521,22 @@ class _Sender:
             self.connection.close()
 
     def _read_monitor(self) -> None:
-        while self._monitor.poll(0):
+        """Take the connection's events.  Read before every send too: a request is then in
+        flight only on a connection newer than every disconnect seen, so a disconnect read
+        later is never one from before the request (libzmq reports it at once, and reconnects
+        no sooner than RECONNECT_IVL, 100 ms, after it)."""
+        while self._monitor.get(zmq.EVENTS) & zmq.POLLIN:
             event = recv_monitor_message(self._monitor)["event"]
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._connected = True
             elif event == zmq.EVENT_DISCONNECTED:
-                self._connected = False
                 self._connection_lost()
+                self._connected = False
 
     def _connection_lost(self) -> None:
-        """Requests in flight will never be answered: they may or may not have been appended."""
+        """Requests in flight will never be answered: they may or may not have been appended.
+        Responses that came before the connection broke are taken first."""
+        self._read_responses()
         now = time.monotonic()
         lost, self._in_flight = self._in_flight, {}
         for correlation_id, request in lost.items():
@@ -553,11 +561,10 @@ class _Sender:
 
     def _send(self, request: _Request, now: float) -> None:
         queue = request.queue
-        message = protocol.ProduceRequest(queue.topic, queue.partition, self._acks,
-                                          self._config.request_timeout_ms, request.payload)
+        message = protocol.ProduceRequest(queue.topic, queue.partition, self._acks, self._broker_timeout_ms,
+                                          request.payload)
         try:
-            if not self._connected:
-                self._read_monitor()
+            self._read_monitor()
             if not self._connected and request.attempts:
                 raise BrokerNotAvailableError(f"broker {self._address} is not connected")
             correlation_id = self.connection.send(message, expect_response=bool(self._acks))
@@ -783,6 +790,12 @@ class _Found(Exception):  # noqa: N818 - control flow, never leaves this module
 class _GiveUp(Exception):  # noqa: N818 - control flow: settle the request with ``error`` now
     def __init__(self, error: HPBrokerError) -> None:
         self.error = error
+
+
+def _broker_timeout_ms(request_timeout_ms: float) -> int:
+    """The timeout_ms a ProduceRequest carries: a tenth (at most 1 s) below request_timeout_ms,
+    so that the broker's error 12 reaches a client still waiting for it."""
+    return max(1, int(request_timeout_ms - min(1000.0, request_timeout_ms / 10)))
 
 
 def _report(waiter: Any, metadata: RecordMetadata | None, error: BaseException | None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import zmq
 from harness import free_ports
 
 from hpbroker import protocol
@@ -72,4 +73,34 @@ def test_an_unreachable_broker_is_a_clear_error_within_the_timeout():
             connection.send(protocol.MetadataRequest([]))
         assert time.monotonic() - started < 5
     finally:
+        connection.close()
+
+
+class _DroppedAfterPollout:
+    """A socket whose poll says a peer is connected (POLLOUT) but which has lost it again by the
+    time of the send: a non-blocking send finds nobody; a blocking one would wait forever."""
+
+    def __init__(self) -> None:
+        self.blocking_sends = 0
+
+    def poll(self, timeout_ms=None, flags=zmq.POLLIN):
+        return zmq.POLLOUT
+
+    def send_multipart(self, frames, flags=0, copy=True):
+        if not flags & zmq.NOBLOCK:
+            self.blocking_sends += 1
+            raise AssertionError("a blocking send: it never returns if the peer stays away")
+        raise zmq.Again()
+
+
+def test_a_connection_lost_between_pollout_and_the_send_is_broker_not_available():
+    connection = BrokerConnection(BrokerAddress("127.0.0.1", free_ports(1)), connect_timeout_s=0.2)
+    real_socket, stub = connection._socket, _DroppedAfterPollout()
+    connection._socket = stub
+    try:
+        with pytest.raises(BrokerNotAvailableError, match="is not reachable"):
+            connection.send(protocol.MetadataRequest([]))
+        assert stub.blocking_sends == 0 and connection.in_flight == 0
+    finally:
+        connection._socket = real_socket
         connection.close()

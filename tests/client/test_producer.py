@@ -439,3 +439,39 @@ def test_once_the_io_thread_fails_records_fail_and_send_refuses(bootstrap, conne
             producer.close(10)
     assert producer.unfinished_batches == 0
     assert [r.value for r in read_partition(connection, topic_name, 0)] == [b"delivered"]
+
+
+def test_the_broker_is_given_less_time_than_the_client_waits(bootstrap, connection, topic_name, monkeypatch):
+    """The broker answers error 12 when its timeout_ms passes: that answer must come before the
+    client stops waiting, or the client always takes the 'outcome unknown' path instead."""
+    create_topic(connection, topic_name, 1)
+    sent = []
+    original_send = BrokerConnection.send
+
+    def recording_send(self, message, *, expect_response=True):
+        sent.append(message)
+        return original_send(self, message, expect_response=expect_response)
+
+    monkeypatch.setattr(BrokerConnection, "send", recording_send)
+    with Producer(bootstrap, request_timeout_ms=10_000) as producer:
+        producer.send_future(topic_name, b"v").result(10)
+    [produce] = [m for m in sent if isinstance(m, protocol.ProduceRequest)]
+    assert 0 < produce.timeout_ms < 10_000
+
+
+def test_the_io_thread_does_not_sleep_on_a_response_a_synchronous_call_kept():
+    """Responses read while the I/O thread waited for a metadata or fetch answer are kept by the
+    connection; the socket no longer shows them, so the thread must not wait for it."""
+    from harness import free_ports
+
+    from hpbroker.client.connection import BrokerAddress, Response
+    from hpbroker.client.producer import _Sender
+
+    sender = _Sender(None, BrokerAddress("127.0.0.1", free_ports(1)), ProducerConfig(), -1)
+    sender.connection = BrokerConnection(sender._address)
+    try:
+        assert sender._poll_timeout_ms() == 1000  # nothing to do: the longest sleep
+        sender.connection._arrived[5] = Response(5, protocol.ResponseHeader(5), protocol.ProduceResponse(0))
+        assert sender._poll_timeout_ms() == 0
+    finally:
+        sender.connection.close()

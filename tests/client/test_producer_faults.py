@@ -185,3 +185,37 @@ def test_a_worker_killed_mid_stream_loses_and_duplicates_no_acknowledged_record(
         own_broker.process.wait_for_log(r"forked worker slot=0", count=2)
 
     stream_through(own_broker, topic_name, kill_worker)
+
+
+def test_a_request_sent_after_a_reconnect_is_not_taken_for_lost(own_broker, topic_name, caplog):
+    """The I/O thread is busy (here: in a callback) while the broker restarts, then sends on the
+    new connection before it reads the old connection's disconnect: that request was not lost,
+    and the producer must not treat its outcome as unknown."""
+    import logging
+
+    import zmq
+
+    with closing(own_broker.connection()) as connection:
+        connection.call(protocol.CreateTopicRequest(topic_name, 2))
+    producer = Producer(f"127.0.0.1:{own_broker.port}", linger_ms=0, retry_backoff_ms=50)
+    later = []
+
+    def restart_then_send(metadata, error):
+        own_broker.stop()
+        own_broker.start()
+        assert producer._sender.connection.socket.poll(20_000, zmq.POLLOUT), "no reconnect"
+        later.append(producer.send_future(topic_name, b"after the restart", partition=1))
+
+    caplog.set_level(logging.DEBUG, logger="hpbroker.client.producer")
+    try:
+        producer.send_future(topic_name, b"connected", partition=0).result(10)
+        producer.send(topic_name, b"before the restart", partition=0, callback=restart_then_send)
+        producer.flush(60)
+        assert later and later[0].result(30).offset == 0
+        producer.flush(30)
+    finally:
+        producer.close(timeout_s=10)
+    assert "outcome of an earlier attempt was unknown" not in caplog.text
+    assert "lost with request" not in caplog.text
+    with closing(own_broker.connection()) as connection:
+        assert [r.value for r in read_partition(connection, topic_name, 1)] == [b"after the restart"]
