@@ -94,6 +94,8 @@ _REFRESH_METADATA = frozenset({6, 15})
 _CONTROL_TIMEOUT_S = 5.0  # longest wait for one metadata, list-offsets or verifying fetch response
 _VERIFY_FETCH_BYTES = 4 << 20
 _VERIFY_MAX_BYTES = 256 << 20  # give up looking for a request's batch after scanning this much
+# Leaving a with block by an exception: the longest close() waits for records still unsent.
+_CLOSE_ON_ERROR_TIMEOUT_S = 5.0
 _MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
 _names = itertools.count(1)
 
@@ -229,13 +231,18 @@ class Producer(RecordAccumulator):
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        """:meth:`close`.  When an exception leaves the block, close waits at most
+        ``_CLOSE_ON_ERROR_TIMEOUT_S`` (5 s) for the records still unsent (then they fail with
+        ProducerClosedError), and what it raises is logged: the block's exception comes out
+        soon, not after a ``delivery_timeout_ms`` spent on a broker that is gone."""
         if exc_type is None:
             self.close()
             return
         try:
-            self.close()
-        except Exception:  # do not hide the exception that left the block
-            logger.exception("[producer %s] close after an error in the with block failed", self.name)
+            self.close(_CLOSE_ON_ERROR_TIMEOUT_S)
+        except Exception as e:  # do not hide the exception that left the block
+            logger.error("[producer %s] closing after an error in the with block: %s: %s", self.name,
+                         type(e).__name__, e)
 
     # --- sending -------------------------------------------------------------------------------
 

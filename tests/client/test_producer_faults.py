@@ -187,6 +187,21 @@ def test_a_worker_killed_mid_stream_loses_and_duplicates_no_acknowledged_record(
     stream_through(own_broker, topic_name, kill_worker)
 
 
+def test_leaving_a_with_block_by_an_exception_closes_in_bounded_time(own_broker, topic_name):
+    """The broker is gone and the with block raises: the exception comes out after a short close
+    (the unsent record fails with ProducerClosedError), not after delivery_timeout_ms."""
+    with closing(own_broker.connection()) as connection:
+        connection.call(protocol.CreateTopicRequest(topic_name, 1))
+    with (pytest.raises(ValueError, match="the application failed"),
+          Producer(f"127.0.0.1:{own_broker.port}", delivery_timeout_ms=60_000) as producer):
+        producer.send_future(topic_name, b"first").result(10)
+        own_broker.stop()
+        future = producer.send_future(topic_name, b"stuck")
+        raise ValueError("the application failed")
+    assert isinstance(future.exception(0), ProducerClosedError)
+    assert not producer._thread.is_alive()
+
+
 def test_a_request_sent_after_a_reconnect_is_not_taken_for_lost(own_broker, topic_name, caplog):
     """The I/O thread is busy (here: in a callback) while the broker restarts, then sends on the
     new connection before it reads the old connection's disconnect: that request was not lost,
