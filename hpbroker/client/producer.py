@@ -467,10 +467,15 @@ class _Sender:
             while not self._stopping:
                 events = dict(poller.poll(self._poll_timeout_ms()))
                 if self._wake_fd in events:
-                    producer.woken()
+                    # Drain first, then clear the flag: a wake-up written after the drain finds the
+                    # flag clear and writes a byte the next poll sees; one in between finds it set
+                    # and writes nothing, but the turn below looks at the accumulator after it.
+                    # (The other order loses a byte written between the two: the flag stays set,
+                    # no byte is left, and every later send() skips waking the thread.)
                     with contextlib.suppress(BlockingIOError):
                         while os.read(self._wake_fd, 4096):
                             pass
+                    producer.woken()
                 self._turn()
         except BaseException as e:  # the thread must settle every record, whatever happened
             logger.exception("[producer %s] the I/O thread failed", producer.name)

@@ -475,3 +475,29 @@ def test_the_io_thread_does_not_sleep_on_a_response_a_synchronous_call_kept():
         assert sender._poll_timeout_ms() == 0
     finally:
         sender.connection.close()
+
+
+def test_a_wake_up_landing_while_the_io_thread_drains_its_pipe_is_not_lost(bootstrap, connection, topic_name,
+                                                                            monkeypatch):
+    """A send() that wakes the I/O thread while it empties its wake-up pipe must still be seen at
+    once, not after the thread's idle poll timeout (about a second)."""
+    import hpbroker.client.producer as producer_module
+
+    create_topic(connection, topic_name, 1)
+    real_read = producer_module.os.read
+    holder: dict = {}
+
+    def read_with_a_send_in_between(fd, n):
+        data = real_read(fd, n)
+        if data and holder.get("producer") is not None:
+            holder["producer"].wake()  # as a send() on another thread would, mid-drain
+        return data
+
+    monkeypatch.setattr(producer_module.os, "read", read_with_a_send_in_between)
+    with Producer(bootstrap, linger_ms=0) as producer:
+        producer.send_future(topic_name, b"warm").result(timeout=10)
+        holder["producer"] = producer
+        for i in range(5):
+            started = time.monotonic()
+            producer.send_future(topic_name, b"x%d" % i).result(timeout=10)
+            assert time.monotonic() - started < 0.5, "the acknowledgement waited for the idle poll"
