@@ -8,11 +8,13 @@ Modules, one responsibility each (imports point down this list):
 
 - ``connection``    one ZeroMQ request/response channel to a broker's front-end, by correlation id
 - ``metadata``      topics, partitions and the data port serving each, refreshed on demand
+                    (or without blocking, for the consumer's fetch loop)
 - ``partitioner``   which partition a record goes to: a stable hash of the key, or spread evenly
 - ``_accumulator``  compiled: per-partition batch building behind ``Producer.send``
 - ``producer``      the batching producer: linger, in-flight requests, retries, futures
-- ``fetcher``       fetches over a worker's TCP data port, pipelined
-- ``consumer``      the pulling consumer and message streams
+- ``fetcher``       fetches (and ListOffsets) over a worker's TCP data port, pipelined
+- ``consumer``      the pulling consumer
+- ``streams``       message streams: a topic's partitions spread over consumers, one per thread
 - ``group``         consumer groups through ZooKeeper: rebalancing, the ownership lease, commits
                     (the one client module that imports ``hpbroker.coord`` and kazoo, loaded
                     only when a consumer is given ``group=``)
@@ -34,7 +36,7 @@ _EXPORTS = {
     "Consumer": "hpbroker.client.consumer",
     "ConsumerRecord": "hpbroker.client.consumer",
     "TopicPartition": "hpbroker.client.consumer",
-    "create_message_streams": "hpbroker.client.consumer",
+    "create_message_streams": "hpbroker.client.streams",
     "Admin": "hpbroker.client.admin",
 }
 

@@ -46,8 +46,8 @@ is imported only then): the group decides the assignment, and the consumer commi
 
 Threads: a consumer belongs to the thread that polls or iterates it.  :meth:`Consumer.wakeup` and
 :meth:`Consumer.close` may be called from any thread: both make a blocked poll or iteration
-return at once.  :func:`create_message_streams` gives each stream its own consumer, so each
-stream may be iterated in its own thread.
+return at once.  :func:`~hpbroker.client.streams.create_message_streams` gives each stream its
+own consumer, so each stream may be iterated in its own thread.
 """
 
 from __future__ import annotations
@@ -86,8 +86,7 @@ from hpbroker.records import Record
 if TYPE_CHECKING:
     from hpbroker.client.group import GroupMember
 
-__all__ = ["AUTO_OFFSET_RESETS", "Consumer", "ConsumerConfig", "ConsumerRecord", "MessageStream",
-           "TopicPartition", "create_message_streams"]
+__all__ = ["AUTO_OFFSET_RESETS", "Consumer", "ConsumerConfig", "ConsumerRecord", "TopicPartition"]
 
 logger = logging.getLogger(__name__)
 
@@ -785,56 +784,3 @@ def _topic_partition(tp: TopicPartition | tuple[str, int]) -> TopicPartition:
     if not isinstance(topic, str) or not isinstance(partition, int) or partition < 0:
         raise ValueError(f"expected TopicPartition(topic: str, partition: int >= 0), got {tp!r}")
     return tp if isinstance(tp, TopicPartition) else TopicPartition(topic, partition)
-
-
-class MessageStream:
-    """One of :func:`create_message_streams`' iterators: the records of its partitions, forever
-    (blocking while nothing is new) until :meth:`close`.  It owns its consumer."""
-
-    def __init__(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self.consumer = consumer
-        self.partitions = partitions
-
-    def __repr__(self) -> str:
-        return f"MessageStream({', '.join(map(str, self.partitions)) or 'no partitions'})"
-
-    def __iter__(self) -> Iterator[Record]:
-        return iter(self.consumer)
-
-    def __next__(self) -> Record:
-        return next(iter(self.consumer))
-
-    def close(self) -> None:
-        """Close the stream's consumer; an iteration blocked in another thread ends."""
-        self.consumer.close()
-
-    def __enter__(self) -> MessageStream:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 traceback: TracebackType | None) -> None:
-        self.close()
-
-
-def create_message_streams(bootstrap: str | Sequence[str], topic: str, n: int,
-                           **settings: object) -> list[MessageStream]:
-    """``n`` streams over which ``topic``'s partitions are spread evenly (partition ``p`` goes to
-    stream ``p % n``), as in the Kafka paper.  Each stream has its own consumer and connections,
-    so each may be iterated by its own thread; a stream without partitions blocks forever.
-    ``settings`` are the Consumer's (``auto_offset_reset="earliest"`` to read from the start)."""
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be an integer >= 1, got {n!r}")
-    streams: list[MessageStream] = []
-    try:
-        for index in range(n):
-            stream = MessageStream(Consumer(bootstrap, **settings), [])
-            streams.append(stream)
-            if index == 0:
-                partition_count = len(stream.consumer.partitions_for_topic(topic))
-            stream.partitions = [TopicPartition(topic, p) for p in range(index, partition_count, n)]
-            stream.consumer.assign(stream.partitions)
-    except BaseException:
-        for stream in streams:
-            stream.close()
-        raise
-    return streams
