@@ -40,6 +40,17 @@ port, where the partition is stored: a partition without a position sends one on
 connection, in the fetch loop, before its first fetch; ``offsets_for_times`` and the like open a
 connection per partition for the call.
 
+**Nothing waits for an answer but the fetch loop.**  Metadata requests
+(:class:`~hpbroker.client.metadata.MetadataRefreshes`), ListOffsets and fetches are all sent
+without waiting, and answered in the loop, which sleeps in ``poll(2)`` until an answer, a retry
+or timeout, the caller's deadline, or a wake-up.  So ``poll(timeout_ms)`` returns near its
+timeout whatever the broker does, and ``wakeup()`` or ``close()`` end it at once.  The calls that
+need an answer to return (``position()`` of a partition without one, ``seek_to_beginning()``,
+``seek_to_end()``, ``offsets_for_times()``, ``beginning_offsets()``, ``end_offsets()``) run the
+same loop for their partitions until answered, or until a partition has failed for
+``reconnect_timeout_ms``; ``close()`` from another thread ends them (RuntimeError), and a
+``wakeup()`` meanwhile is kept for the next poll or iteration.
+
 **Consumer groups.**  ``Consumer(bootstrap, group=..., topics=[...], zookeeper=...)`` makes the
 consumer a member of a group that shares the topics' partitions (``hpbroker.client.group``, which
 is imported only then): the group decides the assignment, and the consumer commits offsets.
@@ -66,10 +77,12 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, NamedTuple
 
+import zmq
+
 from hpbroker import protocol
 from hpbroker.client.connection import BrokerConnection, parse_bootstrap
 from hpbroker.client.fetcher import CompletedFetch, FetchConfig, ListedOffset, PartitionFetcher
-from hpbroker.client.metadata import ClusterMetadata
+from hpbroker.client.metadata import ClusterMetadata, MetadataRefreshes
 from hpbroker.errors import (
     BrokerNotAvailableError,
     CorruptRecordError,
@@ -162,7 +175,8 @@ class ConsumerConfig:
 
 
 class _PartitionState:
-    """One assigned partition: position, fetcher, what waits for the application, failures."""
+    """One assigned partition: position, fetcher, what waits for the application, failures.
+    (Also one partition of an offset lookup: ``reset_to`` says what to list, ``position`` gets it.)"""
 
     __slots__ = ("attempts", "error", "failing_since", "fetcher", "high_watermark", "log_start_offset",
                  "position", "ready", "refresh_metadata", "reset_to", "retry_at", "tp", "turn")
@@ -170,7 +184,7 @@ class _PartitionState:
     def __init__(self, tp: TopicPartition) -> None:
         self.tp = tp
         self.position: int | None = None  # the next offset the application gets; None: not yet reset
-        self.reset_to: int | None = None  # with no position: the ListOffsets timestamp, None: the policy's
+        self.reset_to: int | None = None  # with no position: the timestamp to list; None: the policy's
         self.log_start_offset: int | None = None  # with no position and policy "error": listed so far
         self.fetcher: PartitionFetcher | None = None
         self.ready: list[Record] | None = None  # decoded, not yet handed out
@@ -215,6 +229,7 @@ class Consumer:
         self._connection = BrokerConnection(self._address, client_id=self.config.client_id,
                                             connect_timeout_s=connect_timeout_s)
         self._metadata = ClusterMetadata(self._connection, timeout_s=self.config.request_timeout_ms / 1000)
+        self._refreshes = MetadataRefreshes(self._metadata, timeout_s=self.config.request_timeout_ms / 1000)
         self._states: dict[TopicPartition, _PartitionState] = {}
         self._iterator: Iterator[Record] | None = None
         self._iteration = 0  # which _record_lists generator is current
@@ -514,7 +529,7 @@ class Consumer:
 
     def _next_timer(self, now: float, states: Iterable[_PartitionState]) -> float:
         """The next moment something is due: a retry, or a request becoming overdue."""
-        due = float("inf")
+        due = self._refreshes.next_due()
         for state in states:
             if state.retry_at > now:
                 due = min(due, state.retry_at)
@@ -523,19 +538,31 @@ class Consumer:
         return due
 
     def _wait(self, timeout_s: float, states: Iterable[_PartitionState]) -> bool:
-        """Sleep until a response for one of ``states`` arrives, take it; True if woken by
-        :meth:`wakeup`."""
-        poller = select.poll()
-        poller.register(self._wake_reader, select.POLLIN)
+        """Sleep until a response for one of ``states`` arrives (a fetch, a ListOffsets, or the
+        metadata they wait for), take it; True if woken by :meth:`wakeup`."""
         waiting: dict[int, _PartitionState] = {}
         for state in states:
             fetcher = state.fetcher
             if state.ready is None and fetcher is not None and fetcher.in_flight:
-                fd = fetcher.fileno()
-                waiting[fd] = state
+                waiting[fetcher.fileno()] = state
+        timeout_ms = int(timeout_s * 1000 + 0.999)
+        refreshes = self._refreshes
+        if refreshes.events() and self._take_refreshes(states, time.monotonic()):
+            return False  # metadata came (or failed) meanwhile: the loop looks again at once
+        events = refreshes.events()
+        if events:  # a metadata request on its way: its ZeroMQ socket too (zmq_poll takes both)
+            zmq_poller = zmq.Poller()
+            zmq_poller.register(self._connection.socket, events)
+            for fd in (self._wake_reader.fileno(), *waiting):
+                zmq_poller.register(fd, zmq.POLLIN)
+            ready = [fd for fd, _ in zmq_poller.poll(timeout_ms) if isinstance(fd, int)]
+        else:
+            poller = select.poll()
+            for fd in (self._wake_reader.fileno(), *waiting):
                 poller.register(fd, select.POLLIN)
+            ready = [fd for fd, _ in poller.poll(timeout_ms)]
         woken = False
-        for fd, _ in poller.poll(int(timeout_s * 1000 + 0.999)):
+        for fd in ready:
             state = waiting.get(fd)
             if state is not None:
                 self._receive(state)
@@ -545,7 +572,24 @@ class Consumer:
                     woken = woken or b"w" in data  # b"n" (a nudge) only makes the loop look again
             except BlockingIOError:
                 pass
+        if events:
+            self._take_refreshes(states, time.monotonic())
         return woken
+
+    def _take_refreshes(self, states: Iterable[_PartitionState], now: float) -> bool:
+        """Hand the metadata answers (or failures) that came to the ``states`` waiting for them;
+        True if any came."""
+        settled = self._refreshes.take(now)
+        for state in states:
+            if state.tp.topic in settled and state.fetcher is None and state.refresh_metadata:
+                error = settled[state.tp.topic]
+                if error is None:
+                    state.refresh_metadata = False  # what the metadata says now is fresh
+                elif isinstance(error, UnknownTopicOrPartitionError) or not error.retriable:
+                    state.error = error
+                else:
+                    self._failed(state, error)
+        return bool(settled)
 
     # --- fetching -----------------------------------------------------------------------------
 
@@ -566,7 +610,9 @@ class Consumer:
                 continue
             try:
                 if fetcher is None:
-                    fetcher = state.fetcher = self._new_fetcher(state)
+                    fetcher = state.fetcher = self._new_fetcher(state, now)
+                    if fetcher is None:
+                        continue  # its topic's metadata is on its way
                 if state.position is None:
                     fetcher.list_offsets(self._lookup_timestamp(state))
                 else:
@@ -581,10 +627,20 @@ class Consumer:
                 else:
                     self._failed(state, e)
 
-    def _new_fetcher(self, state: _PartitionState) -> PartitionFetcher:
+    def _new_fetcher(self, state: _PartitionState, now: float) -> PartitionFetcher | None:
+        """A fetcher for the data port the metadata names for the partition; None (and the
+        metadata asked for, without waiting) when the topic is unknown here or must be fresh."""
         tp = state.tp
-        info = self._metadata.partition(tp.topic, tp.partition, refresh=state.refresh_metadata)
-        state.refresh_metadata = True  # until a fetch succeeds: the next attempt asks again
+        partitions = None if state.refresh_metadata else self._metadata.cached(tp.topic)
+        if partitions is None:
+            state.refresh_metadata = True
+            self._refreshes.want(tp.topic, now)
+            return None
+        state.refresh_metadata = True  # until a request succeeds: the next attempt asks again
+        if tp.partition >= len(partitions):
+            raise UnknownTopicOrPartitionError(f"topic {tp.topic!r} has {len(partitions)} partitions, "
+                                               f"no partition {tp.partition}")
+        info = partitions[tp.partition]
         if info.error_code or not info.fetch_port:
             raise error_for_code(info.error_code or PartitionNotAvailableError.code,
                                  f"{tp} is not being served (error {info.error_code}, data port "

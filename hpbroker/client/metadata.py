@@ -5,6 +5,10 @@ TCP data port that serves its fetches.  A client refreshes a topic's entry when 
 with a retriable error that means "the picture changed" (unknown partition, partition not
 available) and before its first use of a topic.
 
+:meth:`ClusterMetadata.refresh` waits for its answer; a loop that must not block (the consumer's
+fetch loop, which ``poll(timeout_ms)``, ``wakeup()`` and ``close()`` must be able to end at any
+moment) refreshes through :class:`MetadataRefreshes` instead.
+
 Threads: one instance per client thread, used with that thread's connection.
 """
 
@@ -13,11 +17,19 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import zmq
+
 from hpbroker import protocol
 from hpbroker.client.connection import BrokerConnection
-from hpbroker.errors import UnknownTopicOrPartitionError, error_for_code
+from hpbroker.errors import (
+    BrokerNotAvailableError,
+    HPBrokerError,
+    RequestTimedOutError,
+    UnknownTopicOrPartitionError,
+    error_for_code,
+)
 
-__all__ = ["ClusterMetadata", "PartitionInfo"]
+__all__ = ["ClusterMetadata", "MetadataRefreshes", "PartitionInfo"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +50,7 @@ class ClusterMetadata:
     """Topic -> partitions, refreshed on demand through ``connection``."""
 
     def __init__(self, connection: BrokerConnection, *, timeout_s: float = 30.0) -> None:
-        self._connection = connection
+        self.connection = connection
         self._timeout_s = timeout_s
         self._topics: dict[str, list[PartitionInfo]] = {}
         self._refreshed_at: dict[str, float] = {}
@@ -46,10 +58,15 @@ class ClusterMetadata:
     def refresh(self, *topics: str) -> protocol.MetadataResponse:
         """Ask the broker about ``topics`` (every topic when none is named) and remember them.
         Unknown topics are forgotten; other per-topic errors are kept in their entries."""
-        response: protocol.MetadataResponse = self._connection.call(protocol.MetadataRequest(list(topics)),
-                                                                     self._timeout_s)
+        response: protocol.MetadataResponse = self.connection.call(protocol.MetadataRequest(list(topics)),
+                                                                    self._timeout_s)
+        self.update(response)
+        return response
+
+    def update(self, response: protocol.MetadataResponse) -> None:
+        """Remember what ``response`` says (as :meth:`refresh` does with its own)."""
         hosts = {broker.broker_id: broker.host for broker in response.brokers}
-        default_host = self._connection.address.host
+        default_host = self.connection.address.host
         now = time.monotonic()
         for topic in response.topics:
             if topic.error_code:
@@ -61,7 +78,6 @@ class ClusterMetadata:
                 for p in sorted(topic.partitions, key=lambda p: p.partition)
             ]
             self._refreshed_at[topic.name] = now
-        return response
 
     def partitions(self, topic: str, *, refresh: bool = False) -> list[PartitionInfo]:
         """The topic's partitions, asking the broker if unknown (or ``refresh``).  Raises
@@ -76,6 +92,10 @@ class ClusterMetadata:
         if found is None:
             raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
         return found
+
+    def cached(self, topic: str) -> list[PartitionInfo] | None:
+        """The topic's partitions as last described, without asking; None if unknown."""
+        return self._topics.get(topic)
 
     def partition_count(self, topic: str) -> int:
         return len(self.partitions(topic))
@@ -95,3 +115,86 @@ class ClusterMetadata:
     def forget(self, topic: str) -> None:
         self._topics.pop(topic, None)
         self._refreshed_at.pop(topic, None)
+
+
+class MetadataRefreshes:
+    """Refreshes of topics' metadata that never block, for the consumer's fetch loop.
+
+    The loop asks for a topic with :meth:`want`, polls the connection's socket for
+    :meth:`events` beside its other sockets, and calls :meth:`take`, which sends what can be
+    sent, takes the answers (remembering them in the metadata) and gives up on what waited too
+    long.  A topic has one request in flight at most.  A request waits, unsent, until the
+    connection to the broker is up (``connect_timeout_s`` of the connection at most: nothing
+    queues for a broker that is down), then ``timeout_s`` for its answer.
+    """
+
+    def __init__(self, metadata: ClusterMetadata, *, timeout_s: float) -> None:
+        self._metadata = metadata
+        self._connection = metadata.connection
+        self._timeout_s = timeout_s
+        self._unsent: dict[str, float] = {}  # topic -> when it began to wait for the connection
+        self._sent: dict[int, tuple[str, float]] = {}  # correlation id -> (topic, deadline)
+
+    def want(self, topic: str, now: float) -> None:
+        """Ask for ``topic`` unless a request for it is on its way."""
+        if topic not in self._unsent and all(topic != sent for sent, _ in self._sent.values()):
+            self._unsent[topic] = now
+
+    def events(self) -> int:
+        """What to poll the connection's socket for: POLLIN while answers are due, POLLOUT while
+        requests wait for the connection; 0 when nothing is on its way."""
+        return (zmq.POLLIN if self._sent else 0) | (zmq.POLLOUT if self._unsent else 0)
+
+    def next_due(self) -> float:
+        """When a request on its way times out (monotonic seconds; infinite when none is)."""
+        connect_timeout_s = self._connection.connect_timeout_s
+        return min([since + connect_timeout_s for since in self._unsent.values()]
+                   + [deadline for _, deadline in self._sent.values()], default=float("inf"))
+
+    def take(self, now: float) -> dict[str, HPBrokerError | None]:
+        """Take the answers that arrived, time out the requests that waited too long, send the
+        requests that can go: the topics settled, each with None (its partitions are in the
+        metadata now) or why not (unknown to the broker, unreachable broker, no answer)."""
+        settled: dict[str, HPBrokerError | None] = {}
+        connection = self._connection
+        while self._sent:
+            response = connection.poll(0)
+            if response is None:
+                break
+            entry = self._sent.pop(response.correlation_id, None)
+            if entry is not None:
+                settled[entry[0]] = self._settle(entry[0], response.header, response.body)
+        for correlation_id, (topic, deadline) in list(self._sent.items()):
+            if now >= deadline:
+                connection.forget(correlation_id)
+                del self._sent[correlation_id]
+                settled[topic] = RequestTimedOutError(
+                    f"no answer from {connection.address} to a metadata request for topic {topic!r} "
+                    f"within {self._timeout_s} s")
+        for topic, since in list(self._unsent.items()):
+            if connection.socket.poll(0, zmq.POLLOUT):
+                del self._unsent[topic]
+                try:
+                    correlation_id = connection.send(protocol.MetadataRequest([topic]))
+                except HPBrokerError as e:
+                    settled[topic] = e
+                    continue
+                self._sent[correlation_id] = (topic, now + self._timeout_s)
+            elif now - since >= connection.connect_timeout_s:
+                del self._unsent[topic]
+                settled[topic] = BrokerNotAvailableError(
+                    f"broker {connection.address} is not reachable (no connection within "
+                    f"{connection.connect_timeout_s} s)")
+        return settled
+
+    def _settle(self, topic: str, header: protocol.ResponseHeader,
+                body: protocol.Message) -> HPBrokerError | None:
+        if header.error_code:
+            return error_for_code(header.error_code, f"metadata of topic {topic!r}: {header.error_message}")
+        assert isinstance(body, protocol.MetadataResponse)
+        self._metadata.update(body)
+        described = next((t for t in body.topics if t.name == topic), None)
+        if described is None or described.error_code:
+            code = described.error_code if described is not None else UnknownTopicOrPartitionError.code
+            return error_for_code(code, f"topic {topic!r}: broker says error {code}")
+        return None

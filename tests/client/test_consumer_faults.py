@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import signal
 import struct
+import threading
 import time
 
 import pytest
+import zmq
 from harness import free_ports, start_broker
 
 from hpbroker import Consumer, TopicPartition, protocol
@@ -162,3 +164,91 @@ def test_a_broker_that_dies_mid_stream_is_a_clear_error_in_bounded_time(own_brok
                 assert consumer.poll(timeout_ms=500) == {}
         assert "not reachable" in str(info.value) or "lost the data connection" in str(info.value)
         assert consumer.position(tp) == 10
+
+
+def in_thread(call) -> tuple[threading.Thread, list]:
+    """Run ``call`` in a daemon thread; the list gets its result or exception."""
+    outcome: list = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            outcome.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+@pytest.fixture
+def silent_front_end():
+    """The port of a ZeroMQ ROUTER that takes requests and never answers."""
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    yield port
+    router.close()
+
+
+PATIENT = {"reconnect_timeout_ms": 60_000, "request_timeout_ms": 60_000}
+
+
+def test_poll_returns_near_its_timeout_while_the_broker_is_away(own_broker):
+    brokers, port = own_broker
+    create_topic(port)
+    with Consumer(f"127.0.0.1:{port}", auto_offset_reset="earliest", **PATIENT) as consumer:
+        consumer.assign([TopicPartition(TOPIC, 0)])
+        assert brokers[0].stop() == 0  # gone before the partition had a position
+        for _ in range(3):
+            started = time.monotonic()
+            assert consumer.poll(timeout_ms=200) == {}
+            assert time.monotonic() - started < 3, "poll(timeout_ms=200) waited for the broker"
+
+
+def test_poll_returns_near_its_timeout_while_metadata_goes_unanswered(silent_front_end):
+    with Consumer(f"127.0.0.1:{silent_front_end}", **PATIENT) as consumer:
+        consumer.assign([TopicPartition(TOPIC, 0)])
+        for _ in range(3):
+            started = time.monotonic()
+            assert consumer.poll(timeout_ms=200) == {}
+            assert time.monotonic() - started < 3, "poll(timeout_ms=200) waited for the metadata"
+
+
+@pytest.mark.parametrize("call", ["poll", "iteration", "position", "seek_to_end"])
+@pytest.mark.parametrize("broker", ["stopped", "silent"])
+def test_close_from_another_thread_ends_a_call_waiting_for_the_broker(request, call, broker):
+    if broker == "stopped":
+        brokers, port = request.getfixturevalue("own_broker")
+        create_topic(port)
+    else:
+        port = request.getfixturevalue("silent_front_end")
+    consumer = Consumer(f"127.0.0.1:{port}", auto_offset_reset="earliest", **PATIENT)
+    tp = TopicPartition(TOPIC, 0)
+    consumer.assign([tp])
+    if broker == "stopped":
+        assert brokers[0].stop() == 0
+    thread, outcome = in_thread({"poll": lambda: consumer.poll(timeout_ms=60_000),
+                                 "iteration": lambda: list(consumer),
+                                 "position": lambda: consumer.position(tp),
+                                 "seek_to_end": lambda: consumer.seek_to_end(tp)}[call])
+    time.sleep(0.3)  # the call is waiting now
+    closing, closed = in_thread(consumer.close)
+    closing.join(5)
+    thread.join(5)
+    assert closed == [None], "close() waited for the call"
+    assert not thread.is_alive(), f"{call} went on after close()"
+    if call in ("poll", "iteration"):
+        assert outcome in ([{}], [[]])
+    else:
+        assert isinstance(outcome[0], RuntimeError) and "closed" in str(outcome[0])
+
+
+def test_wakeup_ends_an_iteration_waiting_for_metadata_that_goes_unanswered(silent_front_end):
+    with Consumer(f"127.0.0.1:{silent_front_end}", **PATIENT) as consumer:
+        consumer.assign([TopicPartition(TOPIC, 0)])
+        thread, outcome = in_thread(lambda: list(consumer))
+        time.sleep(0.3)
+        consumer.wakeup()
+        thread.join(5)
+        assert not thread.is_alive() and outcome == [[]]
