@@ -1,6 +1,6 @@
 """Coordination through ZooKeeper (kazoo): which brokers are alive and what they store, which
-consumers are in which group, who owns which partition and how far each group has consumed.  ``docs/COORDINATION.md`` draws the znode tree and the JSON of
-every node.
+consumers are in which group, who owns which partition and how far each group has consumed.
+``docs/COORDINATION.md`` draws the znode tree and the JSON of every node.
 
 Modules, one responsibility each (imports point down this list):
 
