@@ -19,9 +19,9 @@ How records flow, per partition::
 - **Fast iteration.**  ``iter(consumer)`` is an ``itertools.chain`` over the decoded lists, so
   handing out a record is C code; the record objects are ``hpbroker._core.Record``, built in
   Cython.  ``position()`` stays exact mid-list (the list iterator knows how many are left).
-  The iteration takes one partition's list at a time, when it reaches it (the partition that
-  waited longest first); until then the list stays with its partition, so ``poll()``,
-  ``seek()``, ``assign()`` and ``position()`` all see it, whenever the application breaks off.
+  A list stays with its partition until the iteration reaches it, and only then does the
+  partition's position move past it; so whenever the application breaks off, ``poll()``,
+  ``seek()``, ``assign()`` and ``position()`` see the lists not reached.
 - **Offsets outside the log.**  ``auto_offset_reset`` decides: ``"earliest"`` (the log start),
   ``"latest"`` (the high watermark) or ``"error"`` (raise OffsetOutOfRangeError with the log's
   bounds).  It also decides where a partition starts when it was never sought.
@@ -179,7 +179,7 @@ class _PartitionState:
     (Also one partition of an offset lookup: ``reset_to`` says what to list, ``position`` gets it.)"""
 
     __slots__ = ("attempts", "error", "failing_since", "fetcher", "high_watermark", "log_start_offset",
-                 "position", "ready", "refresh_metadata", "reset_to", "retry_at", "tp", "turn")
+                 "position", "ready", "refresh_metadata", "reset_to", "retry_at", "tp")
 
     def __init__(self, tp: TopicPartition) -> None:
         self.tp = tp
@@ -194,7 +194,6 @@ class _PartitionState:
         self.attempts = 0
         self.retry_at = 0.0
         self.refresh_metadata = False
-        self.turn = 0  # when the iteration last took a list of it (the lowest goes first)
 
     def forget_fetch(self) -> None:
         """Nothing decoded or pending survives (after a seek, or leaving the assignment)."""
@@ -234,7 +233,6 @@ class Consumer:
         self._iterator: Iterator[Record] | None = None
         self._iteration = 0  # which _record_lists generator is current
         self._iterated: tuple[_PartitionState, list[Record], Iterator[Record]] | None = None
-        self._turns = itertools.count(1)
         self._wake_reader, self._wake_writer = socket.socketpair()
         self._wake_reader.setblocking(False)
         self._wake_writer.setblocking(False)
@@ -417,9 +415,11 @@ class Consumer:
                 out[state.tp] = left
         if out:
             return out
-        lists, _ = self._next_lists(time.monotonic() + max(0, timeout_ms) / 1000)
-        for state, records in lists:
-            out[state.tp] = records
+        ready, _ = self._next_ready(time.monotonic() + max(0, timeout_ms) / 1000)
+        for state in ready:
+            records = self._take(state)
+            if records is not None:
+                out[state.tp] = records
         return out
 
     def __iter__(self) -> Iterator[Record]:
@@ -440,25 +440,31 @@ class Consumer:
         try:
             while not self._closed:
                 deadline = float("inf") if timeout_ms is None else time.monotonic() + timeout_ms / 1000
-                lists, woken = self._next_lists(deadline, one=True)
-                for state, records in lists:
+                ready, woken = self._next_ready(deadline)
+                # The last round's lists live on until this round's are decoded: freed before,
+                # their memory goes back to the system and decoding faults it in again page by
+                # page (measured: 60,000 page faults instead of 800 for 3 M records, 10 % slower).
+                handed: list[list[Record]] = []
+                for state in ready:
+                    records = self._take(state)
+                    if records is None:
+                        continue  # dropped meanwhile: sought, assigned away, polled, rebalanced
+                    handed.append(records)
                     records_iterator = iter(records)
                     self._iterated = (state, records, records_iterator)
                     group = self._group
                     yield records_iterator if group is None else group.leased(state.tp, records_iterator)
-                if woken or (not lists and timeout_ms is not None):
+                if woken or (not ready and timeout_ms is not None):
                     return
         finally:
             if self._iteration == iteration:
                 self._iterated = None
                 self._iterator = None
 
-    def _next_lists(self, deadline: float, *, one: bool = False
-                    ) -> tuple[list[tuple[_PartitionState, list[Record]]], bool]:
-        """Fetch until some partition has records (or an error) or ``deadline``; hand them out:
-        every partition's list, or with ``one`` (iteration) the list of the partition that has
-        waited longest.  A partition's position moves past its list only as the list is handed
-        out.  Returns the lists, and whether :meth:`wakeup` cut the wait short."""
+    def _next_ready(self, deadline: float) -> tuple[list[_PartitionState], bool]:
+        """Fetch until some partition has records (or an error) or ``deadline``.  Returns the
+        partitions whose records may be handed out, and whether :meth:`wakeup` cut the wait
+        short; each list stays with its partition until :meth:`_take` hands it out."""
         with self._lock:
             if self._closed:
                 return [], True
@@ -466,23 +472,22 @@ class Consumer:
             if self._group is not None and not self._group.may_hand_out():
                 return [], woken
             ready = [state for state in self._states.values() if state.ready]
-            if one and len(ready) > 1:
-                ready = [min(ready, key=operator.attrgetter("turn"))]
-            out = []
-            for state in ready:
-                records = state.ready
-                assert records is not None
-                state.ready = None
-                state.position = records[-1].offset + 1
-                if one:
-                    state.turn = next(self._turns)
-                out.append((state, records))
-            if not out:
+            if not ready:
                 for state in self._states.values():
                     if state.error is not None:
                         error, state.error = state.error, None
                         raise error
-            return out, woken
+            return ready, woken
+
+    def _take(self, state: _PartitionState) -> list[Record] | None:
+        """Hand out ``state``'s records, moving its position past them; None when they are gone
+        (a seek, an assignment or a poll came first) or the partition is no longer assigned."""
+        records = state.ready
+        if not records or self._states.get(state.tp) is not state:
+            return None
+        state.ready = None
+        state.position = records[-1].offset + 1
+        return records
 
     def _run(self, deadline: float) -> bool:
         """The fetch loop: start requests, sleep on the sockets, take responses.  True if woken."""
