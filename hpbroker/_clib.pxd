@@ -3,6 +3,7 @@
 # once; _core.pyx re-exports the public ones to Python.
 
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+from cpython.buffer cimport PyObject_CheckBuffer
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 
 cdef extern from "crc32c.h":
@@ -102,3 +103,32 @@ cdef inline uint64_t zigzag(int64_t v) noexcept nogil:
 
 cdef inline int64_t unzigzag(uint64_t v) noexcept nogil:
     return <int64_t>(v >> 1) ^ -<int64_t>(v & 1)
+
+
+cdef inline bytes encode_headers(object headers):
+    """The ``header_count`` varint and the headers, encoded, from ``[(str key, bytes-like value or
+    None), ...]``: each key's varint length and UTF-8 bytes, each value's varint (length + 1, 0 for
+    None) and bytes.  TypeError names what is not such a pair."""
+    cdef bytearray out = bytearray()
+    cdef unsigned char tmp[10]
+    items = list(headers)
+    out += (<char*>tmp)[:write_uvarint(tmp, len(items)) - tmp]
+    for item in items:
+        try:
+            hkey, hvalue = item
+        except (TypeError, ValueError):
+            raise TypeError(f"headers must be (str key, bytes value) pairs, got {item!r}") from None
+        if not isinstance(hkey, str):
+            raise TypeError(f"header keys must be str, not {type(hkey).__name__}")
+        k = hkey.encode("utf-8")
+        out += (<char*>tmp)[:write_uvarint(tmp, len(k)) - tmp]
+        out += k
+        if hvalue is None:
+            out.append(0)
+            continue
+        if not PyObject_CheckBuffer(hvalue):  # bytes(5) would be five zero bytes
+            raise TypeError(f"header {hkey!r}: values must be bytes-like or None, not {type(hvalue).__name__}")
+        v = bytes(hvalue)
+        out += (<char*>tmp)[:write_uvarint(tmp, len(v) + 1) - tmp]
+        out += v
+    return bytes(out)

@@ -754,7 +754,7 @@ cdef class BatchBuilder:
             self.max_timestamp = timestamp
         delta = timestamp - self.first_timestamp
         if headers:
-            encoded_headers = _encode_headers(headers)
+            encoded_headers = encode_headers(headers)
         try:
             if value is not None:
                 vrel = _borrow(value, &vbuf, &vptr, &vlen)
@@ -848,30 +848,6 @@ cdef class BatchBuilder:
         with nogil:
             store_u32le(out + P_CRC, crc32c_update(0, out + C_CRC_START, <size_t>(start + section_len - C_CRC_START)))
         return result
-
-
-cdef bytes _encode_headers(object headers):
-    """The header_count varint and the headers, encoded."""
-    cdef bytearray out = bytearray()
-    cdef unsigned char tmp[10]
-    items = list(headers)
-    out += (<char*>tmp)[:write_uvarint(tmp, len(items)) - tmp]
-    for item in items:
-        hkey, hvalue = item
-        if not isinstance(hkey, str):
-            raise TypeError(f"header keys must be str, not {type(hkey).__name__}")
-        k = hkey.encode("utf-8")
-        out += (<char*>tmp)[:write_uvarint(tmp, len(k)) - tmp]
-        out += k
-        if hvalue is None:
-            out.append(0)
-        else:
-            if not PyObject_CheckBuffer(hvalue):  # bytes(5) would be five zero bytes
-                raise TypeError(f"header values must be bytes-like or None, not {type(hvalue).__name__}")
-            v = bytes(hvalue)
-            out += (<char*>tmp)[:write_uvarint(tmp, len(v) + 1) - tmp]
-            out += v
-    return bytes(out)
 
 
 def build_batch(values, *, keys=None, timestamps=None, headers=None, producer="",

@@ -395,8 +395,8 @@ def test_negative_timestamps_are_invalid():
 @pytest.mark.parametrize("value", [5, 300_000_000, 2.5, [1, 2]])
 def test_a_header_value_that_is_not_bytes_like_is_refused(value):
     """bytes(5) is five zero bytes: an int header value would be stored as that, silently."""
-    with pytest.raises(TypeError, match="header values must be bytes-like or None, not "):
+    with pytest.raises(TypeError, match="values must be bytes-like or None, not "):
         build_batch([b"v"], headers=[[("count", value)]])
     builder = BatchBuilder("p")
-    with pytest.raises(TypeError, match="header values must be bytes-like or None"):
+    with pytest.raises(TypeError, match="values must be bytes-like or None"):
         builder.append(b"v", headers=[("count", value)])

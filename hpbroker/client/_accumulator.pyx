@@ -186,33 +186,6 @@ cdef inline int _borrow(object obj, Py_buffer* view, const unsigned char** ptr, 
     return 1
 
 
-cdef bytes _encode_headers(object headers):
-    """``header_count`` and the headers, encoded: [(str key, bytes-like value or None), ...]."""
-    cdef bytearray out = bytearray()
-    cdef unsigned char tmp[10]
-    items = list(headers)
-    out += (<char*>tmp)[:write_uvarint(tmp, len(items)) - tmp]
-    for item in items:
-        try:
-            hkey, hvalue = item
-        except (TypeError, ValueError):
-            raise TypeError(f"headers must be (str key, bytes value) pairs, got {item!r}") from None
-        if not isinstance(hkey, str):
-            raise TypeError(f"header keys must be str, not {type(hkey).__name__}")
-        k = hkey.encode("utf-8")
-        out += (<char*>tmp)[:write_uvarint(tmp, len(k)) - tmp]
-        out += k
-        if hvalue is None:
-            out.append(0)
-            continue
-        if not PyObject_CheckBuffer(hvalue):  # bytes(5) would be five zero bytes
-            raise TypeError(f"header {hkey!r}: values must be bytes-like or None, not {type(hvalue).__name__}")
-        v = bytes(hvalue)
-        out += (<char*>tmp)[:write_uvarint(tmp, len(v) + 1) - tmp]
-        out += v
-    return bytes(out)
-
-
 cdef struct _Finish:
     # One batch as build_payload writes it: its records section (the batch's own buffer, or its
     # lz4 frame) and the header fields.
@@ -577,7 +550,7 @@ cdef class RecordAccumulator:
         cdef bytes encoded_headers = None
         cdef Batch b
         if headers:
-            encoded_headers = _encode_headers(headers)
+            encoded_headers = encode_headers(headers)
             hlen = PyBytes_GET_SIZE(encoded_headers)
         while self._spare is None:  # the batch _open takes, if it must open one
             self._spare = _new_batch()
