@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from harness import BrokerProcess, Client, free_ports, wait_until
+from harness import BrokerProcess, Client, free_ports, pid_alive, wait_until
 
 from hpbroker import protocol
 from hpbroker.records import build_batch, decode_records, stamp_batch
@@ -167,7 +167,8 @@ def test_every_acknowledged_record_survives_kill_9_of_the_whole_broker(tmp_path)
                 request = protocol.ProduceRequest(TOPIC, partition, payload=build_batch(values))
                 pending[client.send(request)] = (partition, values)
             if round_ == 29:  # the whole broker dies with requests in flight: no flush, no goodbye
-                for pid in [*first.worker_pids().values(), first.process.pid]:
+                # The arbiter first, so that it cannot fork a worker into a slot just emptied.
+                for pid in [first.process.pid, *first.worker_pids().values()]:
                     os.kill(pid, signal.SIGKILL)
             for correlation_id, (partition, values) in list(pending.items())[: PARTITIONS * (round_ < 29)]:
                 header, response = client.receive(protocol.ApiKey.PRODUCE, correlation_id, timeout_s=10)
@@ -178,6 +179,8 @@ def test_every_acknowledged_record_survives_kill_9_of_the_whole_broker(tmp_path)
         client.close()
         first.process.wait(timeout=10)
         first.stop()
+    wait_until(lambda: not any(pid_alive(pid) for pid in first.worker_pids().values()), 10,
+               what="every worker of the killed broker to be gone")
     second = BrokerProcess(argv, tmp_path / "second.log", env)
     client = Client(port)
     try:
