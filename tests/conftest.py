@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.machinery
 from pathlib import Path
 
+import pytest
+
 import hpbroker
 from hpbroker import _core
 from hpbroker.io import _writer
@@ -24,3 +26,18 @@ def pytest_configure(config):
             raise RuntimeError(f"{module.__name__} loaded from {path}, which is not a compiled extension")
         if path.parent != home:
             raise RuntimeError(f"{module.__name__} loaded from {path}, outside the package at {home}")
+
+
+@pytest.fixture(scope="session")
+def zookeeper(tmp_path_factory):
+    """One real standalone ZooKeeper on a free loopback port for the whole test session (the
+    managed server of ``hpbroker.coord.server``), started only if a test asks for it.  Tests keep
+    apart by chroot; a test that stops or restarts ZooKeeper runs a server of its own."""
+    from hpbroker.coord.server import ZooKeeperServer
+
+    server = ZooKeeperServer(tmp_path_factory.mktemp("zookeeper"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

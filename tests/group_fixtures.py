@@ -1,6 +1,6 @@
 """Fixtures of the consumer-group tests, loaded by a test module with
-``pytest_plugins = ["group_fixtures"]``: one ZooKeeper for the session, a broker registered in it
-per module, a session for looking at the registries."""
+``pytest_plugins = ["group_fixtures"]``: a broker registered in the session's ZooKeeper
+(``zookeeper``, tests/conftest.py) per module, a session for looking at the registries."""
 
 from __future__ import annotations
 
@@ -10,19 +10,7 @@ from dataclasses import dataclass
 import pytest
 from group_harness import start_registered_broker
 
-from hpbroker.coord.server import ZooKeeperServer
 from hpbroker.coord.session import connect
-
-
-@pytest.fixture(scope="session")
-def group_zookeeper(tmp_path_factory):
-    """A real standalone ZooKeeper for the test session."""
-    server = ZooKeeperServer(tmp_path_factory.mktemp("group-zookeeper"))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @dataclass(frozen=True)
@@ -38,10 +26,10 @@ class GroupCluster:
 
 
 @pytest.fixture(scope="module")
-def group_cluster(group_zookeeper, tmp_path_factory):
+def group_cluster(zookeeper, tmp_path_factory):
     """A real broker (2 workers) registered in ZooKeeper, for a test module; tests make their own
     topics and groups (``unique_name``)."""
-    connect_string = f"{group_zookeeper.connect_string}/groups-{uuid.uuid4().hex[:10]}"
+    connect_string = f"{zookeeper.connect_string}/groups-{uuid.uuid4().hex[:10]}"
     broker, port = start_registered_broker(tmp_path_factory.mktemp("group-broker"), connect_string)
     try:
         yield GroupCluster(connect_string, port)

@@ -12,7 +12,7 @@ from hpbroker import Consumer
 from hpbroker.coord.groups import GroupRegistry
 
 pytestmark = pytest.mark.zookeeper
-pytest_plugins = ["group_fixtures"]  # group_zookeeper, group_cluster, group_zk
+pytest_plugins = ["group_fixtures"]  # group_cluster, group_zk
 
 
 def groups(cluster, *args: str) -> subprocess.CompletedProcess:

@@ -15,7 +15,7 @@ from hpbroker.coord.groups import GroupRegistry
 from hpbroker.errors import CoordinationError, InvalidConfigError
 
 pytestmark = pytest.mark.zookeeper
-pytest_plugins = ["group_fixtures"]  # group_zookeeper, group_cluster, group_zk
+pytest_plugins = ["group_fixtures"]  # group_cluster, group_zk
 
 SETTINGS = {"session_timeout_ms": 3000, "fetch_max_wait_ms": 100, "rebalance_backoff_ms": 50,
             "auto_offset_reset": "earliest"}
@@ -256,14 +256,14 @@ def test_iteration_goes_on_across_a_rebalance_and_hands_out_each_record_once(con
 
 
 def test_an_expired_session_drops_everything_uncommitted_and_the_member_rejoins(
-        consumers, group_zookeeper, group_zk, topic):
+        consumers, zookeeper, group_zk, topic):
     group = unique_name("g")
     member = consumers(group, topic, enable_auto_commit=False)
     poll_until(member, lambda r: len(r) >= 40)
     member.commit()
     member.commit({TopicPartition(topic, 0): 3})
     old_session = member._group._session.session_id
-    expire(group_zookeeper.connect_string, member._group._session)
+    expire(zookeeper.connect_string, member._group._session)
     records = poll_until(member, lambda r: len(r) >= 7)
     assert member._group._session.session_id != old_session
     assert offsets_by_partition(records) == {0: list(range(3, 10))}, \

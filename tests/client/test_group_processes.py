@@ -24,7 +24,7 @@ from hpbroker.coord.server import ZooKeeperServer
 from hpbroker.coord.session import connect
 
 pytestmark = pytest.mark.zookeeper
-pytest_plugins = ["group_fixtures"]  # group_zookeeper, group_cluster, group_zk
+pytest_plugins = ["group_fixtures"]  # group_cluster, group_zk
 
 SESSION_TIMEOUT_MS = 3000  # the members' (ConsumerGroupRun's default)
 PARTITIONS = 12

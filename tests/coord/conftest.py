@@ -1,5 +1,5 @@
-"""ZooKeeper for the coordination tests: one real server per test session (the managed server of
-``hpbroker.coord.server``), and a chroot per test so that tests never see each other's nodes."""
+"""ZooKeeper for the coordination tests: the session's real server (``zookeeper``, in
+tests/conftest.py), and a chroot per test so that tests never see each other's nodes."""
 
 from __future__ import annotations
 
@@ -9,19 +9,7 @@ import pytest
 from harness import wait_until
 from kazoo.client import KazooClient
 
-from hpbroker.coord.server import ZooKeeperServer
 from hpbroker.coord.session import Session, connect
-
-
-@pytest.fixture(scope="session")
-def zookeeper(tmp_path_factory):
-    """A real standalone ZooKeeper on a free loopback port, for the whole test session."""
-    server = ZooKeeperServer(tmp_path_factory.mktemp("zookeeper"))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
