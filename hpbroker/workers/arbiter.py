@@ -51,6 +51,11 @@ later never touch the member.  Stopping closes the session right after the worke
 stop, so the broker leaves the registry when it stops accepting connections, not once they have
 flushed.
 
+**Service manager.**  Under systemd (``$NOTIFY_SOCKET``, ``hpbroker.workers.notify``) the loop
+sends ``READY=1`` once every worker serves for the first time (sockets bound, ZooKeeper joined,
+every partition recovered), ``STATUS=`` lines while recovering, after a respawn and when serving
+again, ``STOPPING=1`` when a stop begins, and ``WATCHDOG=1`` every half ``$WATCHDOG_USEC``.
+
 **Stop.**  SIGTERM or SIGINT: stop accepting connections and reading requests (responses still
 flow back to the clients), SIGTERM every worker, reap them until ``graceful_timeout_ms``, then
 SIGKILL the rest; close the sockets and exit 0.  A second SIGTERM or SIGINT, or SIGQUIT, kills
@@ -84,6 +89,7 @@ from hpbroker.io.files import lock_directory, make_directory
 from hpbroker.workers import backend
 from hpbroker.workers.frontend import Frontend
 from hpbroker.workers.heartbeat import heartbeat_path
+from hpbroker.workers.notify import ServiceNotifier
 from hpbroker.workers.slots import RESTART_LIMIT, RESTART_WINDOW_S, Slot, SlotState
 
 if TYPE_CHECKING:  # kazoo is loaded only by a broker configured with ZooKeeper
@@ -141,6 +147,8 @@ class Arbiter:
         self._prctl: Callable[..., int] | None = None
         self._last_check = 0.0
         self._all_serving_logged = False
+        self._notifier = ServiceNotifier()  # systemd's sd_notify, when $NOTIFY_SOCKET is set
+        self._ready_notified = False
         self._slots_by_identity = {backend.worker_identity(s.index): s for s in self._slots}
 
     # --- life cycle -------------------------------------------------------------------------------
@@ -153,6 +161,7 @@ class Arbiter:
             except (OSError, HPBrokerError, ImportError) as e:
                 logger.error("[arbiter] cannot start: %s", e)
                 return EXIT_ERROR
+            self._notifier.status(f"recovering partitions: starting {len(self._slots)} workers")
             for slot in self._slots:  # before the ZeroMQ context exists
                 self._spawn(slot)
             try:
@@ -278,6 +287,7 @@ class Arbiter:
 
     def _cleanup(self) -> None:
         self._leave_zookeeper()
+        self._notifier.close()
         for sock in (self._front, self._back):
             if sock is not None:
                 sock.close()
@@ -445,6 +455,8 @@ class Arbiter:
             self._halt(f"worker slot {slot.index} keeps dying")
             return
         self._spawn(slot)
+        self._notifier.status(f"worker slot {slot.index} died ({how}); respawned as pid {slot.pid}, "
+                              f"recovering its partitions")
 
     def _on_ready(self, slot: Slot, body: dict) -> None:
         if slot.state is not SlotState.BOOTING or body.get("pid") != slot.pid \
@@ -461,6 +473,20 @@ class Arbiter:
         if not self._all_serving_logged and all(s.serving for s in self._slots):
             self._all_serving_logged = True
             logger.info("[arbiter] all %d workers serving", len(self._slots))
+            self._notify_serving()
+
+    def _notify_serving(self) -> None:
+        """Every worker serves: READY=1 the first time (the front-end is bound and every
+        partition recovered by then), a STATUS line after a respawn."""
+        assert self._store is not None
+        partitions = sum(t.partitions for t in self._store.topics())
+        status = (f"serving {partitions} partitions on port {self.config.port} "
+                  f"with {len(self._slots)} workers")
+        if self._ready_notified:
+            self._notifier.status(status)
+        else:
+            self._ready_notified = True
+            self._notifier.ready(status)
 
     def _signal_slot(self, slot: Slot, signum: int, reason: str, grace_s: float) -> None:
         """Ask a slot's process to go: it stops getting requests now, and gets SIGKILL if it is
@@ -505,6 +531,7 @@ class Arbiter:
         grace_s = self.config.graceful_timeout_ms / 1000
         self._stop_deadline = time.monotonic() + grace_s
         logger.info("[arbiter] stopping (%s): waiting up to %g s for the workers", reason, grace_s)
+        self._notifier.stopping(f"stopping ({reason}): waiting up to {grace_s:g} s for the workers")
         if self._front is not None and self._front_endpoint:
             with contextlib.suppress(zmq.ZMQError):
                 self._front.unbind(self._front_endpoint)
@@ -586,6 +613,7 @@ class Arbiter:
         if now - self._last_check < 0.02:
             return
         self._last_check = now
+        self._notifier.ping_if_due(now)
         self._reap()
         if self._stopping:
             if now >= self._stop_deadline and any(s.alive for s in self._slots):
