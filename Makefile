@@ -15,7 +15,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEBIAN_PACKAGES := zookeeper default-jre-headless
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps build test bench bench-long run lint clean
+.PHONY: setup system-deps build test bench bench-long run lint clean install
 
 setup: system-deps $(INSTALLED) $(EXT)
 
@@ -60,6 +60,12 @@ bench-long: setup
 RUN_ARGS ?=
 run: setup
 	$(PY) -m hpbroker.cli up --data-dir data $(RUN_ARGS)
+
+# install: hpbroker as a systemd service on this machine (deploy/install.sh says what it does:
+# a user, /var/lib/hpbroker, /etc/hpbroker/hpbroker.toml if absent, a virtualenv in /opt/hpbroker,
+# the unit); then `systemctl enable --now hpbroker`.
+install:
+	$(SUDO) deploy/install.sh
 
 lint: setup
 	$(PY) -m ruff check hpbroker loadgen tests bench
