@@ -34,6 +34,7 @@ class Batch:
     queue: PartitionQueue  # the partition it belongs to
     waiters: list[tuple[int, int, Any]] | None  # (index in batch, timestamp, future or callback)
     waiter_count: int
+    window_counts: list[tuple[int, int]] | None  # [(window_start_ms, records)], set by build_payload
 
 class PartitionQueue:
     topic: str
@@ -54,6 +55,7 @@ class RecordAccumulator:
     buffered_bytes: int
     buffer_bytes: int
     closed: bool
+    window_ms: int  # > 0: build_payload counts each batch's records per window of timestamps
 
     def __init__(
         self,
@@ -64,6 +66,7 @@ class RecordAccumulator:
         buffer_bytes: int = 32 << 20,
         partitioner: int | Callable[[str, bytes | None, int], int] = ...,
         wake_fd: int = -1,
+        window_ms: int = 0,
     ) -> None: ...
     def send(
         self,
@@ -87,6 +90,8 @@ class RecordAccumulator:
         timestamp: int | None = None,
     ) -> int:
         """Append every value, in order, with one timestamp; the number appended."""
+    def send_internal(self, topic: str, partition: int, value: Buffer, key: Buffer, callback: Any) -> None:
+        """The I/O thread's own record (a monitoring event), also after ``closed``; now as timestamp."""
     def set_partition_count(self, topic: str, count: int) -> None: ...
     def partition_count(self, topic: str) -> int: ...
     # --- the producer's side

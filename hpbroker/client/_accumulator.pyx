@@ -51,7 +51,8 @@ Invariants:
   returns every one of them that the producer does not hold in a request, so none can be left
   unsettled when the producer stops;
 - once ``closed`` is set, no record is appended (:meth:`send` checks it at the point of no
-  return, after any wait).
+  return, after any wait), but the I/O thread's own (:meth:`send_internal`), which it settles
+  before it stops.
 """
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_CheckBuffer, PyObject_GetBuffer
@@ -226,6 +227,42 @@ cdef void _finish_batches(unsigned char* out, _Finish* items, Py_ssize_t n, cons
         pos += size
 
 
+cdef list _window_counts(const unsigned char* records, const unsigned char* end, int64_t first_timestamp,
+                        int64_t min_timestamp, int64_t max_timestamp, int32_t record_count, int64_t window_ms):
+    """``[(window_start_ms, records)]`` of a batch's records (hpbroker.audit.events: a window
+    starts at ``timestamp - timestamp mod window_ms``), in the order the windows first occur.
+    A batch within one window (nearly all) is counted from its header fields; one that spans
+    windows is walked record by record (length and timestamp delta of each)."""
+    cdef int64_t start = min_timestamp - min_timestamp % window_ms
+    cdef int64_t run_start, ts
+    cdef Py_ssize_t run_count = 0
+    cdef uint64_t length, delta
+    cdef const unsigned char* p = records
+    cdef const unsigned char* body
+    cdef dict counts
+    if max_timestamp - max_timestamp % window_ms == start:
+        return [(start, record_count)]
+    counts = {}
+    run_start = -1
+    while p < end:
+        if read_uvarint(&p, end, &length) < 0:
+            break
+        body = p
+        if read_uvarint(&p, end, &delta) < 0:
+            break
+        ts = first_timestamp + unzigzag(delta)
+        ts -= ts % window_ms
+        if ts != run_start:
+            if run_count:
+                counts[run_start] = counts.get(run_start, 0) + run_count
+            run_start, run_count = ts, 0
+        run_count += 1
+        p = body + length
+    if run_count:
+        counts[run_start] = counts.get(run_start, 0) + run_count
+    return list(counts.items())
+
+
 cdef class PartitionQueue
 
 
@@ -244,6 +281,8 @@ cdef class Batch:
     cdef readonly int64_t base_sequence  # set when drained
     cdef readonly uint32_t crc  # set by build_payload
     cdef readonly PartitionQueue queue  # the partition it belongs to (set when opened)
+    # [(window_start_ms, records)] when the accumulator counts windows (set by build_payload)
+    cdef readonly list window_counts
     # Delivery reports asked for: the future or callback of each, and (in C arrays, so that asking
     # creates no Python object per record) the record's index in the batch and its timestamp.
     cdef list waiter_objects
@@ -353,6 +392,7 @@ cdef class RecordAccumulator:
     cdef readonly Py_ssize_t batch_bytes
     cdef readonly int codec
     cdef readonly double linger_s
+    cdef readonly int64_t window_ms  # > 0: build_payload counts each batch's records per window
     cdef readonly int64_t buffered_bytes
     cdef readonly int64_t buffer_bytes
     cdef int64_t _last_batch_id
@@ -375,7 +415,8 @@ cdef class RecordAccumulator:
         self._pool_count = 0
 
     def __init__(self, producer_name="", int codec=0, Py_ssize_t batch_bytes=1 << 20, double linger_ms=5,
-                 int64_t buffer_bytes=32 << 20, partitioner=PARTITIONER_STICKY, int wake_fd=-1):
+                 int64_t buffer_bytes=32 << 20, partitioner=PARTITIONER_STICKY, int wake_fd=-1,
+                 int64_t window_ms=0):
         name = producer_name.encode("utf-8") if isinstance(producer_name, str) else bytes(producer_name)
         if len(name) > MAX_PRODUCER_NAME:
             raise ValueError(f"producer name is {len(name)} bytes of UTF-8; at most {MAX_PRODUCER_NAME} fit")
@@ -397,6 +438,9 @@ cdef class RecordAccumulator:
         else:
             raise ValueError(f"unknown partitioner {partitioner!r}")
         self._wake_fd = wake_fd
+        if window_ms < 0:
+            raise ValueError(f"window_ms must be 0 (no window counts) or positive, got {window_ms}")
+        self.window_ms = window_ms
 
     def __dealloc__(self):
         cdef int i
@@ -435,7 +479,7 @@ cdef class RecordAccumulator:
         else:
             p = self._choose(t, key)
         self._append(<PartitionQueue>PyList_GET_ITEM(t.partitions, p), value, key, ts, headers, callback,
-                     partition is None and key is None and self._partitioner_kind == PARTITIONER_STICKY)
+                     partition is None and key is None and self._partitioner_kind == PARTITIONER_STICKY, False)
 
     def send_many(self, topic, values, keys=None, partition=None, timestamp=None):
         """Append every value of ``values`` (a list or other sequence), in order; returns the count.
@@ -469,8 +513,20 @@ cdef class RecordAccumulator:
                 self._wait_for_room()
             key = None if key_list is None else <object>PyList_GET_ITEM(key_list, i)
             self._append(<PartitionQueue>PyList_GET_ITEM(t.partitions, self._choose(t, key) if p < 0 else p),
-                         <object>PyList_GET_ITEM(vals, i), key, ts, None, None, sticky and key is None)
+                         <object>PyList_GET_ITEM(vals, i), key, ts, None, None, sticky and key is None, False)
         return n
+
+    def send_internal(self, str topic, Py_ssize_t partition, value, key, callback):
+        """The producer I/O thread's own records (monitoring events): appended to ``partition``
+        of a topic registered with :meth:`set_partition_count`, without waiting for buffer room
+        and even after ``closed`` is set; the I/O thread settles them like any other before it
+        stops (``take_all``).  Now as timestamp."""
+        cdef PyObject* found = PyDict_GetItem(self._topics, topic)
+        if found == NULL:
+            raise UnknownTopicOrPartitionError(f"topic {topic!r} is not registered with this accumulator")
+        cdef TopicState t = <TopicState>found
+        self._append(<PartitionQueue>PyList_GET_ITEM(t.partitions, t.check_partition(partition)), value, key,
+                     now_ms(), None, callback, False, True)
 
     cdef TopicState _new_topic(self, object topic):
         """First record of a topic: learn its partition count (the producer asks the broker)."""
@@ -531,10 +587,11 @@ cdef class RecordAccumulator:
         return p
 
     cdef int _append(self, PartitionQueue q, object value, object key, int64_t ts, object headers,
-                     object waiter, bint sticky) except -1:
+                     object waiter, bint sticky, bint internal) except -1:
         """Encode one record at the end of ``q``'s open batch, closing it first if it is full.
         ``sticky``: the sticky rule chose ``q``; if the batch is full the record follows the rule
-        to the next partition instead of opening the next batch here.
+        to the next partition instead of opening the next batch here.  ``internal``: a record of
+        the I/O thread's own (:meth:`send_internal`), appended even once ``closed`` is set.
 
         Allocate first, then touch (module docstring): the encoded headers and the spare batch
         (with its waiter list) exist before ``closed`` and the open batch are looked at; from
@@ -554,7 +611,7 @@ cdef class RecordAccumulator:
             hlen = PyBytes_GET_SIZE(encoded_headers)
         while self._spare is None:  # the batch _open takes, if it must open one
             self._spare = _new_batch()
-        if self.closed:
+        if self.closed and not internal:
             self._raise_closed()
         try:
             if value is not None:
@@ -806,6 +863,10 @@ cdef class RecordAccumulator:
                         items[i].section = <const unsigned char*>PyBytes_AS_STRING(compressed)
                         items[i].section_len = len(compressed)
                         items[i].codec = CODEC_LZ4_
+                if self.window_ms:
+                    b.window_counts = _window_counts(b.buf + self.header_room, b.buf + b.length, b.first_timestamp,
+                                                     b.min_timestamp, b.max_timestamp, b.record_count,
+                                                     self.window_ms)
                 items[i].record_count = b.record_count
                 items[i].first_timestamp = b.first_timestamp
                 items[i].max_timestamp = b.max_timestamp

@@ -60,6 +60,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from hpbroker import protocol
+from hpbroker.audit.events import AUDIT_TOPIC, DEFAULT_WINDOW_MS
 from hpbroker.client.partitioner import STICKY, Partitioner, partitioner_kind
 from hpbroker.errors import (
     BrokerNotAvailableError,
@@ -82,6 +83,7 @@ except ImportError as exc:  # pragma: no cover - exercised only on a broken inst
 
 from hpbroker.client.connection import BrokerAddress, BrokerConnection, parse_bootstrap
 from hpbroker.client.metadata import ClusterMetadata
+from hpbroker.client.monitoring import MonitoringCounts, MonitoringPublisher
 
 __all__ = ["Producer", "ProducerClosedError", "ProducerConfig", "RecordMetadata"]
 
@@ -156,6 +158,12 @@ class ProducerConfig:
     retry_backoff_ms: int = 100
     #: the longest wait between retries.  Default 1000.
     retry_backoff_max_ms: int = 1000
+    #: the topic monitoring events go to (hpbroker.audit.events: records acknowledged per topic
+    #: and window, published every ``audit_window_ms`` and on close; the topic is created with
+    #: one partition if missing), or None for no monitoring events.  Default "_audit".
+    audit_topic: str | None = AUDIT_TOPIC
+    #: the window of the monitoring counts, ms of record timestamps.  Default 10000.
+    audit_window_ms: int = DEFAULT_WINDOW_MS
 
     def __post_init__(self) -> None:
         if self.acks not in (0, 1):
@@ -169,6 +177,11 @@ class ProducerConfig:
         _check_range("buffer_bytes", self.buffer_bytes, self.batch_bytes, 2**62)
         _check_range("max_request_bytes", self.max_request_bytes, self.batch_bytes,
                      protocol.MAX_MESSAGE_BYTES - 4096)
+        if self.audit_topic is not None and (not isinstance(self.audit_topic, str) or not self.audit_topic):
+            raise ValueError(f"audit_topic must be a topic name or None, got {self.audit_topic!r}")
+        _check_range("audit_window_ms", self.audit_window_ms, 100, 86_400_000)
+        if not isinstance(self.audit_window_ms, int):
+            raise ValueError(f"audit_window_ms must be an int, got {self.audit_window_ms!r}")
         for field in ("max_block_ms", "delivery_timeout_ms", "request_timeout_ms", "retry_backoff_ms",
                       "retry_backoff_max_ms"):
             _check_range(field, getattr(self, field), 0 if "backoff" in field else 1, 2**32 - 1)
@@ -213,7 +226,8 @@ class Producer(RecordAccumulator):
         os.set_blocking(self._wake_read, False)
         os.set_blocking(self._wake_write, False)
         super().__init__(self.name, codec_for_name(config.compression), config.batch_bytes, config.linger_ms,
-                         config.buffer_bytes, partitioner_kind(config.partitioner), self._wake_write)
+                         config.buffer_bytes, partitioner_kind(config.partitioner), self._wake_write,
+                         config.audit_window_ms if config.audit_topic else 0)
         self._progress = threading.Condition()  # notified by the I/O thread when batches settle
         self._unreported: list[Any] | None = None  # [record count, first error] since the last flush
         self._close_lock = threading.Lock()
@@ -289,6 +303,7 @@ class Producer(RecordAccumulator):
         try:
             self.flush(timeout_s)
         finally:
+            self._publish_last_events(deadline)
             self._sender.stop()
             self.wake()
             join_s = 10.0 if deadline is None else max(0.0, deadline - time.monotonic()) + 1.0
@@ -300,6 +315,25 @@ class Producer(RecordAccumulator):
                 os.close(self._wake_read)
                 os.close(self._wake_write)
         self._raise_unreported()
+
+    def _publish_last_events(self, deadline: float | None) -> None:
+        """Closing: publish the monitoring counts not yet announced (the last partial window)
+        and wait, until ``deadline``, for their records to settle.  Failures are logged."""
+        if self.config.audit_topic is None or not self._thread.is_alive():
+            return
+        try:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            self._sender.call(lambda sender: sender.publish_monitoring(), _CONTROL_TIMEOUT_S * 2)
+            target = self.mark_flush()
+            with self._progress:
+                while self.unfinished_through(target) and self._thread.is_alive():
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise TimeoutError("the producer's close timeout ran out")
+                    self._progress.wait(remaining)
+        except Exception as e:
+            logger.warning("[producer %s] closing: the last monitoring events were not published: %s",
+                           self.name, e)
 
     def _refuse_on_io_thread(self, what: str) -> None:
         if threading.current_thread() is self._thread:
@@ -431,6 +465,12 @@ class _Sender:
         self.connection: BrokerConnection | None = None
         self.metadata: ClusterMetadata | None = None
         self._monitor: zmq.Socket | None = None
+        self._monitoring: MonitoringPublisher | None = None
+        self._monitoring_due_s = math.inf
+        if config.audit_topic is not None:
+            self._monitoring = MonitoringPublisher(
+                MonitoringCounts(producer.name, config.audit_topic, config.audit_window_ms))
+            self._monitoring_due_s = time.monotonic() + config.audit_window_ms / 1000
 
     # --- called from application threads -------------------------------------------------------
 
@@ -500,6 +540,9 @@ class _Sender:
         now = time.monotonic()
         self._check_timeouts(now)
         self._retry_due(now)
+        if now >= self._monitoring_due_s:
+            self._monitoring_due_s = now + self._config.audit_window_ms / 1000
+            self.publish_monitoring()
         self._send_due(now)
         if self._settled:
             self._settled = False
@@ -509,7 +552,7 @@ class _Sender:
     def _poll_timeout_ms(self) -> int:
         if self._tasks or self.connection.arrived:  # responses a synchronous call read and kept
             return 0
-        due = self._next_due_s
+        due = min(self._next_due_s, self._monitoring_due_s)
         for request in self._waiting:
             due = min(due, request.due_s)
         for request in self._in_flight.values():
@@ -769,6 +812,8 @@ class _Sender:
                          request.record_count, request, error)
             if unobserved:
                 self._producer._record_failure(unobserved, error)
+        elif self._monitoring is not None:
+            self._monitoring.counts.add(queue.topic, request.batches)
         self._producer.finish(request.batches)
         self._settled = True
 
@@ -792,6 +837,13 @@ class _Sender:
         count = len(self.metadata.partitions(topic, refresh=True))
         self._connected = True
         return count
+
+    def publish_monitoring(self) -> int:
+        """Queue the monitoring events counted since the last publication (hpbroker.client.monitoring)."""
+        if self._monitoring is None:
+            return 0
+        return self._monitoring.publish(self._producer, self.metadata, self.connection,
+                                        self._control_timeout_s)
 
 
 class _Found(Exception):  # noqa: N818 - control flow, never leaves this module

@@ -1,0 +1,107 @@
+"""The monitoring event format (hpbroker.audit.events) and the producer's counts
+(hpbroker.client.monitoring): pure logic, no broker."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hpbroker.audit.events import (
+    VALUE_HEADER,
+    MonitoringEvent,
+    decode_event,
+    encode_event,
+    window_start,
+)
+from hpbroker.client._accumulator import RecordAccumulator
+from hpbroker.client.monitoring import MonitoringCounts
+
+
+def test_an_event_value_has_the_documented_layout():
+    key, value = encode_event(MonitoringEvent("p1", "orders", 1_700_000_000_000, 10_000, 1234))
+    assert key == b"orders"
+    assert value == (bytes([1]) + (1_700_000_000_000).to_bytes(8, "little") + (10_000).to_bytes(4, "little")
+                     + (1234).to_bytes(8, "little") + (6).to_bytes(2, "little") + b"orders")
+    assert VALUE_HEADER.size == 23
+
+
+@given(producer=st.text(max_size=20), topic=st.text(min_size=1, max_size=40),
+       window_ms=st.integers(1, 0xFFFFFFFF), window=st.integers(0, 10**6), count=st.integers(1, 2**62))
+def test_events_round_trip(producer, topic, window_ms, window, count):
+    event = MonitoringEvent(producer, topic, window * window_ms, window_ms, count)
+    _key, value = encode_event(event)
+    assert decode_event(producer, value) == event
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    (b"\x01" * 5, "at least 23 bytes"),
+    (b"\x02" + bytes(22), "version 2"),
+    (VALUE_HEADER.pack(1, 0, 10, 1, 5) + b"abc", "topic_length 5"),
+    (VALUE_HEADER.pack(1, 0, 10, 1, 2) + b"\xff\xfe", "not UTF-8"),
+    (VALUE_HEADER.pack(1, 5, 10, 1, 1) + b"t", "not a multiple"),
+    (VALUE_HEADER.pack(1, 0, 10, 0, 1) + b"t", "at least 1"),
+    (VALUE_HEADER.pack(1, 0, 0, 1, 1) + b"t", "window_ms"),
+])
+def test_a_bad_event_value_is_refused_with_the_reason(value, message):
+    with pytest.raises(ValueError, match=message):
+        decode_event("p", value)
+
+
+def test_window_start_is_the_floor_of_the_timestamp():
+    assert window_start(0, 10_000) == 0
+    assert window_start(9_999, 10_000) == 0
+    assert window_start(10_000, 10_000) == 10_000
+    assert window_start(1_700_000_012_345, 10_000) == 1_700_000_010_000
+
+
+def test_counts_are_taken_once_and_a_failed_event_is_announced_again():
+    counts = MonitoringCounts("p", "_audit", 1000)
+    counts.add_records("a", 1500, 3)
+    counts.add_records("a", 1999, 2)
+    counts.add_records("b", 500, 1)
+    counts.add_records("_audit", 500, 7)  # the audit topic itself is not counted
+    events = counts.take()
+    assert events == [MonitoringEvent("p", "b", 0, 1000, 1), MonitoringEvent("p", "a", 1000, 1000, 5)]
+    assert counts.take() == []
+    counts.give_back(events[1])
+    counts.add_records("a", 1000, 1)
+    assert counts.take() == [MonitoringEvent("p", "a", 1000, 1000, 6)]
+
+
+class _OneTopic(RecordAccumulator):
+    def _topic_partition_count(self, topic):
+        return 1
+
+
+@pytest.mark.parametrize("codec", [0, 1])
+def test_the_accumulator_counts_each_batch_per_window_of_record_timestamps(codec):
+    accumulator = _OneTopic("p", codec=codec, window_ms=1000)
+    timestamps = [500, 999, 1000, 2500, 700, 2999, 5000, 1001]
+    for ts in timestamps:
+        accumulator.send("t", b"x" * 30, None, None, 1_700_000_000_000 + ts)
+    [(_queue, batches)] = accumulator.drain(float("inf"), 1 << 30)[0]
+    accumulator.build_payload(batches)
+    [batch] = batches
+    expected = {}
+    for ts in timestamps:
+        start = window_start(1_700_000_000_000 + ts, 1000)
+        expected[start] = expected.get(start, 0) + 1
+    assert dict(batch.window_counts) == expected
+    assert sum(count for _start, count in batch.window_counts) == len(timestamps)
+
+
+def test_a_batch_within_one_window_is_counted_from_its_header():
+    accumulator = _OneTopic("p", window_ms=10_000)
+    accumulator.send_many("t", [b"a"] * 1000, timestamp=1_700_000_001_000)
+    [(_queue, batches)] = accumulator.drain(float("inf"), 1 << 30)[0]
+    accumulator.build_payload(batches)
+    assert batches[0].window_counts == [(1_700_000_000_000, 1000)]
+
+
+def test_without_a_window_nothing_is_counted():
+    accumulator = _OneTopic("p")
+    accumulator.send("t", b"a")
+    [(_queue, batches)] = accumulator.drain(float("inf"), 1 << 30)[0]
+    accumulator.build_payload(batches)
+    assert batches[0].window_counts is None
