@@ -6,7 +6,9 @@ Topic log settings default to :attr:`BrokerConfig.log` (a :class:`~hpbroker.io.L
 overrides any of them at creation.
 
 Sources, highest precedence first: explicit overrides (the command line), then the environment
-(``HPBROKER_<FIELD>``, e.g. ``HPBROKER_PORT=9192``), then a TOML file, then the defaults::
+(``HPBROKER_<FIELD>``, e.g. ``HPBROKER_PORT=9192``; ``HPBROKER_LOG_<FIELD>`` for a ``[log]``
+setting, e.g. ``HPBROKER_LOG_RETENTION_MS``), then a TOML file, then the defaults.  Every
+setting, with its unit, default and range: docs/CONFIGURATION.md (a test keeps it true)::
 
     [broker]
     port = 9092
@@ -35,6 +37,9 @@ from hpbroker.io import LogConfig
 __all__ = ["BrokerConfig"]
 
 _ENV_PREFIX = "HPBROKER_"
+_LOG_ENV_PREFIX = "HPBROKER_LOG_"  # then a LogConfig field
+# HPBROKER_ variables of the other hpbroker commands, which the broker leaves alone.
+_NOT_BROKER_VARIABLES = frozenset({"HPBROKER_BOOTSTRAP"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,9 +145,14 @@ class BrokerConfig:
                 raise InvalidConfigError(
                     f"{path}: unknown sections {sorted(unknown)} (expected [broker], [log])"
                 )
-            broker.update(document.get("broker", {}))
-            log.update(document.get("log", {}))
-        broker.update(_from_environment(os.environ if environ is None else environ))
+            for name, section in (("broker", broker), ("log", log)):
+                table = document.get(name, {})
+                if not isinstance(table, dict):
+                    raise InvalidConfigError(f"{path}: [{name}] must be a table, got {table!r}")
+                section.update(table)
+        from_broker, from_log = _from_environment(os.environ if environ is None else environ)
+        broker.update(from_broker)
+        log.update(from_log)
         broker.update({k: v for k, v in overrides.items() if v is not None})
         _reject_unknown(broker, {f.name for f in dataclasses.fields(cls)} - {"log"}, "broker")
         _reject_unknown(log, {f.name for f in dataclasses.fields(LogConfig)}, "log")
@@ -152,16 +162,23 @@ class BrokerConfig:
             raise InvalidConfigError(str(e)) from None
 
 
-def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
-    """``HPBROKER_<FIELD>`` values, converted to the field's type."""
-    types = {f.name: f.type for f in dataclasses.fields(BrokerConfig) if f.name != "log"}
-    out: dict[str, Any] = {}
+def _from_environment(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``HPBROKER_<FIELD>`` and ``HPBROKER_LOG_<FIELD>`` values, converted to the field's type:
+    (broker settings, log settings)."""
+    broker_types = {f.name: f.type for f in dataclasses.fields(BrokerConfig) if f.name != "log"}
+    log_types = {f.name: f.type for f in dataclasses.fields(LogConfig)}
+    broker: dict[str, Any] = {}
+    log: dict[str, Any] = {}
     for key, raw in environ.items():
-        if not key.startswith(_ENV_PREFIX):
+        if not key.startswith(_ENV_PREFIX) or key in _NOT_BROKER_VARIABLES:
             continue
-        name = key[len(_ENV_PREFIX):].lower()
+        if key.startswith(_LOG_ENV_PREFIX):
+            name, types, out = key[len(_LOG_ENV_PREFIX):].lower(), log_types, log
+        else:
+            name, types, out = key[len(_ENV_PREFIX):].lower(), broker_types, broker
         if name not in types:
-            raise InvalidConfigError(f"{key}: no broker setting {name!r}")
+            section = "log" if types is log_types else "broker"
+            raise InvalidConfigError(f"{key}: no {section} setting {name!r}")
         kind = types[name]
         if kind == "int":
             try:
@@ -174,7 +191,7 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
             out[name] = raw.lower() in ("true", "1")
         else:
             out[name] = raw
-    return out
+    return broker, log
 
 
 def _reject_unknown(values: Mapping[str, Any], known: set[str], section: str) -> None:
