@@ -40,8 +40,22 @@ def test_dump_log_reports_where_corruption_starts(tmp_path, capsys):
     path.write_bytes(bytes(data))
     assert main(["dump-log", str(path)]) == 1
     out = capsys.readouterr().out
-    assert out.count("valid: true") == 1
-    assert f"INVALID at position {second_batch}" in out and "CRC mismatch" in out
+    assert out.count("valid: true") == 2, "the batches after the bad one are listed too"
+    (bad,) = [line for line in out.splitlines() if "valid: false" in line]
+    assert f"baseOffset: 4 lastOffset: 7 count: 4 position: {second_batch} " in bad
+    assert "valid: false (CRC mismatch: stored 0x" in bad and ", computed 0x" in bad
+    assert "NOT VALID" in out
+
+
+def test_dump_log_reports_a_truncated_tail(tmp_path, capsys):
+    path = _segment(tmp_path)
+    data = path.read_bytes()
+    path.write_bytes(data[:-10])
+    assert main(["dump-log", str(path)]) == 1
+    out = capsys.readouterr().out
+    third = 2 * len(data) // 3
+    assert out.count("valid: true") == 2
+    assert f"INVALID at position {third}: batch of {len(data) // 3} bytes is cut off after" in out
 
 
 def test_dump_log_flags_offsets_that_do_not_follow_the_file_name(tmp_path, capsys):

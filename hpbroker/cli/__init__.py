@@ -4,6 +4,7 @@
 - ``hpbroker up``: the local stack, a ZooKeeper and a broker (``server``, ``hpbroker.stack``)
 - ``hpbroker serve``: run a broker (``server``)
 - ``hpbroker dump-log SEGMENT``: list and check a segment file (``segments``)
+- ``hpbroker check DATA_DIR``: verify a stopped broker's segments and indexes (``check``)
 - ``hpbroker topics create|list|describe|delete``: administer topics (``topics``)
 - ``hpbroker produce TOPIC``: lines of stdin or a file become records (``produce``)
 - ``hpbroker consume TOPIC``: print records, from the start, an offset or a time (``consume``)
@@ -22,7 +23,7 @@ import sys
 from collections.abc import Sequence
 
 from hpbroker import __version__
-from hpbroker.cli import consume, groups, produce, segments, server, topics
+from hpbroker.cli import check, consume, groups, produce, segments, server, topics
 
 __all__ = ["main"]
 
@@ -39,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpbroker", description="hpbroker log broker")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("version", help="print the version").set_defaults(run=_version)
-    for module in (server, segments, topics, produce, consume, groups):
+    for module in (server, segments, check, topics, produce, consume, groups):
         module.register(sub)
     return parser
 

@@ -1,6 +1,9 @@
 """``hpbroker dump-log SEGMENT [--records]``: list the batches of a ``.log`` segment file, checking
-each batch's framing, CRC, records and offset continuity (like Kafka's DumpLogSegments); exit
-status 1 when the file holds bytes that are not valid batches, 2 when it cannot be read."""
+each batch's framing, CRC, records and offset continuity (like Kafka's DumpLogSegments); a batch
+that fails a check is listed with the reason (``valid: false (CRC mismatch: stored ...,
+computed ...)``) and the listing goes on after it.  Exit status 1 when the file holds anything
+that is not a valid batch, 2 when it cannot be read.  ``hpbroker check`` verifies whole data
+directories, indexes included."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import os
 import sys
 
 from hpbroker import records
+from hpbroker.io.verify import walk_batches
 
 _SEGMENT_SUFFIX = ".log"
 
@@ -21,44 +25,53 @@ def _segment_base_offset(path: str) -> int:
 
 
 def dump_log(path: str, *, show_records: bool, out=None) -> int:
-    """Print every batch of a segment file; 0 when the whole file is valid, 1 otherwise."""
+    """Print every batch of a segment file; 0 when the whole file is valid, 1 otherwise.  A batch
+    that fails its CRC (or any other check) but can still be framed is printed ``valid: false``
+    with the reason, and the listing goes on after it; bytes that cannot be framed end it."""
     out = out if out is not None else sys.stdout
     size = os.path.getsize(path)
     print(f"Dumping {path} ({size} bytes)", file=out)
     if size == 0:
         return 0
+    batches = invalid = record_count = 0
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        scan = records.scan_batches(data, expected_offset=_segment_base_offset(path), deep=True)
         view = memoryview(data)
         try:
-            for i in range(scan.batch_count):
-                position, batch_size = scan.positions[i], scan.sizes[i]
-                header = records.read_header(view[position : position + batch_size])
+            for batch in walk_batches(data, _segment_base_offset(path)):
+                if batch.size < 0:
+                    print(f"INVALID at position {batch.position}: {batch.error} ({size - batch.position} "
+                          f"bytes from there to the end are not valid batches)", file=out)
+                    invalid += 1
+                    break
+                batches += 1
+                invalid += batch.error is not None
+                chunk = view[batch.position : batch.position + batch.size]
+                header = records.read_header(chunk)
+                record_count += header.record_count
+                verdict = "valid: true" if batch.error is None else f"valid: false ({batch.error})"
                 print(
                     f"baseOffset: {header.base_offset} lastOffset: {header.last_offset} "
-                    f"count: {header.record_count} position: {position} size: {batch_size} "
+                    f"count: {header.record_count} position: {batch.position} size: {batch.size} "
                     f"firstTimestamp: {header.first_timestamp} maxTimestamp: {header.max_timestamp} "
                     f"codec: {header.compression} producer: {header.producer!r} "
-                    f"baseSequence: {header.base_sequence} crc: 0x{header.crc:08x} valid: true",
+                    f"baseSequence: {header.base_sequence} crc: 0x{header.crc:08x} {verdict}",
                     file=out,
                 )
-                if show_records:
-                    for record in records.decode_records(view[position : position + batch_size]):
+                if show_records and batch.error is None:
+                    for record in records.decode_records(chunk):
                         print(
                             f"| offset: {record.offset} timestamp: {record.timestamp} "
                             f"key: {record.key!r} headers: {record.headers!r} value: {record.value!r}",
                             file=out,
                         )
+                chunk.release()
         finally:
             view.release()
-    if scan.error is not None:
-        print(
-            f"INVALID at position {scan.valid_bytes}: {scan.error} "
-            f"({size - scan.valid_bytes} bytes from there to the end are not valid batches)",
-            file=out,
-        )
+    if invalid:
+        print(f"{batches} batches, {record_count} records; NOT VALID: {invalid} of them, or the tail, fail",
+              file=out)
         return 1
-    print(f"{scan.batch_count} batches, {scan.record_count} records, all valid", file=out)
+    print(f"{batches} batches, {record_count} records, all valid", file=out)
     return 0
 
 

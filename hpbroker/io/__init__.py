@@ -12,6 +12,7 @@ guarantees), :class:`LogConfig`, and the values they return, :class:`FileSlice` 
 - ``checkpoint``  the recovery-point checkpoint file, replaced atomically
 - ``loader``      opening a directory: cleanup, trusted load or recovery of each segment
 - ``log``         PartitionLog: append, group-commit flush, roll, read, retention
+- ``verify``      offline checks of a partition directory, reading only (``hpbroker check``)
 - ``_writer``     compiled: group-commit I/O (writev + fdatasync) run without the GIL, and the
                   native writer thread that runs it off the owner's thread
 

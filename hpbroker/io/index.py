@@ -28,7 +28,15 @@ from array import array
 
 from hpbroker.io.files import open_for_append, pread_full, unlink_if_exists, write_all
 
-__all__ = ["OFFSET_ENTRY_BYTES", "TIME_ENTRY_BYTES", "IndexCorruptError", "OffsetIndex", "TimeIndex"]
+__all__ = [
+    "OFFSET_ENTRY_BYTES",
+    "TIME_ENTRY_BYTES",
+    "IndexCorruptError",
+    "OffsetIndex",
+    "TimeIndex",
+    "parse_offset_index",
+    "parse_time_index",
+]
 
 OFFSET_ENTRY_BYTES = 8  # relative_offset u32 + position u32
 TIME_ENTRY_BYTES = 12  # timestamp i64 + relative_offset u32
@@ -46,6 +54,37 @@ def _strictly_increasing(column: array) -> bool:
     return all(a < b for a, b in zip(column, column[1:], strict=False))
 
 
+def _check_whole(data: bytes, entry_bytes: int, path: str) -> None:
+    if len(data) % entry_bytes:
+        raise IndexCorruptError(f"{path}: size {len(data)} is not a multiple of the {entry_bytes}-byte entry")
+
+
+def parse_offset_index(data: bytes, path: str) -> tuple[array, array]:
+    """``(relative_offsets, positions)`` of an offset index file's bytes, checked: whole entries,
+    both columns strictly increasing (IndexCorruptError naming ``path`` otherwise)."""
+    _check_whole(data, OFFSET_ENTRY_BYTES, path)
+    columns = array("I", data)
+    if _BIG_ENDIAN_HOST:
+        columns.byteswap()
+    relative_offsets, positions = columns[0::2], columns[1::2]
+    if not (_strictly_increasing(relative_offsets) and _strictly_increasing(positions)):
+        raise IndexCorruptError(f"{path}: entries are not strictly increasing")
+    return relative_offsets, positions
+
+
+def parse_time_index(data: bytes, path: str) -> tuple[array, array]:
+    """``(timestamps, relative_offsets)`` of a time index file's bytes, checked like
+    :func:`parse_offset_index`."""
+    _check_whole(data, TIME_ENTRY_BYTES, path)
+    timestamps, relative_offsets = array("q"), array("I")
+    for timestamp, relative_offset in _TIME_ENTRY.iter_unpack(data):
+        timestamps.append(timestamp)
+        relative_offsets.append(relative_offset)
+    if not (_strictly_increasing(timestamps) and _strictly_increasing(relative_offsets)):
+        raise IndexCorruptError(f"{path}: entries are not strictly increasing")
+    return timestamps, relative_offsets
+
+
 class _IndexFile:
     """The file half of an index: a descriptor, entries not yet written, and a dirty flag."""
 
@@ -59,13 +98,7 @@ class _IndexFile:
         self._unsynced = False
 
     def _read_file(self) -> bytes:
-        size = os.fstat(self._fd).st_size
-        data = pread_full(self._fd, size, 0)
-        if len(data) % self.entry_bytes:
-            raise IndexCorruptError(
-                f"{self.path}: size {len(data)} is not a multiple of the {self.entry_bytes}-byte entry"
-            )
-        return data
+        return pread_full(self._fd, os.fstat(self._fd).st_size, 0)
 
     def to_bytes(self) -> bytes:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -134,13 +167,7 @@ class OffsetIndex(_IndexFile):
 
     def load(self) -> None:
         """Read the file into memory, checking its invariants; IndexCorruptError if they fail."""
-        columns = array("I", self._read_file())
-        if _BIG_ENDIAN_HOST:
-            columns.byteswap()
-        relative_offsets, positions = columns[0::2], columns[1::2]
-        if not (_strictly_increasing(relative_offsets) and _strictly_increasing(positions)):
-            raise IndexCorruptError(f"{self.path}: entries are not strictly increasing")
-        self.relative_offsets, self.positions = relative_offsets, positions
+        self.relative_offsets, self.positions = parse_offset_index(self._read_file(), self.path)
         self._unwritten.clear()
 
     def clear(self) -> None:
@@ -192,13 +219,7 @@ class TimeIndex(_IndexFile):
 
     def load(self) -> None:
         """Read the file into memory, checking its invariants; IndexCorruptError if they fail."""
-        timestamps, relative_offsets = array("q"), array("I")
-        for timestamp, relative_offset in _TIME_ENTRY.iter_unpack(self._read_file()):
-            timestamps.append(timestamp)
-            relative_offsets.append(relative_offset)
-        if not (_strictly_increasing(timestamps) and _strictly_increasing(relative_offsets)):
-            raise IndexCorruptError(f"{self.path}: entries are not strictly increasing")
-        self.timestamps, self.relative_offsets = timestamps, relative_offsets
+        self.timestamps, self.relative_offsets = parse_time_index(self._read_file(), self.path)
         self._unwritten.clear()
 
     def clear(self) -> None:
