@@ -208,7 +208,9 @@ class BrokerConnection:
         self._waiting.pop(correlation_id, None)
         self._arrived.pop(correlation_id, None)
 
-    def close(self) -> None:
+    def close(self, linger_ms: int = 0) -> None:
+        """Close the socket; requests it has not sent yet are dropped, or sent in the background
+        for up to ``linger_ms`` (an acks=0 producer's last requests: nobody would resend them)."""
         if not self._closed:
             self._closed = True
-            self._socket.close(linger=0)
+            self._socket.close(linger=linger_ms)

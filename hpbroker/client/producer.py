@@ -98,6 +98,9 @@ _VERIFY_FETCH_BYTES = 4 << 20
 _VERIFY_MAX_BYTES = 256 << 20  # give up looking for a request's batch after scanning this much
 # Leaving a with block by an exception: the longest close() waits for records still unsent.
 _CLOSE_ON_ERROR_TIMEOUT_S = 5.0
+# acks=0: how long the closed connection goes on sending requests queued before close (in libzmq's
+# background threads; the process waits for them, up to this, when it ends).
+_ACKS_0_CLOSE_LINGER_MS = 5_000
 _MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
 _names = itertools.count(1)
 
@@ -448,6 +451,7 @@ class _Sender:
         self._config = config
         self._wake_fd = wake_fd
         self._acks = config.acks
+        self._audit_topic = config.audit_topic
         self._request_timeout_s = config.request_timeout_ms / 1000
         self._broker_timeout_ms = _broker_timeout_ms(config.request_timeout_ms)
         self._control_timeout_s = min(self._request_timeout_s, _CONTROL_TIMEOUT_S)
@@ -573,7 +577,7 @@ class _Sender:
                 self.connection.socket.disable_monitor()
             self._monitor.close(linger=0)
         if self.connection is not None:
-            self.connection.close()
+            self.connection.close(0 if self._acks else _ACKS_0_CLOSE_LINGER_MS)
 
     def _read_monitor(self) -> None:
         """Take the connection's events.  Read before every send too: a request is then in
@@ -610,24 +614,25 @@ class _Sender:
             request = _Request(queue, batches, producer.build_payload(batches),
                                sum(b.record_count for b in batches),
                                min(b.created_s for b in batches) + delivery_timeout_s)
-            if self._acks:
+            if self._acks or queue.topic == self._audit_topic:
                 queue.muted = True
             self._send(request, now)
 
     def _send(self, request: _Request, now: float) -> None:
         queue = request.queue
-        message = protocol.ProduceRequest(queue.topic, queue.partition, self._acks, self._broker_timeout_ms,
+        acks = 1 if queue.topic == self._audit_topic else self._acks  # events are acknowledged, always
+        message = protocol.ProduceRequest(queue.topic, queue.partition, acks, self._broker_timeout_ms,
                                           request.payload)
         try:
             self._read_monitor()
             if not self._connected and request.attempts:
                 raise BrokerNotAvailableError(f"broker {self._address} is not connected")
-            correlation_id = self.connection.send(message, expect_response=bool(self._acks))
+            correlation_id = self.connection.send(message, expect_response=bool(acks))
         except BrokerNotAvailableError as e:
             self._retry(request, e, now, uncertain=False)
             return
         request.attempts += 1
-        if not self._acks:
+        if not acks:
             self._settle(request)
             return
         request.correlation_id = correlation_id

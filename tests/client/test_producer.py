@@ -245,6 +245,23 @@ def test_acks_0_sends_without_waiting_for_answers(bootstrap, connection, topic_n
     assert [r.value for r in read_partition(connection, topic_name, 0)] == [b"%d" % i for i in range(100)]
 
 
+def test_acks_0_requests_queued_at_close_still_go_out(bootstrap, connection, topic_name):
+    """With acks=0 a request counts as sent once queued on the socket; close must not drop the
+    ones libzmq has not written yet (nobody would resend them)."""
+    create_topic(connection, topic_name, 1)
+    value = b"v" * 1000
+    with Producer(bootstrap, acks=0, batch_bytes=256 << 10, max_request_bytes=256 << 10,
+                  buffer_bytes=64 << 20, audit_topic=None) as producer:
+        producer.send_many(topic_name, [value] * 40_000)
+    expected = 40_000
+    deadline = time.monotonic() + 20
+    while (stored := connection.call(protocol.FetchRequest(topic_name, 0, 0, max_bytes=1, max_wait_ms=0))
+           .high_watermark) < expected:
+        assert time.monotonic() < deadline, f"{stored} of {expected} records arrived"
+        time.sleep(0.1)
+    assert stored == expected
+
+
 def test_bad_input_gets_a_clear_error(bootstrap, connection, topic_name):
     create_topic(connection, topic_name, 2)
     producer = Producer(bootstrap, batch_bytes=4096)
