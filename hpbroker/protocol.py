@@ -37,6 +37,8 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "REQUEST_TYPES",
     "RESPONSE_TYPES",
+    "AlterTopicConfigRequest",
+    "AlterTopicConfigResponse",
     "ApiKey",
     "BrokerInfo",
     "CreateTopicRequest",
@@ -86,6 +88,7 @@ class ApiKey:
     METADATA = 3
     CREATE_TOPIC = 4
     DELETE_TOPIC = 5
+    ALTER_TOPIC_CONFIG = 6
 
 
 # --- field types -----------------------------------------------------------------------------
@@ -436,15 +439,34 @@ class DeleteTopicResponse(Message):
     API_KEY: ClassVar = ApiKey.DELETE_TOPIC
 
 
+@dataclass(slots=True)
+class AlterTopicConfigRequest(Message):
+    """Change settings of topic ``name``: each entry sets one log setting (as in
+    CreateTopicRequest); an entry with an empty ``value`` removes the topic's own value, so the
+    broker's default applies again.  Settings not named keep their values."""
+
+    name: str
+    configs: list[TopicConfigEntry] = field(default_factory=list)
+    payload: bytes | memoryview = b""
+    API_KEY: ClassVar = ApiKey.ALTER_TOPIC_CONFIG
+    SCHEMA: ClassVar = (("name", STRING), ("configs", _Array(_StructType(TopicConfigEntry))))
+
+
+@dataclass(slots=True)
+class AlterTopicConfigResponse(Message):
+    payload: bytes | memoryview = b""
+    API_KEY: ClassVar = ApiKey.ALTER_TOPIC_CONFIG
+
+
 REQUEST_TYPES: dict[int, type[Message]] = {
     cls.API_KEY: cls
     for cls in (ProduceRequest, FetchRequest, ListOffsetsRequest, MetadataRequest, CreateTopicRequest,
-                DeleteTopicRequest)
+                DeleteTopicRequest, AlterTopicConfigRequest)
 }
 RESPONSE_TYPES: dict[int, type[Message]] = {
     cls.API_KEY: cls
     for cls in (ProduceResponse, FetchResponse, ListOffsetsResponse, MetadataResponse, CreateTopicResponse,
-                DeleteTopicResponse)
+                DeleteTopicResponse, AlterTopicConfigResponse)
 }
 # Every payload-less message still ends its body with payload_length 0.
 assert all({f.name for f in fields(cls)} >= {"payload"} for cls in (*REQUEST_TYPES.values(),

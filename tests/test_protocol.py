@@ -34,6 +34,7 @@ REQUESTS = st.one_of(
     st.builds(p.MetadataRequest, st.lists(text, max_size=4)),
     st.builds(p.CreateTopicRequest, text, u32, configs),
     st.builds(p.DeleteTopicRequest, text),
+    st.builds(p.AlterTopicConfigRequest, text, configs),
 )
 RESPONSES = st.one_of(
     st.builds(p.ProduceResponse, i64, i64),
@@ -44,6 +45,7 @@ RESPONSES = st.one_of(
               st.lists(st.builds(p.TopicMetadata, text, u16, partitions, configs), max_size=3)),
     st.builds(p.CreateTopicResponse),
     st.builds(p.DeleteTopicResponse),
+    st.builds(p.AlterTopicConfigResponse),
 )
 
 

@@ -48,6 +48,7 @@ __all__ = [
     "Topic",
     "TopicStore",
     "check_partitions",
+    "alter_topic_config",
     "check_topic_name",
     "config_to_strings",
     "parse_topic_config",
@@ -117,6 +118,24 @@ def parse_topic_config(entries: Mapping[str, Any] | Iterable[Any]) -> dict[str, 
     return parsed
 
 
+def alter_topic_config(config: Mapping[str, Any],
+                       changes: Mapping[str, Any] | Iterable[Any]) -> dict[str, Any]:
+    """``config`` (a topic's overrides) with ``changes`` applied, in the forms
+    :func:`parse_topic_config` takes; a value that is None or an empty string removes the
+    override.  The result is validated as a whole; InvalidConfigError names the key at fault."""
+    pairs = list(changes.items() if isinstance(changes, Mapping) else (_pair(e) for e in changes))
+    keys = [key for key, _ in pairs]
+    for key in keys:
+        if key not in _LOG_FIELDS:
+            raise InvalidConfigError(f"unknown topic config {key!r}; known: {sorted(_LOG_FIELDS)}")
+        if keys.count(key) > 1:
+            raise InvalidConfigError(f"topic config {key!r} is given twice")
+    removed = {key for key, value in pairs if value is None or value == ""}
+    merged = {key: value for key, value in config.items() if key not in removed}
+    merged.update(parse_topic_config([(key, value) for key, value in pairs if key not in removed]))
+    return parse_topic_config(merged)
+
+
 def config_to_strings(config: Mapping[str, Any]) -> list[tuple[str, str]]:
     """The protocol's form of overrides: ``(key, value)`` in key order, values in decimal or
     ``true``/``false``."""
@@ -150,7 +169,7 @@ def _format_value(value: Any) -> str:
 class TopicStore:
     """The topics of one broker, persisted in ``<data_dir>/topics.json``.
 
-    Single writer: only the arbiter calls the changing methods (:meth:`create`,
+    Single writer: only the arbiter calls the changing methods (:meth:`create`, :meth:`alter`,
     :meth:`mark_deleting`, :meth:`forget`), each of which returns only after the new store is
     durable.  ``version`` counts changes made by this instance (not persisted), so a caller can
     tell whether the store moved on since it last looked.
@@ -187,6 +206,19 @@ class TopicStore:
             raise TopicAlreadyExistsError(f"topic {name!r} already exists{being}")
         topic = Topic(name, partitions, config)
         self._save({**self._topics, name: topic})
+        return topic
+
+    def alter(self, name: str, changes: Mapping[str, Any] | Iterable[Any]) -> Topic:
+        """Validate and persist new overrides for ``name`` (:func:`alter_topic_config`); the
+        topic as it is now.  UnknownTopicOrPartitionError for a topic absent or being deleted;
+        InvalidConfigError (nothing persisted) for a change refused."""
+        topic = self._topics.get(name)
+        if topic is None or topic.deleting:
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+        config = alter_topic_config(topic.config, changes)
+        if config != topic.config:
+            topic = dataclasses.replace(topic, config=config)
+            self._save({**self._topics, name: topic})
         return topic
 
     def mark_deleting(self, name: str) -> Topic:

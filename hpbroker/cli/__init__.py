@@ -5,7 +5,7 @@
 - ``hpbroker serve``: run a broker (``server``)
 - ``hpbroker dump-log SEGMENT``: list and check a segment file (``segments``)
 - ``hpbroker check DATA_DIR``: verify a stopped broker's segments and indexes (``check``)
-- ``hpbroker topics create|list|describe|delete``: administer topics (``topics``)
+- ``hpbroker topics create|list|describe|alter|delete``: administer topics (``topics``)
 - ``hpbroker produce TOPIC``: lines of stdin or a file become records (``produce``)
 - ``hpbroker consume TOPIC``: print records, from the start, an offset or a time (``consume``)
 - ``hpbroker groups list|describe|reset-offsets``: consumer groups in ZooKeeper (``groups``)

@@ -1,5 +1,10 @@
-"""``hpbroker topics create|list|describe|delete``: topic administration over the protocol
-(``hpbroker.client.Admin``)."""
+"""``hpbroker topics create|list|describe|alter|delete``: topic administration over the protocol
+(``hpbroker.client.Admin``).
+
+``alter TOPIC --retention-ms N --flush-ms N ... [--reset SETTING]``: one flag per log setting
+(docs/CONFIGURATION.md, ``[log]``); ``--reset`` removes the topic's own value so the broker's
+default applies again.  The settings are listed here rather than read from ``hpbroker.io``, which
+the client commands never load; a test keeps the two lists equal."""
 
 from __future__ import annotations
 
@@ -7,9 +12,29 @@ import argparse
 
 from hpbroker.cli.common import add_bootstrap, reports_errors
 
+# The per-topic settings (LogConfig's fields) and their value types.
+TOPIC_SETTINGS: dict[str, type] = {
+    "segment_bytes": int,
+    "segment_ms": int,
+    "retention_ms": int,
+    "retention_bytes": int,
+    "index_interval_bytes": int,
+    "max_message_bytes": int,
+    "flush_messages": int,
+    "flush_ms": int,
+    "flush_fsync": bool,
+    "file_delete_delay_ms": int,
+}
+
+
+def _bool(text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text.lower() == "true"
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    topics = sub.add_parser("topics", help="create, list, describe or delete topics")
+    topics = sub.add_parser("topics", help="create, list, describe, alter or delete topics")
     actions = topics.add_subparsers(dest="action", required=True)
     create = actions.add_parser("create", help="create a topic")
     create.add_argument("name")
@@ -19,6 +44,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     actions.add_parser("list", help="list the topics")
     describe = actions.add_parser("describe", help="a topic's partitions, offsets and settings")
     describe.add_argument("name")
+    alter = actions.add_parser("alter", help="change a topic's settings (applied to its logs at once)")
+    alter.add_argument("name")
+    for setting, kind in TOPIC_SETTINGS.items():
+        alter.add_argument("--" + setting.replace("_", "-"), dest=setting,
+                           type=_bool if kind is bool else int, metavar="true|false" if kind is bool else "N",
+                           help=f"the topic's {setting}")
+    alter.add_argument("--reset", action="append", default=[], choices=sorted(TOPIC_SETTINGS),
+                       metavar="SETTING", help="remove the topic's own value of SETTING, so the broker's "
+                                               "default applies (repeatable)")
     delete = actions.add_parser("delete", help="delete a topic and its records")
     delete.add_argument("name")
     for action in actions.choices.values():
@@ -48,6 +82,17 @@ def _run(args: argparse.Namespace) -> int:
             for name in admin.list_topics():
                 print(name)
         elif args.action == "describe":
+            _describe(admin.describe_topic(args.name))
+        elif args.action == "alter":
+            changes = {key: getattr(args, key) for key in TOPIC_SETTINGS if getattr(args, key) is not None}
+            overlap = sorted(set(changes) & set(args.reset))
+            if overlap or not (changes or args.reset):
+                raise ValueError(f"--{overlap[0].replace('_', '-')} and --reset {overlap[0]} contradict each "
+                                 f"other" if overlap else "nothing to change: give a setting or --reset")
+            admin.alter_topic(args.name, {**changes, **dict.fromkeys(args.reset)})
+            print(f"altered topic {args.name}: " + ", ".join(
+                [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in changes.items()]
+                + [f"{k}=(broker default)" for k in args.reset]))
             _describe(admin.describe_topic(args.name))
         elif args.action == "delete":
             admin.delete_topic(args.name)

@@ -1,11 +1,11 @@
-"""Create, list, describe and delete topics: a thin layer over the protocol's admin requests.
+"""Create, list, describe, alter and delete topics: a thin layer over the protocol's admin requests.
 
 Each method is one request on the broker's ZeroMQ front-end (docs/PROTOCOL.md:
-``CreateTopicRequest``, ``DeleteTopicRequest``, ``MetadataRequest``) and raises the broker's
-error as its exception (``TopicAlreadyExistsError``, ``UnknownTopicOrPartitionError``,
-``InvalidTopicError`` ...).  A broker that cannot be reached raises
-:class:`~hpbroker.errors.BrokerNotAvailableError` within ``connect_timeout_ms``.  No retries: an
-admin call either happened or raised.
+``CreateTopicRequest``, ``AlterTopicConfigRequest``, ``DeleteTopicRequest``, ``MetadataRequest``)
+and raises the broker's error as its exception (``TopicAlreadyExistsError``,
+``UnknownTopicOrPartitionError``, ``InvalidTopicError`` ...).  A broker that cannot be reached
+raises :class:`~hpbroker.errors.BrokerNotAvailableError` within ``connect_timeout_ms``.  No
+retries: an admin call either happened or raised.
 
 Threads: an Admin, like its connection, belongs to the thread that uses it.
 """
@@ -54,6 +54,16 @@ class Admin:
         entries = [protocol.TopicConfigEntry(key, _config_string(value))
                    for key, value in (configs or {}).items()]
         self._connection.call(protocol.CreateTopicRequest(name, partitions, entries), self._timeout_s)
+
+    def alter_topic(self, name: str, configs: Mapping[str, object | None]) -> None:
+        """Change settings of ``name`` (``{"retention_ms": 3_600_000, "flush_ms": None}``): each
+        value replaces the topic's own, None removes it so the broker's default applies again;
+        settings not named keep their values.  Returns once the partitions' logs have them
+        (docs/CONFIGURATION.md says when each takes effect); InvalidConfigError names a setting
+        refused (nothing changes then), UnknownTopicOrPartitionError a topic that is not there."""
+        entries = [protocol.TopicConfigEntry(key, "" if value is None else _config_string(value))
+                   for key, value in configs.items()]
+        self._connection.call(protocol.AlterTopicConfigRequest(name, entries), self._timeout_s)
 
     def delete_topic(self, name: str) -> None:
         """Delete ``name`` and its records; UnknownTopicOrPartitionError if there is none."""

@@ -299,6 +299,19 @@ class PartitionLog:
     def config(self) -> LogConfig:
         return self._config
 
+    def reconfigure(self, config: LogConfig) -> None:
+        """Replace the settings of the open log.  Each takes effect where it is next read: the
+        flush policy and ``max_message_bytes`` at the next append or flush decision (flushes in
+        flight keep their fsync choice), ``segment_bytes`` and ``segment_ms`` at the next roll
+        decision, retention at the next :meth:`delete_old_segments`, ``index_interval_bytes``
+        with the next segment, ``file_delete_delay_ms`` for segments deleted from then on."""
+        changed = {f: getattr(config, f) for f in config.__dataclass_fields__
+                   if getattr(config, f) != getattr(self._config, f)}
+        self._config = config
+        if changed:
+            logger.info("[%s] settings changed: %s", self._name,
+                        ", ".join(f"{k}={v}" for k, v in sorted(changed.items())))
+
     @property
     def log_start_offset(self) -> int:
         """The first offset still in the log (moves up when retention deletes segments)."""

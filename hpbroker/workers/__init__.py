@@ -10,7 +10,7 @@ Processes and sockets::
   creates every worker's TCP data listening socket before forking (so a respawned worker takes
   over the same socket), forks one worker per *slot*, watches their heartbeats, and relays:
   produce, fetch and list-offsets requests go to the slot that owns the partition
-  (``hpbroker.workers.ownership``); metadata, create-topic and delete-topic are the arbiter's own
+  (``hpbroker.workers.ownership``); metadata and the topic admin requests are the arbiter's own
   (it owns the topic store, ``hpbroker.broker.topics``).  A slot is respawned only after its old
   process has been reaped, so a partition never has two writers (each log also holds a directory
   lock).

@@ -1,4 +1,4 @@
-"""Topic creation and deletion, carried out by the workers that own the partitions.
+"""Topic creation, configuration and deletion, carried out by the workers that own the partitions.
 
 The topic store (``hpbroker.broker.topics``) says which partitions exist; this module keeps the
 workers in step with it without ever blocking the arbiter's loop:
@@ -12,6 +12,13 @@ workers in step with it without ever blocking the arbiter's loop:
   owning slot must confirm: by acknowledging its ``open``, or by reporting ready from a process
   forked with the topic.  The client is answered when all have, or with error 12 after
   ``timeout_s`` (the topic exists by then and its partitions come up as their slots do).
+- **Configuration.**  The new settings are persisted first (so a slot forked from now on opens
+  the partitions with them), then every owning slot must confirm that its process has them:
+  ``_applied[slot]`` is the settings of each topic that the slot's current process was given
+  (at its fork, with an ``open``, or with a ``configure``), and :meth:`TopicAdmin.reconcile`
+  sends ``configure`` wherever it differs from the store.  A slot confirms by acknowledging the
+  ``configure`` of the latest settings, or by reporting ready from a process forked with them.
+  The client is answered when all have, or with error 12 after ``timeout_s``.
 - **Deletion.**  The topic is marked ``deleting`` in the store and disappears from the clients'
   view at once; every owning slot is sent ``delete`` (a slot that is down gets it when it is
   ready again, its new process having been given the partitions so that it can delete them), and
@@ -61,6 +68,7 @@ class _Control:
     slot: int
     op: str
     topics: frozenset[str]
+    config: dict[str, Any] | None = None  # the settings a configure carries
 
 
 class TopicAdmin:
@@ -75,9 +83,11 @@ class TopicAdmin:
         self._is_serving = is_serving
         self._timeout_s = timeout_s
         self._assigned: list[set[tuple[str, int]]] = [set() for _ in range(slots)]
+        self._applied: list[dict[str, dict[str, Any]]] = [{} for _ in range(slots)]
         self._controls: dict[int, _Control] = {}
         self._ids = itertools.count(1)
         self._creates: dict[str, _Pending] = {}
+        self._alters: dict[str, _Pending] = {}
         self._deletes: dict[str, _Pending] = {}
         for topic in store.topics(include_deleting=True):
             if topic.deleting:  # interrupted by the last stop: resume
@@ -97,6 +107,7 @@ class TopicAdmin:
         process's assignment)."""
         specs = self._desired(slot)
         self._assigned[slot] = {(s.topic, s.partition) for s in specs}
+        self._applied[slot] = {s.topic: dict(s.config) for s in specs}
         return specs
 
     def slot_ready(self, slot: int) -> None:
@@ -105,11 +116,15 @@ class TopicAdmin:
         for name in list(self._creates):
             if name in forked_with:
                 self._confirm_create(name, slot, None)
+        for name in list(self._alters):
+            if name in forked_with:
+                self._confirm_alter(name, slot, None, self._applied[slot].get(name))
         self.reconcile(slot)
 
     def slot_down(self, slot: int) -> None:
         """The slot's process is gone: its assignment and its unanswered controls with it."""
         self._assigned[slot] = set()
+        self._applied[slot] = {}
         for control_id in [i for i, c in self._controls.items() if c.slot == slot]:
             del self._controls[control_id]
         for pending in self._deletes.values():
@@ -124,11 +139,19 @@ class TopicAdmin:
                    and s.topic not in self._deletes]
         if missing:
             topics = frozenset(s.topic for s in missing)
-            if self._control(slot, "open", topics, partitions=[s.to_json() for s in missing]):
+            if self._control(slot, "open", topics, {"partitions": [s.to_json() for s in missing]}):
                 self._assigned[slot].update((s.topic, s.partition) for s in missing)
+                self._applied[slot].update((s.topic, dict(s.config)) for s in missing)
+        for topic in self._store.topics():
+            applied = self._applied[slot].get(topic.name)
+            if applied is not None and applied != topic.config and topic.name not in self._deletes:
+                config = dict(topic.config)
+                if self._control(slot, "configure", frozenset([topic.name]),
+                                 {"topic": topic.name, "config": config}, config):
+                    self._applied[slot][topic.name] = config
         for name, pending in self._deletes.items():
             if slot in pending.waiting and slot not in pending.sent \
-                    and self._control(slot, "delete", frozenset([name]), topic=name):
+                    and self._control(slot, "delete", frozenset([name]), {"topic": name}):
                 pending.sent.add(slot)
 
     def acked(self, slot: int, control_id: Any, error: Any) -> None:
@@ -144,6 +167,8 @@ class TopicAdmin:
         for name in control.topics:
             if control.op == "open":
                 self._confirm_create(name, slot, error_text)
+            elif control.op == "configure":
+                self._confirm_alter(name, slot, error_text, control.config)
             else:
                 self._confirm_delete(name, slot, error_text)
 
@@ -164,6 +189,30 @@ class TopicAdmin:
         self._finish_create(name)
         return topic
 
+    def alter(self, waiter: Any, name: str, changes: Any, now: float) -> Topic:
+        """Persist new settings for a topic and have its owners apply them to their open logs;
+        ``waiter`` is answered when they have.  Validation errors raise at once (nothing is
+        persisted then); UnknownTopicOrPartitionError for a topic absent or being deleted."""
+        before = self._store.get(name)
+        topic = self._store.alter(name, changes)
+        if before is not None and before.config != topic.config:
+            logger.info("[arbiter] topic %s: settings %s (were %s)", name, topic.config or "broker defaults",
+                        before.config or "broker defaults")
+        pending = self._alters.get(name)
+        if pending is None:
+            pending = self._alters[name] = _Pending(set(), now + self._timeout_s)
+        pending.waiting = self.owners(topic)  # every owner must have the latest settings
+        pending.deadline = now + self._timeout_s
+        if waiter is not None:
+            pending.waiters.append(waiter)
+        for slot in sorted(pending.waiting):
+            if self._applied[slot].get(name) == topic.config:
+                pending.waiting.discard(slot)
+            else:
+                self.reconcile(slot)
+        self._finish_alter(name)
+        return topic
+
     def delete(self, waiter: Any, name: str, now: float) -> None:
         """Mark a topic deleting and have its owners delete their partitions; raises
         UnknownTopicOrPartitionError for a topic the store does not hold."""
@@ -172,9 +221,10 @@ class TopicAdmin:
         if pending is None:
             logger.info("[arbiter] deleting topic %s", name)
             pending = self._deletes[name] = _Pending(self.owners(topic), now + self._timeout_s)
-            created = self._creates.pop(name, None)
-            for creator in created.waiters if created is not None else ():
-                self._reply(creator, None)  # it was created; its deletion is another story
+            for table in (self._creates, self._alters):
+                started = table.pop(name, None)
+                for waiter_before in started.waiters if started is not None else ():
+                    self._reply(waiter_before, None)  # it was done; the deletion is another story
         pending.deadline = min(pending.deadline, now + self._timeout_s)
         pending.waiters.append(waiter)
         for slot in sorted(pending.waiting):
@@ -183,7 +233,7 @@ class TopicAdmin:
 
     def expire(self, now: float) -> None:
         """Answer with error 12 the clients whose create or delete outlived its deadline."""
-        for kind, table in (("create", self._creates), ("delete", self._deletes)):
+        for kind, table in (("create", self._creates), ("alter", self._alters), ("delete", self._deletes)):
             for name, pending in list(table.items()):
                 if now < pending.deadline:
                     continue
@@ -193,12 +243,12 @@ class TopicAdmin:
                     self._reply(waiter, RequestTimedOutError(message))
                 pending.waiters.clear()
                 pending.deadline = float("inf")
-                if kind == "create":
+                if kind != "delete":
                     del table[name]
 
     def abandon(self) -> None:
         """Forget every waiting client (the broker is stopping)."""
-        for pending in (*self._creates.values(), *self._deletes.values()):
+        for pending in (*self._creates.values(), *self._alters.values(), *self._deletes.values()):
             pending.waiters.clear()
 
     # --- internals --------------------------------------------------------------------------------
@@ -216,11 +266,12 @@ class TopicAdmin:
                       for p in range(first, topic.partitions, self._slots)]
         return specs
 
-    def _control(self, slot: int, op: str, topics: frozenset[str], **body: Any) -> bool:
+    def _control(self, slot: int, op: str, topics: frozenset[str], body: dict[str, Any],
+                 config: dict[str, Any] | None = None) -> bool:
         control_id = next(self._ids)
         if not self._send_control(slot, op, {"id": control_id, **body}):
             return False
-        self._controls[control_id] = _Control(slot, op, topics)
+        self._controls[control_id] = _Control(slot, op, topics, config)
         return True
 
     def _confirm_create(self, name: str, slot: int, error: str | None) -> None:
@@ -238,6 +289,27 @@ class TopicAdmin:
         del self._creates[name]
         error = StorageError(f"topic {name!r} was created but some partitions did not open: "
                              f"{'; '.join(pending.errors)}") if pending.errors else None
+        for waiter in pending.waiters:
+            self._reply(waiter, error)
+
+    def _confirm_alter(self, name: str, slot: int, error: str | None, config: dict[str, Any] | None) -> None:
+        """``slot``'s process has ``config`` for topic ``name`` (or failed to apply it): that
+        confirms a pending alter only if ``config`` is the store's latest."""
+        pending, topic = self._alters.get(name), self._store.get(name)
+        if pending is None or topic is None or config != topic.config:
+            return
+        pending.waiting.discard(slot)
+        if error is not None:
+            pending.errors.append(f"slot {slot}: {error}")
+        self._finish_alter(name)
+
+    def _finish_alter(self, name: str) -> None:
+        pending = self._alters[name]
+        if pending.waiting:
+            return
+        del self._alters[name]
+        error = StorageError(f"topic {name!r}: the new settings are stored, but some partitions did not "
+                             f"take them: {'; '.join(pending.errors)}") if pending.errors else None
         for waiter in pending.waiters:
             self._reply(waiter, error)
 

@@ -11,8 +11,9 @@ A client message on the front-end ROUTER is ``[client_id, head, payload?]``.  Th
   partition error 6.
 - **metadata** is answered here from the topic store, the slot table and the workers' heartbeat
   files (offsets at most one heartbeat old);
-- **create-topic** and **delete-topic** go to :class:`~hpbroker.workers.admin.TopicAdmin`, which
-  answers once the owning workers have done their part.
+- **create-topic**, **alter-topic-config** and **delete-topic** go to
+  :class:`~hpbroker.workers.admin.TopicAdmin`, which answers once the owning workers have done
+  their part.
 
 A request whose header parses but whose body does not gets an error response with its
 correlation id; one whose header does not parse cannot be answered and is dropped (logged).  A
@@ -117,6 +118,8 @@ class Frontend:
             self._create(client, header, request)
         elif header.api_key == ApiKey.DELETE_TOPIC:
             self._delete(client, header, request)
+        elif header.api_key == ApiKey.ALTER_TOPIC_CONFIG:
+            self._alter(client, header, request)
 
     def _route(self, client: bytes, header: protocol.RequestHeader, request: Any,
                message: list[zmq.Frame]) -> None:
@@ -170,6 +173,15 @@ class Frontend:
             self.admin.create(waiter, request.name, request.partitions, request.configs, self._clock())
         except HPBrokerError as e:
             logger.info("[arbiter] create topic %r refused: %s", request.name, e.message)
+            self._answer_waiter(waiter, e)
+
+    def _alter(self, client: bytes, header: protocol.RequestHeader,
+               request: protocol.AlterTopicConfigRequest) -> None:
+        waiter = (client, header.api_key, header.correlation_id)
+        try:
+            self.admin.alter(waiter, request.name, request.configs, self._clock())
+        except HPBrokerError as e:
+            logger.info("[arbiter] alter topic %r refused: %s", request.name, e.message)
             self._answer_waiter(waiter, e)
 
     def _delete(self, client: bytes, header: protocol.RequestHeader,

@@ -377,6 +377,14 @@ class Partition:
             self._wake_fetches()
         self.flush_if_due()
 
+    def reconfigure(self, config: LogConfig) -> None:
+        """New settings for the open log (``PartitionLog.reconfigure``); a flush policy that got
+        stricter may make the records already pending due now."""
+        self.log.reconfigure(config)
+        if self.log.flush_deadline_ms is not None:
+            self._dirty.add(self)
+            self.flush_if_due()
+
     def go_offline(self, error: HPBrokerError) -> None:
         """The log is offline after a disk error: fail everything waiting on it."""
         self.flushes.clear()
@@ -463,6 +471,15 @@ class PartitionSet:
         partition = Partition(spec.topic, spec.partition, log, self._flusher, self.deadlines, self._dirty)
         self._by_key[key] = partition
         return partition
+
+    def configure(self, topic: str, config: dict[str, Any]) -> list[str]:
+        """Apply a topic's new overrides of the default settings to its open partitions (the
+        ones opened later get them from their spec); InvalidConfigError when they are not valid."""
+        log_config = self._default_config.replace(**config)
+        for partition in self:
+            if partition.topic == topic:
+                partition.reconfigure(log_config)
+        return []
 
     def delete_topic(self, topic: str) -> list[str]:
         """Close the topic's partitions and delete their directories; the errors met, if any."""

@@ -6,7 +6,8 @@ recovers) their logs, connects a DEALER to the arbiter's backend ROUTER with the
 loop until told to stop.  The loop polls four things with one ``zmq.Poller``:
 
 - the DEALER: relayed requests (``hpbroker.workers.handlers``) and control messages (open
-  partitions, delete a topic; each acknowledged with ``{"op": "ack", "id", "error"}``);
+  partitions, apply a topic's new settings, delete a topic; each acknowledged with
+  ``{"op": "ack", "id", "error"}``);
 - a wake-up pipe, written by the flusher thread when a group commit is done and by the signal
   machinery (``signal.set_wakeup_fd``) when a signal arrives;
 - the TCP data port (``hpbroker.workers.fetch_server``), through its epoll descriptor;
@@ -323,6 +324,11 @@ class Worker:
                 if not isinstance(topic, str):
                     raise ValueError(f"delete needs a topic name, got {topic!r}")
                 errors = self._partitions.delete_topic(topic)
+            elif message.op == "configure":
+                topic, config = body.get("topic"), body.get("config")
+                if not isinstance(topic, str) or not isinstance(config, dict):
+                    raise ValueError(f"configure needs a topic name and its settings, got {body!r}")
+                errors = self._partitions.configure(topic, config)
             else:
                 raise ValueError(f"unknown control op {message.op!r}")
         except Exception as e:

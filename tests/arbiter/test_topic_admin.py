@@ -211,3 +211,74 @@ def test_control_that_cannot_be_sent_is_retried_when_the_slot_is_ready_again(tmp
     h.admin.assign(slot)
     h.admin.slot_ready(slot)
     assert h.replies == [("client", None)]
+
+
+def test_alter_configures_every_owner_and_answers_after_all_acks(tmp_path):
+    h = Harness(tmp_path)
+    h.boot_all()
+    h.admin.create("creator", "orders", 5, {"retention_ms": "1000"}, now=0)
+    h.ack_all(h.take("open"))
+    h.admin.alter("client", "orders", {"segment_bytes": "4096", "retention_ms": None}, now=1)
+    configures = h.take("configure")
+    assert {slot for slot, _, _ in configures} == owners("orders", 5)
+    assert all(body["topic"] == "orders" and body["config"] == {"segment_bytes": 4096}
+               for _, _, body in configures)
+    h.ack_all(configures[:-1])
+    assert h.replies == [("creator", None)]
+    h.ack_all(configures[-1:])
+    assert h.replies[-1] == ("client", None)
+    h.admin.alter("again", "orders", {"segment_bytes": "4096"}, now=2)
+    assert h.take() == [] and h.replies[-1] == ("again", None), "no change: answered at once"
+
+
+def test_slots_booting_or_forked_during_an_alter_end_up_with_the_new_settings(tmp_path):
+    h = Harness(tmp_path, serving=[0, 1])
+    h.store.create("orders", 3)
+    h.boot_all()  # slot 2 forked with the old settings, still booting
+    h.admin.alter("client", "orders", {"flush_ms": "9"}, now=0)
+    h.ack_all(h.take("configure"))
+    assert h.replies == []
+    h.serving.add(2)
+    h.admin.slot_ready(2)
+    (late,) = h.take("configure")
+    assert late[0] == 2 and late[2]["config"] == {"flush_ms": 9}
+    h.ack_all([late])
+    assert h.replies == [("client", None)]
+
+    h.admin.alter("second", "orders", {"flush_ms": "10"}, now=1)
+    h.admin.slot_down(1)
+    for slot, _, body in h.take("configure"):
+        if slot != 1:
+            h.admin.acked(slot, body["id"], None)
+    assert h.replies[-1] == ("client", None)
+    specs = h.admin.assign(1)  # the respawned process is forked with the new settings
+    assert all(spec.config == {"flush_ms": 10} for spec in specs)
+    h.admin.slot_ready(1)
+    assert h.take("configure") == [] and h.replies[-1] == ("second", None)
+
+
+def test_a_stale_configure_ack_does_not_confirm_a_newer_alter(tmp_path):
+    h = Harness(tmp_path)
+    h.store.create("orders", 1)
+    h.boot_all()
+    h.admin.alter("first", "orders", {"flush_ms": "5"}, now=0)
+    first = h.take("configure")
+    h.admin.alter("second", "orders", {"flush_ms": "6"}, now=0)
+    second = h.take("configure")
+    h.ack_all(first)
+    assert h.replies == []
+    h.ack_all(second)
+    assert sorted(waiter for waiter, _ in h.replies) == ["first", "second"]
+
+
+def test_unanswered_alter_times_out_with_error_12_and_a_failed_one_says_so(tmp_path):
+    h = Harness(tmp_path)
+    h.store.create("orders", 1)
+    h.boot_all()
+    h.admin.alter("client", "orders", {"flush_ms": "5"}, now=0)
+    h.admin.expire(11)
+    (reply,) = h.replies
+    assert isinstance(reply[1], RequestTimedOutError) and "alter of topic 'orders'" in reply[1].message
+    h.admin.alter("again", "orders", {"flush_ms": "7"}, now=20)
+    h.ack_all(h.take("configure")[-1:], error="InvalidConfigError: boom")
+    assert isinstance(h.replies[-1][1], StorageError) and "boom" in h.replies[-1][1].message

@@ -140,3 +140,44 @@ def test_leftover_tmp_file_is_ignored_and_overwritten(tmp_path):
     assert store.topics() == []
     store.create("orders", 1)
     assert TopicStore(tmp_path).topics() == [Topic("orders", 1, {})]
+
+
+def test_alter_merges_removes_and_persists_overrides(tmp_path):
+    store = TopicStore(tmp_path)
+    store.create("orders", 2, {"retention_ms": "1000", "flush_ms": "5"})
+    changes = [TopicConfigEntry("segment_bytes", "4096"), TopicConfigEntry("flush_ms", ""),
+               TopicConfigEntry("flush_fsync", "false")]
+    altered = store.alter("orders", changes)
+    assert altered == Topic("orders", 2, {"retention_ms": 1000, "segment_bytes": 4096, "flush_fsync": False})
+    assert TopicStore(tmp_path).get("orders") == altered
+    version = store.version
+    assert store.alter("orders", {"retention_ms": 1000}) == altered and store.version == version, \
+        "a change to the same values writes nothing"
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"segment_bytes": "10"}, r"segment_bytes must be in \[512"),
+        ({"retention_hours": "1"}, "unknown topic config 'retention_hours'"),
+        ({"retention_hours": None}, "unknown topic config 'retention_hours'"),
+        ([("flush_ms", "1"), ("flush_ms", "")], "'flush_ms' is given twice"),
+        ({"flush_fsync": "yes"}, "must be true or false"),
+    ],
+)
+def test_refused_alters_change_nothing(tmp_path, changes, message):
+    store = TopicStore(tmp_path)
+    store.create("orders", 1, {"retention_ms": "1000"})
+    with pytest.raises(InvalidConfigError, match=message):
+        store.alter("orders", changes)
+    assert TopicStore(tmp_path).get("orders").config == {"retention_ms": 1000}
+
+
+def test_altering_an_unknown_or_deleting_topic_is_an_error(tmp_path):
+    store = TopicStore(tmp_path)
+    with pytest.raises(UnknownTopicOrPartitionError):
+        store.alter("nope", {"flush_ms": "1"})
+    store.create("orders", 1)
+    store.mark_deleting("orders")
+    with pytest.raises(UnknownTopicOrPartitionError):
+        store.alter("orders", {"flush_ms": "1"})

@@ -118,3 +118,23 @@ def test_zookeeper_settings_come_from_the_environment():
     assert (config.zookeeper, config.zookeeper_session_timeout_ms) == ("zk1:2181,zk2:2181/hpb", 9000)
     assert BrokerConfig().zookeeper == ""  # standalone unless configured
 
+
+
+def test_altered_settings_reach_the_topic_registry(tmp_path, zk_connect, zk):
+    write_config(tmp_path / "broker.toml", zk_connect, broker_id=4)
+    broker, port = start_broker(tmp_path / "data", tmp_path / "broker.log", config=tmp_path / "broker.toml")
+    client = Client(port)
+    try:
+        topics = TopicRegistry(zk)
+        header, _ = client.request(protocol.CreateTopicRequest(
+            "orders", 2, [protocol.TopicConfigEntry("retention_ms", "60000")]))
+        assert header.error_code == 0
+        wait_until(lambda: topics.get("orders") is not None, 10, what="orders published")
+        changes = [protocol.TopicConfigEntry("retention_ms", ""), protocol.TopicConfigEntry("flush_ms", "3")]
+        header, _ = client.request(protocol.AlterTopicConfigRequest("orders", changes))
+        assert header.error_code == 0, header
+        wanted = TopicRegistration("orders", 2, {"flush_ms": 3}, created_by=4)
+        wait_until(lambda: topics.get("orders") == wanted, 10, what="the new settings published")
+    finally:
+        client.close()
+        assert broker.stop() == 0, broker.log()
