@@ -42,6 +42,7 @@ from kazoo.exceptions import KazooException
 
 from hpbroker import __version__
 from hpbroker.broker.config import BrokerConfig
+from hpbroker.broker.logging_setup import LOG_FORMATS, setup_logging
 from hpbroker.coord.paths import parse_connect_string
 from hpbroker.coord.registry import BrokerRegistration, BrokerRegistry
 from hpbroker.coord.server import ZooKeeperServer, die_with_parent
@@ -79,6 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--broker-id", type=int, help="the broker's id")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="logging threshold of the stack and the broker (default INFO)")
+    parser.add_argument("--log-format", default="text", choices=LOG_FORMATS,
+                        help="log lines of the stack and the broker: text (default), or json objects")
     return parser
 
 
@@ -105,9 +108,7 @@ class _Signals:
 def run_stack(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (without the program name), run the stack, return the exit status."""
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(process)d %(levelname)s %(message)s")
-    logging.getLogger("kazoo").setLevel(max(logging.WARNING, logging.getLogger().level))
+    setup_logging(args.log_level, args.log_format)
     data_dir = Path(args.data_dir).absolute()
     flags = {"host": args.host, "port": args.port, "fetch_port": args.fetch_port, "workers": args.workers,
              "broker_id": args.broker_id, "data_dir": str(data_dir / "broker")}
@@ -169,7 +170,8 @@ class _Stack:
     # --- starting -------------------------------------------------------------------------------
 
     def _spawn_broker(self) -> subprocess.Popen[bytes]:
-        argv = [sys.executable, "-m", "hpbroker.cli", "serve", "--log-level", self.args.log_level]
+        argv = [sys.executable, "-m", "hpbroker.cli", "serve", "--log-level", self.args.log_level,
+                "--log-format", self.args.log_format]
         for name, value in self.flags.items():
             if value is not None:
                 argv += [f"--{name.replace('_', '-')}", str(value)]

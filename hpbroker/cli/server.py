@@ -3,7 +3,8 @@ ensemble with ``--zookeeper``, and a broker registered in it, until Ctrl-C or SI
 
 ``hpbroker serve [--config FILE] [--port N] ...``: run a broker (``hpbroker.workers.arbiter``)
 until SIGTERM or SIGINT; settings come from the flags, then ``HPBROKER_*`` variables, then the
-TOML file (``hpbroker.broker.config``).  Exit status: the arbiter's (0 after a graceful stop, 1
+TOML file (``hpbroker.broker.config``, docs/CONFIGURATION.md).  The log goes to stderr, one line
+per event, as text or JSON (``--log-format``, ``hpbroker.broker.logging_setup``).  Exit status: the arbiter's (0 after a graceful stop, 1
 when it could not start or gave up), 2 for an invalid configuration."""
 
 from __future__ import annotations
@@ -29,14 +30,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--broker-id", type=int, help="this broker's id")
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                        help="logging threshold (default INFO); the log goes to stderr")
+    serve.add_argument("--log-format", default="text", choices=["text", "json"],
+                       help="one line per event: text (default) or json (one object a line)")
     serve.set_defaults(run=serve_command)
 
 
 def serve_command(args: argparse.Namespace) -> int:
     """Load the configuration, run the arbiter, return its exit status."""
-    import logging
-
     from hpbroker.broker.config import BrokerConfig
+    from hpbroker.broker.logging_setup import setup_logging
     from hpbroker.broker.memory import tune_allocator
     from hpbroker.errors import InvalidConfigError
     from hpbroker.workers.arbiter import Arbiter
@@ -48,8 +50,7 @@ def serve_command(args: argparse.Namespace) -> int:
     except InvalidConfigError as e:
         print(f"hpbroker serve: invalid configuration: {e.message}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(process)d %(levelname)s %(message)s")
+    setup_logging(args.log_level, args.log_format)
     tune_allocator()  # before the workers are forked: they inherit it
     last_port = config.fetch_port + config.workers - 1
     print(f"hpbroker {__version__}: broker {config.broker_id} on tcp://{config.host}:{config.port} "

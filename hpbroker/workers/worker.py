@@ -60,6 +60,7 @@ import zmq
 
 from hpbroker import protocol
 from hpbroker.broker.config import BrokerConfig
+from hpbroker.broker.logging_setup import add_process_context, setup_logging
 from hpbroker.errors import StorageError
 from hpbroker.io.files import pread_full
 from hpbroker.workers import backend, heartbeat
@@ -130,7 +131,7 @@ class Worker:
     # --- boot ----------------------------------------------------------------------------------
 
     def run(self, specs: Sequence[PartitionSpec]) -> int:
-        _install_log_prefix(self._slot)
+        add_process_context(f"worker={self._slot}")
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._flusher.start(self._wake_w)
         self._install_signal_handlers()
@@ -387,21 +388,6 @@ def _drain(fd: int) -> None:
         pass
 
 
-def _install_log_prefix(slot: int) -> None:
-    """Prefix every log message of this process with ``[worker=<slot>]`` (the process is ours
-    alone after the fork, so the record factory may be replaced)."""
-    previous = logging.getLogRecordFactory()
-    prefix = f"[worker={slot}] "
-
-    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
-        record = previous(*args, **kwargs)
-        if isinstance(record.msg, str):
-            record.msg = prefix + record.msg
-        return record
-
-    logging.setLogRecordFactory(factory)
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m hpbroker.workers.worker``: one worker without an arbiter (binds its own data
     port), for manual tests against a hand-made backend ROUTER."""
@@ -414,7 +400,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--run-dir", required=True, help="where the heartbeat file goes")
     parser.add_argument("partitions", nargs="*", metavar="TOPIC:PARTITION")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    setup_logging("INFO")
     config = BrokerConfig.load(args.config, data_dir=args.data_dir, fetch_port=args.fetch_port)
     specs = []
     for text in args.partitions:
