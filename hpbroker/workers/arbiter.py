@@ -455,8 +455,9 @@ class Arbiter:
             self._halt(f"worker slot {slot.index} keeps dying")
             return
         self._spawn(slot)
-        self._notifier.status(f"worker slot {slot.index} died ({how}); respawned as pid {slot.pid}, "
-                              f"recovering its partitions")
+        if slot.alive:
+            self._notifier.status(f"worker slot {slot.index} died ({how}); respawned as pid {slot.pid}, "
+                                  f"recovering its partitions")
 
     def _on_ready(self, slot: Slot, body: dict) -> None:
         if slot.state is not SlotState.BOOTING or body.get("pid") != slot.pid \
