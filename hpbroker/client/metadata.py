@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import zmq
 
 from hpbroker import protocol
-from hpbroker.client.connection import BrokerConnection
+from hpbroker.client.connection import BrokerAddress, BrokerConnection
 from hpbroker.errors import (
     BrokerNotAvailableError,
     HPBrokerError,
@@ -54,6 +54,7 @@ class ClusterMetadata:
         self._timeout_s = timeout_s
         self._topics: dict[str, list[PartitionInfo]] = {}
         self._refreshed_at: dict[str, float] = {}
+        self._brokers: dict[int, BrokerAddress] = {}  # front-end of each broker, by id
 
     def refresh(self, *topics: str) -> protocol.MetadataResponse:
         """Ask the broker about ``topics`` (every topic when none is named) and remember them.
@@ -66,6 +67,9 @@ class ClusterMetadata:
     def update(self, response: protocol.MetadataResponse) -> None:
         """Remember what ``response`` says (as :meth:`refresh` does with its own)."""
         hosts = {broker.broker_id: broker.host for broker in response.brokers}
+        if response.brokers:
+            self._brokers = {broker.broker_id: BrokerAddress(broker.host, broker.port)
+                             for broker in response.brokers}
         default_host = self.connection.address.host
         now = time.monotonic()
         for topic in response.topics:
@@ -96,6 +100,17 @@ class ClusterMetadata:
     def cached(self, topic: str) -> list[PartitionInfo] | None:
         """The topic's partitions as last described, without asking; None if unknown."""
         return self._topics.get(topic)
+
+    def leader_address(self, topic: str, partition: int) -> BrokerAddress | None:
+        """The front-end of the partition's leader as last described, or None when that is the
+        broker this metadata comes from, or cannot be told: the metadata named at most one
+        broker (a standalone broker: its own address may be advertised differently from the
+        one the client used), the partition or its leader is unknown."""
+        partitions = self._topics.get(topic)
+        if len(self._brokers) <= 1 or partitions is None or not 0 <= partition < len(partitions):
+            return None
+        address = self._brokers.get(partitions[partition].leader)
+        return None if address == self.connection.address else address
 
     def partition_count(self, topic: str) -> int:
         return len(self.partitions(topic))

@@ -5,8 +5,9 @@ Two threads (the Kafka paper's asynchronous producer: latency traded for through
 - **application threads** call :meth:`Producer.send` (compiled: ``RecordAccumulator.send``), which
   appends the record to its partition's open batch and returns; no per-record Python work, no
   future unless asked for (:meth:`Producer.send_future`, or ``callback=``);
-- **the I/O thread** (:class:`_Sender`) owns the ZeroMQ connection and the cluster metadata.  It
-  sleeps in one poll on the connection, a ZeroMQ monitor of it and a wake-up pipe, and each turn:
+- **the I/O thread** (:class:`_Sender`) owns the ZeroMQ connections (one per partition leader,
+  ``hpbroker.client.links``; metadata comes from the bootstrap broker) and the cluster metadata.
+  It sleeps in one poll on the connections, a ZeroMQ monitor of each and a wake-up pipe, and each turn:
   reads the responses, drains the batches that are due (full, lingered ``linger_ms``, or flushed),
   finishes them into one ProduceRequest per partition and sends them, retries what failed.  The
   application wakes it through the pipe at most once per batch opened or closed, never per record.
@@ -15,7 +16,7 @@ Two threads (the Kafka paper's asynchronous producer: latency traded for through
 queue is *muted* meanwhile), and a request carries every batch that became due while its
 predecessor was out (up to ``max_request_bytes``), so a retry can never overtake or be overtaken
 by later records.  Requests to different partitions are in flight together.  With ``acks=0``
-nothing is answered; requests follow each other on the one connection, in order, and only a
+nothing is answered; a partition's requests follow each other on its leader's connection, in order, and only a
 request that could not be handed to a connection waits (muted) for a retry.
 
 **Retries.**  A retriable error (docs/PROTOCOL.md's table; also a lost connection or no response
@@ -57,7 +58,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from hpbroker import protocol
 from hpbroker.audit.events import AUDIT_TOPIC, DEFAULT_WINDOW_MS
@@ -82,6 +82,7 @@ except ImportError as exc:  # pragma: no cover - exercised only on a broken inst
     ) from exc
 
 from hpbroker.client.connection import BrokerAddress, BrokerConnection, parse_bootstrap
+from hpbroker.client.links import BrokerLink, BrokerLinks
 from hpbroker.client.metadata import ClusterMetadata
 from hpbroker.client.monitoring import MonitoringCounts, MonitoringPublisher
 
@@ -101,7 +102,6 @@ _CLOSE_ON_ERROR_TIMEOUT_S = 5.0
 # acks=0: how long the closed connection goes on sending requests queued before close (in libzmq's
 # background threads; the process waits for them, up to this, when it ends).
 _ACKS_0_CLOSE_LINGER_MS = 5_000
-_MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
 _names = itertools.count(1)
 
 
@@ -435,6 +435,7 @@ class _Request:
     due_s: float = 0.0  # when to retry
     uncertain: bool = False  # a previous attempt may have been appended: look before resending
     error: BaseException | None = None
+    link: BrokerLink | None = None  # the connection it is in flight on
 
     def __str__(self) -> str:
         return f"{self.queue.topic}-{self.queue.partition}"
@@ -456,19 +457,18 @@ class _Sender:
         self._broker_timeout_ms = _broker_timeout_ms(config.request_timeout_ms)
         self._control_timeout_s = min(self._request_timeout_s, _CONTROL_TIMEOUT_S)
         self._tasks: collections.deque[tuple[Callable[[_Sender], Any], Future]] = collections.deque()
-        self._in_flight: dict[int, _Request] = {}
         self._waiting: list[_Request] = []  # to be retried at their due_s
         self._known_end: dict[tuple[str, int], int] = {}  # offset after our last acknowledged record
         self._stale_topics: set[str] = set()
         self._next_due_s = math.inf
-        self._connected = False
         self._settled = False  # a batch settled this turn: notify the application threads
         self._stopping = False
         self._alive = True
         self.failure: BaseException | None = None  # what ended the thread, if not close()
-        self.connection: BrokerConnection | None = None
+        self._poller = zmq.Poller()
+        self.links: BrokerLinks | None = None
+        self.connection: BrokerConnection | None = None  # the bootstrap broker's: metadata, admin
         self.metadata: ClusterMetadata | None = None
-        self._monitor: zmq.Socket | None = None
         self._monitoring: MonitoringPublisher | None = None
         self._monitoring_due_s = math.inf
         if config.audit_topic is not None:
@@ -504,10 +504,8 @@ class _Sender:
                                                    "were acknowledged")
         try:
             self._open()
-            poller = zmq.Poller()
+            poller = self._poller
             poller.register(self._wake_fd, zmq.POLLIN)
-            poller.register(self.connection.socket, zmq.POLLIN)
-            poller.register(self._monitor, zmq.POLLIN)
             while not self._stopping:
                 events = dict(poller.poll(self._poll_timeout_ms()))
                 if self._wake_fd in events:
@@ -554,54 +552,52 @@ class _Sender:
                 self._producer._progress.notify_all()
 
     def _poll_timeout_ms(self) -> int:
-        if self._tasks or self.connection.arrived:  # responses a synchronous call read and kept
-            return 0
+        if self._tasks or any(link.connection.arrived for link in self.links):  # responses a
+            return 0                                                              # synchronous call kept
         due = min(self._next_due_s, self._monitoring_due_s)
         for request in self._waiting:
             due = min(due, request.due_s)
-        for request in self._in_flight.values():
+        for request in self._in_flight():
             due = min(due, request.sent_s + self._request_timeout_s)
         if due == math.inf:
             return 1000
         return max(0, min(1000, math.ceil((due - time.monotonic()) * 1000)))
 
     def _open(self) -> None:
-        self.connection = BrokerConnection(self._address, client_id=self._producer.name,
-                                           connect_timeout_s=0.5)
-        self._monitor = self.connection.socket.get_monitor_socket(_MONITOR_EVENTS)
+        self.links = BrokerLinks(self._address, self._producer.name, self._poller)
+        self.connection = self.links.bootstrap.connection
         self.metadata = ClusterMetadata(self.connection, timeout_s=self._control_timeout_s)
 
     def _close(self) -> None:
-        if self._monitor is not None:
-            with contextlib.suppress(zmq.ZMQError):
-                self.connection.socket.disable_monitor()
-            self._monitor.close(linger=0)
-        if self.connection is not None:
-            self.connection.close(0 if self._acks else _ACKS_0_CLOSE_LINGER_MS)
+        if self.links is not None:
+            self.links.close(0 if self._acks else _ACKS_0_CLOSE_LINGER_MS)
+
+    def _in_flight(self) -> list[_Request]:
+        return [request for link in self.links for request in link.in_flight.values()]
 
     def _read_monitor(self) -> None:
-        """Take the connection's events.  Read before every send too: a request is then in
+        """Take the connections' events.  Read before every send too: a request is then in
         flight only on a connection newer than every disconnect seen, so a disconnect read
         later is never one from before the request (libzmq reports it at once, and reconnects
         no sooner than RECONNECT_IVL, 100 ms, after it)."""
-        while self._monitor.get(zmq.EVENTS) & zmq.POLLIN:
-            event = recv_monitor_message(self._monitor)["event"]
-            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self._connected = True
-            elif event == zmq.EVENT_DISCONNECTED:
-                self._connection_lost()
-                self._connected = False
+        for link in self.links:
+            for event in link.monitor_events():
+                if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    link.connected = True
+                elif event == zmq.EVENT_DISCONNECTED:
+                    self._connection_lost(link)
+                    link.connected = False
 
-    def _connection_lost(self) -> None:
+    def _connection_lost(self, link: BrokerLink) -> None:
         """Requests in flight will never be answered: they may or may not have been appended.
         Responses that came before the connection broke are taken first."""
         self._read_responses()
         now = time.monotonic()
-        lost, self._in_flight = self._in_flight, {}
+        lost, link.in_flight = link.in_flight, {}
         for correlation_id, request in lost.items():
-            self.connection.forget(correlation_id)
+            link.connection.forget(correlation_id)
             self._retry(request, BrokerNotAvailableError(
-                f"connection to broker {self._address} lost with request {correlation_id} in flight"),
+                f"connection to broker {link.address} lost with request {correlation_id} in flight"),
                 now, uncertain=True)
 
     # --- sending --------------------------------------------------------------------------------
@@ -623,11 +619,12 @@ class _Sender:
         acks = 1 if queue.topic == self._audit_topic else self._acks  # events are acknowledged, always
         message = protocol.ProduceRequest(queue.topic, queue.partition, acks, self._broker_timeout_ms,
                                           request.payload)
+        link = self.links.for_partition(self.metadata, queue.topic, queue.partition)
         try:
             self._read_monitor()
-            if not self._connected and request.attempts:
-                raise BrokerNotAvailableError(f"broker {self._address} is not connected")
-            correlation_id = self.connection.send(message, expect_response=bool(acks))
+            if not link.connected and request.attempts:
+                raise BrokerNotAvailableError(f"broker {link.address} is not connected")
+            correlation_id = link.connection.send(message, expect_response=bool(acks))
         except BrokerNotAvailableError as e:
             self._retry(request, e, now, uncertain=False)
             return
@@ -637,35 +634,41 @@ class _Sender:
             return
         request.correlation_id = correlation_id
         request.sent_s = now
-        self._in_flight[correlation_id] = request
+        request.link = link
+        link.in_flight[correlation_id] = request
 
     def _read_responses(self) -> None:
-        connection = self.connection
         now = time.monotonic()
-        while (response := connection.poll(0)) is not None:
-            self._connected = True
-            request = self._in_flight.pop(response.correlation_id, None)
-            if request is None:
-                continue
-            code = response.header.error_code
-            if code == 0:
-                self._acknowledged(request, response.body.base_offset)
-                continue
-            error = error_for_code(code, response.header.error_message)
-            if not error.retriable:
-                self._settle(request, error)
-                continue
-            if code in _REFRESH_METADATA:
-                self._stale_topics.add(request.queue.topic)
-            self._retry(request, error, now, uncertain=code not in _REFUSED_BEFORE_APPEND)
+        for link in self.links:
+            connection = link.connection
+            while (response := connection.poll(0)) is not None:
+                link.connected = True
+                request = link.in_flight.pop(response.correlation_id, None)
+                if request is not None:
+                    self._response(request, response, now)
+
+    def _response(self, request: _Request, response: Any, now: float) -> None:
+        """Settle or retry ``request`` by its response."""
+        code = response.header.error_code
+        if code == 0:
+            self._acknowledged(request, response.body.base_offset)
+            return
+        error = error_for_code(code, response.header.error_message)
+        if not error.retriable:
+            self._settle(request, error)
+            return
+        if code in _REFRESH_METADATA:
+            self._stale_topics.add(request.queue.topic)
+        self._retry(request, error, now, uncertain=code not in _REFUSED_BEFORE_APPEND)
 
     def _check_timeouts(self, now: float) -> None:
-        expired = [r for r in self._in_flight.values() if r.sent_s + self._request_timeout_s <= now]
+        expired = [r for r in self._in_flight() if r.sent_s + self._request_timeout_s <= now]
         for request in expired:
-            del self._in_flight[request.correlation_id]
-            self.connection.forget(request.correlation_id)
+            link = request.link
+            del link.in_flight[request.correlation_id]
+            link.connection.forget(request.correlation_id)
             self._retry(request, RequestTimedOutError(
-                f"no response to the produce request of {request} from {self._address} within "
+                f"no response to the produce request of {request} from {link.address} within "
                 f"request_timeout_ms {self._config.request_timeout_ms}"), now, uncertain=True)
 
     # --- retries --------------------------------------------------------------------------------
@@ -745,7 +748,8 @@ class _Sender:
         the request's oldest timestamp), by producer name, ``base_sequence`` and CRC."""
         topic, partition = request.queue.topic, request.queue.partition
         first = request.batches[0]
-        call, timeout_s = self.connection.call, self._control_timeout_s
+        call = self.links.for_partition(self.metadata, topic, partition).connection.call
+        timeout_s = self._control_timeout_s
         start = self._known_end.get((topic, partition))
         by_time = start is None
         if by_time:
@@ -780,7 +784,8 @@ class _Sender:
         is that recent, so the request is not there)."""
         oldest = min(b.min_timestamp for b in request.batches)
         queue = request.queue
-        found = self.connection.call(protocol.ListOffsetsRequest(queue.topic, queue.partition, oldest),
+        link = self.links.for_partition(self.metadata, queue.topic, queue.partition)
+        found = link.connection.call(protocol.ListOffsetsRequest(queue.topic, queue.partition, oldest),
                                      self._control_timeout_s).offset
         return None if found < 0 else found
 
@@ -824,9 +829,11 @@ class _Sender:
 
     def _abort(self, error: BaseException) -> None:
         """The thread is ending: fail everything not yet settled."""
-        for request in [*self._in_flight.values(), *self._waiting]:
+        for request in [*self._in_flight(), *self._waiting]:
             self._settle(request, error)
-        self._in_flight, self._waiting = {}, []
+        for link in self.links or ():
+            link.in_flight = {}
+        self._waiting = []
         for queue, batches in self._producer.take_all():
             self._settle(_Request(queue, batches, b"", sum(b.record_count for b in batches), 0.0), error)
         while self._tasks:
@@ -840,7 +847,7 @@ class _Sender:
 
     def partition_count(self, topic: str) -> int:
         count = len(self.metadata.partitions(topic, refresh=True))
-        self._connected = True
+        self.links.bootstrap.connected = True
         return count
 
     def publish_monitoring(self) -> int:

@@ -482,16 +482,18 @@ def test_the_io_thread_does_not_sleep_on_a_response_a_synchronous_call_kept():
     from harness import free_ports
 
     from hpbroker.client.connection import BrokerAddress, Response
+    from hpbroker.client.links import BrokerLinks
     from hpbroker.client.producer import _Sender
 
     sender = _Sender(None, BrokerAddress("127.0.0.1", free_ports(1)), ProducerConfig(audit_topic=None), -1)
-    sender.connection = BrokerConnection(sender._address)
+    sender.links = BrokerLinks(sender._address, "test", sender._poller)
     try:
         assert sender._poll_timeout_ms() == 1000  # nothing to do: the longest sleep
-        sender.connection._arrived[5] = Response(5, protocol.ResponseHeader(5), protocol.ProduceResponse(0))
+        sender.links.bootstrap.connection._arrived[5] = Response(5, protocol.ResponseHeader(5),
+                                                                 protocol.ProduceResponse(0))
         assert sender._poll_timeout_ms() == 0
     finally:
-        sender.connection.close()
+        sender.links.close(0)
 
 
 def test_a_wake_up_landing_while_the_io_thread_drains_its_pipe_is_not_lost(bootstrap, connection, topic_name,

@@ -100,3 +100,38 @@ def test_a_consumer_bootstrapped_at_one_broker_finds_offsets_of_a_topic_stored_o
         assert consumer.position(tp) == 20
         consumer.seek_to_beginning(tp)
         assert [record.value for record in consumer] == [f"record {i}".encode() for i in range(20)]
+
+
+def test_a_producer_bootstrapped_at_one_broker_writes_to_topics_stored_on_either(two_brokers):
+    """Each partition's requests go to its leader: records for broker 1's topic sent through a
+    producer that knows only broker 2 are stored on broker 1, and so are its monitoring events
+    when the audit topic lives there."""
+    from hpbroker.audit.events import AUDIT_TOPIC, decode_event
+
+    (_, port_1, client_1), (_, port_2, client_2) = two_brokers
+    for name, client in (("stored-on-one", client_1), ("stored-on-two", client_2), (AUDIT_TOPIC, client_1)):
+        assert client.request(protocol.CreateTopicRequest(name, 2))[0].error_code == 0
+    wait_until(lambda: {"stored-on-one", AUDIT_TOPIC} <= {t.name for t in _metadata(client_2).topics
+                                                          if t.partitions and t.partitions[0].leader == 1},
+               10, what="broker 2 to see broker 1's topics")
+    with Producer(f"127.0.0.1:{port_2}", name="routed") as producer:
+        futures = [producer.send_future(topic, b"%s %d" % (topic.encode(), i), partition=i % 2)
+                   for i in range(40) for topic in ("stored-on-one", "stored-on-two")]
+        offsets = [future.result(10) for future in futures]
+    assert len(offsets) == 80
+    for topic, port in (("stored-on-one", port_1), ("stored-on-two", port_2)):
+        with Consumer(f"127.0.0.1:{port}", consumer_timeout_ms=2000) as consumer:
+            partitions = [TopicPartition(topic, p) for p in (0, 1)]
+            consumer.assign(partitions)
+            consumer.seek_to_beginning(*partitions)
+            values = sorted(record.value for record in consumer)
+        assert values == sorted(b"%s %d" % (topic.encode(), i) for i in range(40))
+    with Consumer(f"127.0.0.1:{port_1}", consumer_timeout_ms=2000) as consumer:
+        partitions = [TopicPartition(AUDIT_TOPIC, p) for p in (0, 1)]
+        consumer.assign(partitions)
+        consumer.seek_to_beginning(*partitions)
+        announced = {}
+        for record in consumer:
+            event = decode_event(record.producer, record.value)
+            announced[event.topic] = announced.get(event.topic, 0) + event.record_count
+    assert announced == {"stored-on-one": 40, "stored-on-two": 40}
