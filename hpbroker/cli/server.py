@@ -4,8 +4,9 @@ ensemble with ``--zookeeper``, and a broker registered in it, until Ctrl-C or SI
 ``hpbroker serve [--config FILE] [--port N] ...``: run a broker (``hpbroker.workers.arbiter``)
 until SIGTERM or SIGINT; settings come from the flags, then ``HPBROKER_*`` variables, then the
 TOML file (``hpbroker.broker.config``, docs/CONFIGURATION.md).  The log goes to stderr, one line
-per event, as text or JSON (``--log-format``, ``hpbroker.broker.logging_setup``).  Exit status: the arbiter's (0 after a graceful stop, 1
-when it could not start or gave up), 2 for an invalid configuration."""
+per event, as text or JSON (``--log-format``, ``hpbroker.broker.logging_setup``).  Exit status:
+the arbiter's (0 after a graceful stop, 1 when it could not start or gave up), 2 for an invalid
+configuration."""
 
 from __future__ import annotations
 
