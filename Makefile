@@ -11,7 +11,8 @@ EXT := $(VENV)/.extensions-built
 EXT_SOURCES := setup.py $(wildcard hpbroker/*.pyx hpbroker/*.pxd hpbroker/*/*.pyx hpbroker/*/*.pxd) \
 	$(wildcard hpbroker/_csrc/*.c hpbroker/_csrc/*.h)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-# Debian packages the project needs at run time: ZooKeeper (its jars) and a Java runtime for it.
+# Debian packages the project needs at run time: ZooKeeper (its jars) and a Java runtime for it and
+# for Spark (hpbroker.spark needs Java 17 or later: Debian 12's default-jre-headless is 17).
 DEBIAN_PACKAGES := zookeeper default-jre-headless
 PYTEST_ARGS ?=
 
@@ -29,7 +30,7 @@ system-deps:
 $(INSTALLED): pyproject.toml setup.py
 	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel cython
-	$(PY) -m pip install -q --no-build-isolation -e '.[test]'
+	$(PY) -m pip install -q --no-build-isolation -e '.[test,spark]'
 	touch $@
 
 $(EXT): $(INSTALLED) $(EXT_SOURCES)

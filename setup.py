@@ -1,7 +1,8 @@
 """Build script for the compiled core; metadata lives in pyproject.toml.
 
 ``python setup.py build_ext --inplace`` (or ``pip install -e .``) cythonizes ``hpbroker/_core.pyx``
-(record batches) and ``hpbroker/io/_writer.pyx`` (group-commit I/O off the GIL) together with
+(record batches), ``hpbroker/_columnar.pyx`` (batches to columns, for the Spark data source)
+and ``hpbroker/io/_writer.pyx`` (group-commit I/O off the GIL) together with
 the C helpers in ``hpbroker/_csrc``.
 """
 
@@ -12,6 +13,12 @@ extensions = [
     Extension(
         "hpbroker._core",
         sources=["hpbroker/_core.pyx", "hpbroker/_csrc/crc32c.c"],
+        include_dirs=["hpbroker/_csrc"],
+        extra_compile_args=["-O3", "-fno-strict-aliasing"],
+    ),
+    Extension(
+        "hpbroker._columnar",
+        sources=["hpbroker/_columnar.pyx", "hpbroker/_csrc/crc32c.c"],
         include_dirs=["hpbroker/_csrc"],
         extra_compile_args=["-O3", "-fno-strict-aliasing"],
     ),

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import hpbroker
-from hpbroker import _core
+from hpbroker import _columnar, _core
 from hpbroker.io import _writer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -19,7 +19,7 @@ def pytest_configure(config):
     built in this tree."""
     package_dir = Path(hpbroker.__file__).resolve().parent
     suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
-    for module, home in ((_core, package_dir), (_writer, package_dir / "io"),
+    for module, home in ((_core, package_dir), (_columnar, package_dir), (_writer, package_dir / "io"),
                          (importlib.import_module("hpbroker.client._accumulator"), package_dir / "client")):
         path = Path(module.__file__).resolve()
         if not path.name.endswith(suffixes):

@@ -38,6 +38,12 @@ offset and byte position, and no next fetch is sent.  A batch whose CRC holds bu
 do not decode ends it the same way; the next fetch, already sent past it, is dropped with the
 connection.
 
+**Raw batches.**  A fetcher made with ``raw=True`` skips the decoding: each response's checked
+batches (the valid prefix, CRCs checked, the first batch possibly starting before the offset asked
+for) come back as ``CompletedFetch.payload``, a view of the receive buffer that holds until the
+next :meth:`PartitionFetcher.receive`, for readers that decode batches their own way (the Spark
+data source's columnar decoder, ``hpbroker.spark``).
+
 Threads: a fetcher belongs to the thread of its consumer.
 """
 
@@ -102,7 +108,8 @@ class FetchConfig:
 @dataclass(slots=True)
 class CompletedFetch:
     """One answered fetch: ``records`` from ``fetch_offset`` on (possibly none), then ``error``
-    when the response ended early (a corrupt batch) or was an error response."""
+    when the response ended early (a corrupt batch) or was an error response.  A raw fetcher's
+    ``records`` stay empty and ``payload`` holds the checked batches instead."""
 
     fetch_offset: int
     records: list[Record]
@@ -110,6 +117,7 @@ class CompletedFetch:
     high_watermark: int
     log_start_offset: int
     error: HPBrokerError | None = None
+    payload: memoryview | bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,13 +134,14 @@ class PartitionFetcher:
     """Fetches one partition over one TCP connection to the data port ``host:port``."""
 
     def __init__(self, topic: str, partition: int, host: str, port: int, config: FetchConfig,
-                 client_id: str = "hpbroker-python") -> None:
+                 client_id: str = "hpbroker-python", *, raw: bool = False) -> None:
         self.topic = topic
         self.partition = partition
         self.host = host
         self.port = port
         self._config = config
         self._client_id = client_id
+        self._raw = raw  # hand out the checked batches undecoded (module docstring, "Raw batches")
         self._sock: socket.socket | None = None
         self._buffer = bytearray(_HEAD_ROOM_BYTES)  # grown for a whole fetch by the first one
         self._view = memoryview(self._buffer)
@@ -318,6 +327,9 @@ class PartitionFetcher:
             # and these records are still returned: the next fetch reconnects.
             with contextlib.suppress(OSError):
                 self.fetch(next_offset)
+        if self._raw:
+            return CompletedFetch(fetch_offset, [], next_offset, response.high_watermark,
+                                  response.log_start_offset, error, payload[:valid_bytes])
         try:
             records = decode_records(payload[:valid_bytes], verify_crc=False, topic=self.topic,
                                      partition=self.partition, min_offset=fetch_offset) if valid_bytes else []

@@ -114,6 +114,23 @@ def test_the_next_fetch_is_in_flight_before_the_records_are_handed_over(partitio
         fetcher.close()
 
 
+def test_a_raw_fetcher_hands_out_the_checked_batches_undecoded(partition_0, topic_name):
+    connection, info = partition_0
+    batches = [build_batch([b"a", b"b", b"c"], producer="p"), build_batch([b"d"], producer="p")]
+    for batch in batches:
+        connection.call(protocol.ProduceRequest(topic_name, 0, payload=batch))
+    fetcher = PartitionFetcher(topic_name, 0, info.host, info.fetch_port, FetchConfig(fetch_max_wait_ms=100),
+                               raw=True)
+    try:
+        fetcher.fetch(1)
+        completed = _receive(fetcher)
+        assert completed.records == [] and completed.error is None
+        assert bytes(completed.payload) == batches[0] + _stamped(batches[1], 3), "from the batch holding 1"
+        assert (completed.next_offset, fetcher.fetch_offset) == (4, 4), "pipelining as ever"
+    finally:
+        fetcher.close()
+
+
 def test_a_first_batch_larger_than_max_bytes_comes_whole_into_a_grown_buffer(partition_0, topic_name):
     connection, info = partition_0
     big = [bytes([i]) * 1000 for i in range(200)]  # one batch of ~200 kB
