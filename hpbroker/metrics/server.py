@@ -1,0 +1,154 @@
+"""``GET /metrics`` over HTTP, off the caller's thread: :class:`MetricsServer`.
+
+A :class:`http.server.ThreadingHTTPServer` whose accept loop runs on one daemon thread and each
+client on a daemon thread of its own, so the process's own loop never waits on a scraper.  Paths:
+
+- ``/metrics``: ``render()``'s text, ``text/plain; version=0.0.4; charset=utf-8`` (a query string
+  is ignored); 500 when ``render`` raises (logged);
+- ``/healthz``: 200 with ``health()``'s text when it says healthy, else 503 with it;
+- ``/``: a line pointing at ``/metrics``;
+- anything else: 404.  Methods other than GET get 501 (``http.server``'s rule).
+
+A slow or hostile client costs a thread and a socket, never the broker: every read and write of a
+client's socket times out after ``timeout_s`` of silence, at most ``max_clients`` clients are
+served at once (a connection beyond that is closed unanswered), HTTP/1.0 closes each connection
+after its response, and ``http.server`` bounds the request line and headers.
+
+The listening socket is bound in the constructor (so a port in use fails at once, in the
+caller); :meth:`start` starts the thread.  In a process that forks, start it after the fork, or
+have the children close the inherited socket; the threads never exist in a child.  Whoever
+starts it decides which signals its threads see (they inherit the starting thread's mask).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+from hpbroker.metrics.exposition import CONTENT_TYPE
+
+__all__ = ["MetricsServer"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 10.0  # a client silent this long is dropped
+DEFAULT_MAX_CLIENTS = 8  # clients served at once; more are closed at once
+_STOP_TIMEOUT_S = 5.0
+
+Render = Callable[[], str]
+Health = Callable[[], tuple[bool, str]]
+
+
+class MetricsServer:
+    """Serves ``render()`` at ``/metrics`` and ``health()`` at ``/healthz`` (module docstring)."""
+
+    def __init__(self, host: str, port: int, render: Render, health: Health | None = None, *,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, max_clients: int = DEFAULT_MAX_CLIENTS) -> None:
+        self._http = _HttpServer(host, port, render, health or _always_healthy, timeout_s, max_clients)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The bound (host, port); the port is the real one when 0 was asked for."""
+        host, port = self._http.server_address[:2]
+        return str(host), int(port)
+
+    def fileno(self) -> int:
+        return self._http.fileno()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._http.serve_forever, kwargs={"poll_interval": 0.5},
+                                        name="hpbroker-metrics", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop accepting and close the listening socket (clients being served finish on their
+        own threads).  Idempotent."""
+        if self._thread is not None:
+            self._http.shutdown()
+            self._thread.join(_STOP_TIMEOUT_S)
+            self._thread = None
+        self._http.server_close()
+
+
+def _always_healthy() -> tuple[bool, str]:
+    return True, "ok"
+
+
+class _HttpServer(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    allow_reuse_address = True
+    request_queue_size = 16
+
+    def __init__(self, host: str, port: int, render: Render, health: Health, timeout_s: float,
+                 max_clients: int) -> None:
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.render, self.health, self.client_timeout_s = render, health, timeout_s
+        self.max_clients = max_clients
+        self._clients = threading.BoundedSemaphore(max_clients)
+        super().__init__((host, port), _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._clients.acquire(blocking=False):
+            logger.warning("metrics: %s refused: %d clients are being served already", client_address,
+                           self.max_clients)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._clients.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._clients.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        logger.debug("metrics: error serving %s", client_address, exc_info=True)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _HttpServer
+    server_version = "hpbroker"
+    protocol_version = "HTTP/1.0"
+
+    def setup(self) -> None:
+        self.timeout = self.server.client_timeout_s  # StreamRequestHandler applies it to the socket
+        super().setup()
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        path = urlsplit(self.path).path
+        if path == "/metrics":
+            try:
+                body = self.server.render().encode("utf-8")
+            except Exception:
+                logger.exception("metrics: rendering failed")
+                self._reply(500, b"rendering the metrics failed; see the broker's log\n")
+                return
+            self._reply(200, body, CONTENT_TYPE)
+        elif path == "/healthz":
+            healthy, text = self.server.health()
+            self._reply(200 if healthy else 503, f"{text}\n".encode())
+        elif path == "/":
+            self._reply(200, b"hpbroker: metrics at /metrics, health at /healthz\n")
+        else:
+            self._reply(404, f"no {path} here: metrics are at /metrics\n".encode())
+
+    def _reply(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
+        logger.debug("metrics: %s %s", self.address_string(), format % args)

@@ -1,0 +1,138 @@
+"""MetricsServer: GET /metrics and /healthz on a thread of its own; bad paths, failures and slow
+clients never stop it."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import threading
+import time
+
+import pytest
+
+from hpbroker.metrics import CONTENT_TYPE, MetricsServer
+
+
+@pytest.fixture
+def served():
+    state = {"text": "# TYPE hpb_up gauge\nhpb_up 1\n", "healthy": (True, "ok: 2 of 2 workers serving"),
+             "renders": 0}
+
+    def render() -> str:
+        state["renders"] += 1
+        if isinstance(state["text"], Exception):
+            raise state["text"]
+        return state["text"]
+
+    server = MetricsServer("127.0.0.1", 0, render, lambda: state["healthy"], timeout_s=0.5, max_clients=2)
+    server.start()
+    try:
+        yield server, state
+    finally:
+        server.close()
+
+
+def get(server: MetricsServer, path: str, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
+    connection = http.client.HTTPConnection(*server.address, timeout=5)
+    try:
+        connection.request(method, path)
+        response = connection.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        connection.close()
+
+
+def test_metrics_are_served_with_the_exposition_content_type(served):
+    server, _ = served
+    status, headers, body = get(server, "/metrics")
+    assert status == 200
+    assert headers["Content-Type"] == CONTENT_TYPE == "text/plain; version=0.0.4; charset=utf-8"
+    assert body == b"# TYPE hpb_up gauge\nhpb_up 1\n"
+    assert int(headers["Content-Length"]) == len(body)
+    assert get(server, "/metrics?name[]=hpb_up")[2] == body  # Prometheus may add parameters
+
+
+def test_other_paths_are_404_other_methods_501_and_the_server_goes_on(served):
+    server, state = served
+    assert get(server, "/metric")[0] == 404
+    assert get(server, "/../etc/passwd")[0] == 404
+    assert get(server, "/metrics", method="POST")[0] == 501
+    assert get(server, "/")[0] == 200
+    before = state["renders"]
+    assert get(server, "/metrics")[0] == 200
+    assert state["renders"] == before + 1
+
+
+def test_healthz_says_503_while_unhealthy(served):
+    server, state = served
+    assert get(server, "/healthz")[:3:2] == (200, b"ok: 2 of 2 workers serving\n")
+    state["healthy"] = (False, "1 of 2 workers serving")
+    assert get(server, "/healthz")[:3:2] == (503, b"1 of 2 workers serving\n")
+
+
+def test_a_failing_render_answers_500_and_the_next_scrape_works(served):
+    server, state = served
+    text = state["text"]
+    state["text"] = RuntimeError("boom")
+    assert get(server, "/metrics")[0] == 500
+    state["text"] = text
+    assert get(server, "/metrics")[0] == 200
+
+
+def test_silent_clients_are_dropped_and_never_stop_a_scrape(served):
+    server, _ = served
+    silent = [socket.create_connection(server.address) for _ in range(2)]  # max_clients, saying nothing
+    try:
+        started = time.monotonic()
+        while True:  # beyond max_clients a connection is refused until the silent ones time out
+            try:
+                status = get(server, "/metrics")[0]
+                break
+            except (ConnectionError, http.client.HTTPException):
+                assert time.monotonic() - started < 5
+                time.sleep(0.05)
+        assert status == 200
+        assert time.monotonic() - started < 3  # timeout_s 0.5 frees the slots
+        for sock in silent:
+            sock.settimeout(5)
+            assert sock.recv(1) == b""  # closed by the server
+    finally:
+        for sock in silent:
+            sock.close()
+
+
+def test_many_scrapes_at_once_all_get_an_answer_or_a_closed_connection(served):
+    server, _ = served
+    results: list[object] = []
+
+    def scrape() -> None:
+        try:
+            results.append(get(server, "/metrics")[0])
+        except (ConnectionError, http.client.HTTPException) as e:
+            results.append(type(e))
+
+    threads = [threading.Thread(target=scrape) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert len(results) == 20 and 200 in results
+    assert get(server, "/metrics")[0] == 200
+
+
+def test_a_port_in_use_fails_in_the_constructor():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(OSError):
+            MetricsServer("127.0.0.1", taken.getsockname()[1], lambda: "")
+
+
+def test_close_releases_the_port():
+    server = MetricsServer("127.0.0.1", 0, lambda: "")
+    server.start()
+    port = server.address[1]
+    server.close()
+    server.close()
+    again = MetricsServer("127.0.0.1", port, lambda: "")
+    again.close()
