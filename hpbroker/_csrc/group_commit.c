@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef IOV_MAX
@@ -24,6 +25,8 @@ struct hpb_job {
     int error;           /* errno of the failed call, ECANCELED when not written, or 0 */
     int outcome;         /* HPB_RAN, HPB_CANCELLED, HPB_PREVIOUS_FAILED */
     size_t written;
+    int64_t write_ns;    /* time in writev, on the thread that ran the job */
+    int64_t sync_ns;     /* time in fdatasync */
     hpb_job *previous;   /* referenced until the job is claimed */
     hpb_job *next;       /* the writer's queue */
     pthread_mutex_t mutex;
@@ -109,6 +112,8 @@ int hpb_job_done(const hpb_job *job)
 }
 
 size_t hpb_job_written(const hpb_job *job) { return job->written; }
+int64_t hpb_job_write_ns(const hpb_job *job) { return job->write_ns; }
+int64_t hpb_job_sync_ns(const hpb_job *job) { return job->sync_ns; }
 int hpb_job_errno(const hpb_job *job) { return job->error; }
 int hpb_job_outcome(const hpb_job *job) { return job->outcome; }
 
@@ -203,6 +208,13 @@ static void write_all(hpb_job *job)
     }
 }
 
+static int64_t now_ns(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
+}
+
 static void run_claimed(hpb_job *job)
 {
     hpb_job *previous = job->previous;
@@ -214,13 +226,17 @@ static void run_claimed(hpb_job *job)
             return;
         }
     }
+    int64_t started = now_ns();
     write_all(job);
+    int64_t written = now_ns();
+    job->write_ns = written - started;
     if (job->error || !job->fsync)
         return;
     int r;
     do {
         r = fdatasync(job->fd);
     } while (r < 0 && errno == EINTR);
+    job->sync_ns = now_ns() - written;
     trace("fdatasync", job->fd);
     if (r < 0)
         job->error = errno;

@@ -20,6 +20,7 @@ the owner reads their results.  The thread is started by the constructor, so mak
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.mem cimport PyMem_Calloc, PyMem_Free
+from libc.stdint cimport int64_t
 
 
 
@@ -43,6 +44,8 @@ cdef extern from "group_commit.h":
     size_t hpb_job_written(const hpb_job *job) nogil
     int hpb_job_errno(const hpb_job *job) nogil
     int hpb_job_outcome(const hpb_job *job) nogil
+    int64_t hpb_job_write_ns(const hpb_job *job) nogil
+    int64_t hpb_job_sync_ns(const hpb_job *job) nogil
     void hpb_job_decref(hpb_job *job) nogil
     hpb_writer *hpb_writer_start(int notify_fd, int *error) nogil
     int hpb_writer_submit(hpb_writer *writer, hpb_job *job) nogil
@@ -127,6 +130,17 @@ cdef class WriteJob:
     def written(self):
         """Bytes written so far; final once ``done``."""
         return hpb_job_written(self._job)
+
+    @property
+    def write_ns(self):
+        """Nanoseconds the job's ``writev`` calls took, measured on the thread that ran it; 0
+        until it is ``done`` (and when it wrote nothing)."""
+        return hpb_job_write_ns(self._job) if hpb_job_done(self._job) else 0
+
+    @property
+    def sync_ns(self):
+        """Nanoseconds its ``fdatasync`` took; 0 until ``done``, and for a job without one."""
+        return hpb_job_sync_ns(self._job) if hpb_job_done(self._job) else 0
 
     @property
     def error(self):

@@ -53,8 +53,9 @@ class FileSlice:
     """Whole batches of one segment file, ready for ``os.sendfile(sock, fd, position, length)``.
 
     ``first_offset`` is the base offset of the first batch in the slice (which may be below the
-    offset asked for: a slice starts with the batch containing it).  ``length`` 0 means nothing
-    to read yet; ``first_offset`` is then the offset asked for.  The descriptor belongs to the
+    offset asked for: a slice starts with the batch containing it), ``next_offset`` the offset
+    after its last batch, so it holds ``next_offset - first_offset`` records.  ``length`` 0 means
+    nothing to read yet; both offsets are then the offset asked for.  The descriptor belongs to the
     log: do not close it.  It stays valid until the log is closed, or ``file_delete_delay_ms``
     after its segment was deleted by retention.
     """
@@ -64,6 +65,7 @@ class FileSlice:
     length: int
     first_offset: int
     path: str
+    next_offset: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -359,32 +359,43 @@ class Segment:
         readable = self.log.size if self.damage_position < 0 else self.damage_position
         for start, header in self._checked_headers(entry, readable):
             if header.next_offset > offset:
-                end = min(self._slice_end(start, header.size, start + max_bytes), readable)
+                end, next_offset = self._slice_end(start, header, start + max_bytes)
+                if end > readable:  # a damaged segment: only its valid prefix
+                    end, next_offset = readable, self._next_offset_at(start, readable)
                 if end <= start:
                     break
-                return FileSlice(self.log.fd, start, end - start, header.base_offset, self.path)
+                return FileSlice(self.log.fd, start, end - start, header.base_offset, self.path, next_offset)
         if self.damage is not None:
             raise CorruptRecordError(f"offset {offset} lies past the damage: {self.damage}")
         raise IndexCorruptError(f"{self.path}: no batch holds offset {offset} below {self.next_offset}")
 
-    def _slice_end(self, start: int, first_size: int, limit: int) -> int:
-        """The end of the last whole batch at or before ``limit``, but at least the first one's."""
+    def _slice_end(self, start: int, first: _core.BatchHeader, limit: int) -> tuple[int, int]:
+        """The end of the last whole batch at or before ``limit``, but at least the first one's
+        (the batch at ``start``), and the offset after that batch."""
         if limit >= self.log.size:
-            return self.log.size
-        end = start + first_size
+            return self.log.size, self.next_offset
+        end, next_offset = start + first.size, first.next_offset
         if end >= limit:
-            return end
+            return end, next_offset
         entry = self.offset_index.floor_by_position(limit)
         if self.offset_index.positions[entry] > end:  # batches up to that entry fit: jump there
             end = self.offset_index.positions[entry]
+            next_offset = self.base_offset + self.offset_index.relative_offsets[entry]
             headers = self._checked_headers(entry, self.log.size)
         else:
             headers = self.log.headers(end, self.log.size)
         for position, header in headers:
             if position + header.size > limit:
                 break
-            end = position + header.size
-        return end
+            end, next_offset = position + header.size, header.next_offset
+        return end, next_offset
+
+    def _next_offset_at(self, start: int, end: int) -> int:
+        """The offset after the batch that ends at ``end``, walking from the batch at ``start``."""
+        next_offset = -1
+        for _position, header in self.log.headers(start, end):
+            next_offset = header.next_offset
+        return next_offset
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
         """The first offset in this segment whose record timestamp is >= ``timestamp_ms``."""

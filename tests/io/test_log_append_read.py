@@ -324,6 +324,18 @@ def test_read_returns_whole_batches_within_max_bytes(open_log):
             assert len(split_batches(data)) == max(fitting, 1)
 
 
+@pytest.mark.parametrize("max_bytes", [1, 100, 300, 1000, 5000, 1 << 20])
+def test_a_slice_says_which_offsets_it_holds(open_log, max_bytes):
+    log, _ = _log_of_small_batches(open_log, count=150)
+    for offset in range(log.high_watermark):
+        file_slice = log.read(offset, max_bytes)
+        batches = split_batches(log.read_bytes(offset, max_bytes))
+        assert file_slice.first_offset == batches[0][0]
+        assert file_slice.next_offset == _core.read_header(batches[-1][1]).next_offset, (offset, max_bytes)
+    empty = log.read(log.high_watermark, max_bytes)
+    assert empty.first_offset == empty.next_offset == log.high_watermark
+
+
 def test_read_returns_the_first_batch_even_when_larger_than_max_bytes(open_log):
     log = open_log()
     log.append(make_batch(1, value_bytes=2000))
@@ -362,6 +374,25 @@ def test_empty_log_reads_empty_at_zero(open_log):
     assert log.read(0, 100).length == 0
     with pytest.raises(OffsetOutOfRangeError):
         log.read(1, 100)
+
+
+def test_on_flush_sees_every_flush_the_log_applies_with_its_bytes_records_and_times(open_log):
+    log = open_log(flush_fsync=True)
+    seen = []
+    log.on_flush = seen.append
+    for tag in range(120):  # rolls, each of which flushes the old segment
+        log.append(make_batch(2, tag=tag))
+        if tag % 7 == 0:
+            log.flush()
+    log.flush()
+    assert len(log.segments) > 2 and len(seen) > 17
+    assert sum(job.written for job in seen) == log.size_in_bytes
+    assert sum(job.records for job in seen) == log.high_watermark == 240
+    assert all(job.write_ns > 0 and job.sync_ns > 0 for job in seen)
+    log.reconfigure(log.config.replace(flush_fsync=False))
+    log.append(make_batch(1))
+    log.flush()
+    assert seen[-1].records == 1 and seen[-1].sync_ns == 0
 
 
 # --- offset for timestamp --------------------------------------------------------------------

@@ -335,6 +335,16 @@ def test_a_read_that_meets_a_damaged_batch_names_the_file_and_position_and_keeps
         log.read(5, 100)  # the same answer again
 
 
+def test_once_the_damage_is_known_a_read_before_it_gets_the_valid_prefix_and_its_offsets(open_log, log_dir):
+    log, batches, size = _damaged_closed_segment(open_log, log_dir, _bad_length_at_batch_5)
+    with pytest.raises(CorruptRecordError):
+        log.read(5, 100)  # finds the damage
+    file_slice = log.read(1, 100_000)
+    assert (file_slice.position, file_slice.length) == (size, 4 * size)
+    assert (file_slice.first_offset, file_slice.next_offset) == (1, 5)
+    assert log.read_bytes(1, 100_000) == b"".join(stamped(b, i + 1) for i, b in enumerate(batches[1:5]))
+
+
 def test_a_damaged_segment_is_not_rescanned_on_every_read(open_log, log_dir, monkeypatch):
     log, _, size = _damaged_closed_segment(open_log, log_dir, _bad_length_at_batch_5)
     from hpbroker.io.logfile import LogFile

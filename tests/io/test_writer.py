@@ -49,6 +49,19 @@ def test_a_job_fdatasyncs_after_writing_when_asked(out, traced):
     assert traced == [("writev", out), ("fdatasync", out)]
 
 
+def test_a_job_measures_its_writev_and_fdatasync_time(out):
+    synced = WriteJob(out, [b"x" * 65536], True)
+    assert (synced.write_ns, synced.sync_ns) == (0, 0), "nothing until the job is done"
+    synced.run()
+    assert synced.write_ns > 0 and synced.sync_ns > 0
+    unsynced = WriteJob(out, [b"y" * 65536], False)
+    unsynced.run()
+    assert unsynced.write_ns > 0 and unsynced.sync_ns == 0
+    cancelled = WriteJob(out, [b"z"], True)
+    cancelled.cancel()
+    assert (cancelled.write_ns, cancelled.sync_ns) == (0, 0)
+
+
 def test_empty_buffers_and_empty_jobs_write_nothing_and_succeed(out, traced):
     job = WriteJob(out, [], True)
     assert job.run() and job.error is None and job.written == 0
