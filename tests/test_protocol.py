@@ -112,6 +112,14 @@ def test_the_protocol_document_lists_every_field_in_order(cls):
     assert _doc_table(cls.__name__) == expected
 
 
+def test_the_alter_response_names_every_error_code_the_broker_answers_it_with():
+    section = DOC.read_text().split("### AlterTopicConfigResponse\n", 1)[1].split("\n## ", 1)[0]
+    (meaning,) = re.findall(r"^\| `payload_length` \| `u32` \| (.*) \|$", section, flags=re.M)
+    # 6: no such topic; 7: a worker failed to apply the settings; 8: a value refused; 12: too slow.
+    for code in (6, 7, 8, 12):
+        assert re.search(rf"\b{code} (if|for)\b", meaning), f"error {code} missing from {meaning!r}"
+
+
 def test_unknown_api_keys_and_versions_are_refused_with_the_header_kept():
     frames = p.encode_request(p.DeleteTopicRequest("t"), 5)
     head = bytearray(frames[0])

@@ -16,9 +16,15 @@ workers in step with it without ever blocking the arbiter's loop:
   the partitions with them), then every owning slot must confirm that its process has them:
   ``_applied[slot]`` is the settings of each topic that the slot's current process was given
   (at its fork, with an ``open``, or with a ``configure``), and :meth:`TopicAdmin.reconcile`
-  sends ``configure`` wherever it differs from the store.  A slot confirms by acknowledging the
-  ``configure`` of the latest settings, or by reporting ready from a process forked with them.
-  The client is answered when all have, or with error 12 after ``timeout_s``.
+  sends ``configure`` wherever it differs from the store.  A slot confirms by acknowledging an
+  ``open`` or a ``configure`` that carried the latest settings, or by reporting ready from a
+  process forked with them.  A ``configure`` the worker failed leaves the slot's settings
+  unknown, so the next alter or reconcile sends them again.  The client is answered when all
+  have, or with error 12 after ``timeout_s``.
+- **Retries.**  A control the slot's process cannot take now (its queue is full) is sent again by
+  :meth:`TopicAdmin.expire`, which the arbiter calls on every tick, at most every
+  ``RETRY_INTERVAL_S``, as long as the slot serves; a slot that goes down and comes back is
+  reconciled when it is ready.
 - **Deletion.**  The topic is marked ``deleting`` in the store and disappears from the clients'
   view at once; every owning slot is sent ``delete`` (a slot that is down gets it when it is
   ready again, its new process having been given the partitions so that it can delete them), and
@@ -42,9 +48,11 @@ from hpbroker.errors import HPBrokerError, RequestTimedOutError, StorageError
 from hpbroker.workers.backend import PartitionSpec
 from hpbroker.workers.ownership import owner_slot
 
-__all__ = ["Reply", "TopicAdmin"]
+__all__ = ["RETRY_INTERVAL_S", "Reply", "TopicAdmin"]
 
 logger = logging.getLogger(__name__)
+
+RETRY_INTERVAL_S = 0.5  # seconds between two attempts to send a slot the controls it refused
 
 # reply(waiter, error or None): answer a client waiting on a create or delete.
 Reply = Callable[[Any, HPBrokerError | None], None]
@@ -67,8 +75,8 @@ class _Pending:
 class _Control:
     slot: int
     op: str
-    topics: frozenset[str]
-    config: dict[str, Any] | None = None  # the settings a configure carries
+    # topic -> the settings the control carries (those of an open or a configure; empty for a delete)
+    configs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class TopicAdmin:
@@ -83,7 +91,10 @@ class TopicAdmin:
         self._is_serving = is_serving
         self._timeout_s = timeout_s
         self._assigned: list[set[tuple[str, int]]] = [set() for _ in range(slots)]
-        self._applied: list[dict[str, dict[str, Any]]] = [{} for _ in range(slots)]
+        # topic -> settings the slot's process was given; None: unknown (a configure failed)
+        self._applied: list[dict[str, dict[str, Any] | None]] = [{} for _ in range(slots)]
+        self._unsent: set[int] = set()  # slots that refused a control: reconciled again by expire
+        self._retry_at = 0.0  # monotonic; expire retries no sooner
         self._controls: dict[int, _Control] = {}
         self._ids = itertools.count(1)
         self._creates: dict[str, _Pending] = {}
@@ -125,34 +136,46 @@ class TopicAdmin:
         """The slot's process is gone: its assignment and its unanswered controls with it."""
         self._assigned[slot] = set()
         self._applied[slot] = {}
+        self._unsent.discard(slot)
         for control_id in [i for i, c in self._controls.items() if c.slot == slot]:
             del self._controls[control_id]
         for pending in self._deletes.values():
             pending.sent.discard(slot)
 
     def reconcile(self, slot: int) -> None:
-        """Send a serving slot the ``open`` and ``delete`` controls that bring its process in step
-        with the store."""
+        """Send a serving slot the ``open``, ``configure`` and ``delete`` controls that bring its
+        process in step with the store.  A control the process cannot take now is left for
+        :meth:`expire` to send."""
+        self._unsent.discard(slot)
         if not self._is_serving(slot):
             return
+        sent = True
         missing = [s for s in self._desired(slot) if (s.topic, s.partition) not in self._assigned[slot]
                    and s.topic not in self._deletes]
         if missing:
-            topics = frozenset(s.topic for s in missing)
-            if self._control(slot, "open", topics, {"partitions": [s.to_json() for s in missing]}):
+            configs = {s.topic: dict(s.config) for s in missing}
+            if self._control(slot, "open", {"partitions": [s.to_json() for s in missing]}, configs):
                 self._assigned[slot].update((s.topic, s.partition) for s in missing)
-                self._applied[slot].update((s.topic, dict(s.config)) for s in missing)
+                self._applied[slot].update(configs)
+            else:
+                sent = False
+        applied = self._applied[slot]
         for topic in self._store.topics():
-            applied = self._applied[slot].get(topic.name)
-            if applied is not None and applied != topic.config and topic.name not in self._deletes:
+            name = topic.name
+            if name in applied and applied[name] != topic.config and name not in self._deletes:
                 config = dict(topic.config)
-                if self._control(slot, "configure", frozenset([topic.name]),
-                                 {"topic": topic.name, "config": config}, config):
-                    self._applied[slot][topic.name] = config
+                if self._control(slot, "configure", {"topic": name, "config": config}, {name: config}):
+                    applied[name] = config
+                else:
+                    sent = False
         for name, pending in self._deletes.items():
-            if slot in pending.waiting and slot not in pending.sent \
-                    and self._control(slot, "delete", frozenset([name]), {"topic": name}):
-                pending.sent.add(slot)
+            if slot in pending.waiting and slot not in pending.sent:
+                if self._control(slot, "delete", {"topic": name}, {name: {}}):
+                    pending.sent.add(slot)
+                else:
+                    sent = False
+        if not sent:
+            self._unsent.add(slot)
 
     def acked(self, slot: int, control_id: Any, error: Any) -> None:
         """A worker's ``{"op": "ack", "id": ..., "error": ...}``."""
@@ -163,12 +186,15 @@ class TopicAdmin:
         error_text = None if error is None else str(error)
         if error_text is not None:
             logger.error("[arbiter] slot %d failed %s of %s: %s", slot, control.op,
-                         ", ".join(sorted(control.topics)), error_text)
-        for name in control.topics:
+                         ", ".join(sorted(control.configs)), error_text)
+        for name, config in control.configs.items():
             if control.op == "open":
                 self._confirm_create(name, slot, error_text)
+                self._confirm_alter(name, slot, error_text, config)
             elif control.op == "configure":
-                self._confirm_alter(name, slot, error_text, control.config)
+                if error_text is not None and self._applied[slot].get(name) == config:
+                    self._applied[slot][name] = None  # unknown now: the next reconcile sends it again
+                self._confirm_alter(name, slot, error_text, config)
             else:
                 self._confirm_delete(name, slot, error_text)
 
@@ -232,7 +258,12 @@ class TopicAdmin:
         self._finish_delete(name)
 
     def expire(self, now: float) -> None:
-        """Answer with error 12 the clients whose create or delete outlived its deadline."""
+        """Send again the controls that serving slots refused (at most every ``RETRY_INTERVAL_S``),
+        and answer with error 12 the clients whose create, alter or delete outlived its deadline."""
+        if self._unsent and now >= self._retry_at:
+            self._retry_at = now + RETRY_INTERVAL_S
+            for slot in sorted(self._unsent):
+                self.reconcile(slot)
         for kind, table in (("create", self._creates), ("alter", self._alters), ("delete", self._deletes)):
             for name, pending in list(table.items()):
                 if now < pending.deadline:
@@ -266,12 +297,12 @@ class TopicAdmin:
                       for p in range(first, topic.partitions, self._slots)]
         return specs
 
-    def _control(self, slot: int, op: str, topics: frozenset[str], body: dict[str, Any],
-                 config: dict[str, Any] | None = None) -> bool:
+    def _control(self, slot: int, op: str, body: dict[str, Any], configs: dict[str, dict[str, Any]]) -> bool:
+        """Send a control about the topics ``configs`` names (with the settings it carries)."""
         control_id = next(self._ids)
         if not self._send_control(slot, op, {"id": control_id, **body}):
             return False
-        self._controls[control_id] = _Control(slot, op, topics, config)
+        self._controls[control_id] = _Control(slot, op, configs)
         return True
 
     def _confirm_create(self, name: str, slot: int, error: str | None) -> None:

@@ -6,7 +6,7 @@ import pytest
 
 from hpbroker.broker.topics import TopicStore
 from hpbroker.errors import InvalidTopicError, RequestTimedOutError, StorageError
-from hpbroker.workers.admin import TopicAdmin
+from hpbroker.workers.admin import RETRY_INTERVAL_S, TopicAdmin
 from hpbroker.workers.ownership import owner_slot
 
 SLOTS = 3
@@ -282,3 +282,54 @@ def test_unanswered_alter_times_out_with_error_12_and_a_failed_one_says_so(tmp_p
     h.admin.alter("again", "orders", {"flush_ms": "7"}, now=20)
     h.ack_all(h.take("configure")[-1:], error="InvalidConfigError: boom")
     assert isinstance(h.replies[-1][1], StorageError) and "boom" in h.replies[-1][1].message
+
+
+def test_an_open_carrying_the_altered_settings_confirms_the_alter(tmp_path):
+    h = Harness(tmp_path, serving=[0, 1])
+    h.boot_all()  # slot 2 respawned without the topic, still booting
+    h.admin.create("creator", "orders", 3, (), now=0)
+    h.admin.alter("client", "orders", {"flush_ms": "9"}, now=0)
+    h.ack_all(h.take("open"))
+    h.ack_all(h.take("configure"))
+    assert h.replies == []
+    h.serving.add(2)
+    h.admin.slot_ready(2)
+    (late,) = h.take("open")
+    assert late[0] == 2 and late[2]["partitions"][0]["config"] == {"flush_ms": 9}
+    assert h.take("configure") == []
+    h.ack_all([late])
+    assert sorted(h.replies) == [("client", None), ("creator", None)]
+
+
+def test_a_control_refused_by_a_busy_slot_is_sent_again_on_a_later_tick(tmp_path):
+    h = Harness(tmp_path)
+    h.store.create("orders", 1)
+    h.boot_all()
+    slot = owner_slot("orders", 0, SLOTS)
+    h.refuse = True
+    h.admin.alter("client", "orders", {"flush_ms": "5"}, now=0)
+    h.admin.expire(0.1)
+    assert h.sent == [] and h.replies == []
+    h.refuse = False
+    h.admin.expire(0.2)
+    h.admin.expire(0.2 + RETRY_INTERVAL_S)
+    (configure,) = h.take("configure")
+    assert configure[0] == slot and configure[2]["config"] == {"flush_ms": 5}
+    h.admin.expire(1 + 2 * RETRY_INTERVAL_S)
+    assert h.take() == [], "sent once"
+    h.ack_all([configure])
+    assert h.replies == [("client", None)]
+
+
+def test_a_failed_configure_is_sent_again_by_the_next_alter(tmp_path):
+    h = Harness(tmp_path)
+    h.store.create("orders", 1)
+    h.boot_all()
+    h.admin.alter("client", "orders", {"flush_ms": "5"}, now=0)
+    h.ack_all(h.take("configure"), error="StorageError: disk gone")
+    assert isinstance(h.replies[-1][1], StorageError)
+    h.admin.alter("again", "orders", {"flush_ms": "5"}, now=1)
+    (configure,) = h.take("configure")
+    assert configure[2]["config"] == {"flush_ms": 5} and h.replies[-1][0] == "client"
+    h.ack_all([configure])
+    assert h.replies[-1] == ("again", None)

@@ -4,6 +4,10 @@ once and survive a restart."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import pytest
 from harness import Client, start_broker, wait_until
 
@@ -12,6 +16,7 @@ from hpbroker.cli import main
 from hpbroker.client.admin import Admin
 from hpbroker.errors import InvalidConfigError, UnknownTopicOrPartitionError
 from hpbroker.records import build_batch, decode_records
+from hpbroker.workers.ownership import owner_slot
 
 TOPIC = "metrics"
 WORKERS = 2
@@ -22,9 +27,9 @@ BATCH = build_batch([b"x" * 200 for _ in range(4)], producer="alter-test")  # ab
 def broker(tmp_path):
     started = []
 
-    def start(log_name="broker.log", port=None):
+    def start(log_name="broker.log", port=None, env=None):
         process, port = start_broker(tmp_path / "data", tmp_path / log_name, workers=WORKERS, port=port,
-                                     env={"HPBROKER_RETENTION_CHECK_INTERVAL_MS": "100"})
+                                     env={"HPBROKER_RETENTION_CHECK_INTERVAL_MS": "100", **(env or {})})
         started.append(process)
         return process, port
 
@@ -106,6 +111,79 @@ def test_a_new_flush_policy_takes_effect_at_once(tmp_path, broker):
 
             response = wait_until(flushed, 5, what="the pending records flushed")
             assert [r.value for r in decode_records(bytes(response.payload))] == [b"x" * 200] * 4
+    finally:
+        client.close()
+
+
+# Settings that hold back every acknowledgement: a produce then times out, which shows that the
+# worker has them.
+NO_FLUSH = [protocol.TopicConfigEntry("flush_ms", "600000"),
+            protocol.TopicConfigEntry("flush_messages", "1000000")]
+
+
+def respawn_stopped(process, slot: int) -> int:
+    """Kill the slot's worker and SIGSTOP its successor while it recovers; its pid."""
+    old = process.worker_pids()[slot]
+    os.kill(old, signal.SIGKILL)
+    new = wait_until(lambda: process.worker_pids().get(slot, old) != old and process.worker_pids()[slot],
+                     10, 0.001, what="the respawn")
+    os.kill(new, signal.SIGSTOP)
+    assert f"slot={slot} pid={new} serving" not in process.log(), "ready before it could be stopped"
+    return new
+
+
+@pytest.mark.slow
+def test_an_alter_while_an_owner_recovers_is_confirmed_by_the_open_it_gets_when_ready(tmp_path, broker):
+    process, port = broker(env={"HPBROKER_ADMIN_TIMEOUT_MS": "5000"})
+    creator, alterer = Client(port), Client(port)
+    try:
+        # 100 logs to open make slot 1's recovery long enough to stop it in the middle.
+        header, _ = creator.request(protocol.CreateTopicRequest("bulk", 200), timeout_s=20)
+        assert header.error_code == 0
+        booting = respawn_stopped(process, 1)
+        create = creator.send(protocol.CreateTopicRequest(TOPIC, 2))
+
+        def created():
+            _, response = alterer.request(protocol.MetadataRequest([TOPIC]))
+            return response.topics[0].error_code == 0
+
+        wait_until(created, 5, what="the topic stored")
+        alter = alterer.send(protocol.AlterTopicConfigRequest(TOPIC, NO_FLUSH))
+        time.sleep(0.2)
+        os.kill(booting, signal.SIGCONT)
+        header, _ = creator.receive(protocol.ApiKey.CREATE_TOPIC, create, timeout_s=10)
+        assert header.error_code == 0
+        header, _ = alterer.receive(protocol.ApiKey.ALTER_TOPIC_CONFIG, alter, timeout_s=10)
+        assert header.error_code == 0, header
+        partition = next(p for p in range(2) if owner_slot(TOPIC, p, WORKERS) == 1)
+        assert produce(creator, partition, 1, timeout_ms=300) == [protocol_error("RequestTimedOutError")]
+    finally:
+        creator.close()
+        alterer.close()
+
+
+@pytest.mark.slow
+def test_a_configure_refused_by_a_busy_worker_is_sent_again(tmp_path, broker):
+    process, port = broker(env={"HPBROKER_ADMIN_TIMEOUT_MS": "5000", "HPBROKER_WORKER_TIMEOUT_MS": "60000"})
+    client = Client(port)
+    try:
+        header, _ = client.request(protocol.CreateTopicRequest(TOPIC, 1), timeout_s=10)
+        assert header.error_code == 0
+        slot = owner_slot(TOPIC, 0, WORKERS)
+        stopped = process.worker_pids()[slot]
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            # Unanswered produces fill the worker's queue: the arbiter cannot hand it the configure.
+            small = build_batch([b"y"], producer="alter-test")
+            for _ in range(20_000):
+                client.send(protocol.ProduceRequest(TOPIC, 0, acks=0, payload=small))
+            alter = client.send(protocol.AlterTopicConfigRequest(TOPIC, NO_FLUSH))
+            process.wait_for_log(rf"could not send configure to worker slot {slot}", timeout_s=10)
+        finally:
+            os.kill(stopped, signal.SIGCONT)
+        header, _ = client.receive(protocol.ApiKey.ALTER_TOPIC_CONFIG, alter, timeout_s=10)
+        assert header.error_code == 0, header
+        assert produce(client, 0, 1, timeout_ms=300) == [protocol_error("RequestTimedOutError")]
     finally:
         client.close()
 
