@@ -5,13 +5,16 @@ checked by ``hpbroker.io.verify``: batch framing, CRCs and records, offsets cont
 across segments, offset index entries at real batch starts with the right offsets, time index
 entries increasing and at indexed offsets, the recovery-point checkpoint and clean-shutdown
 marker sane.  One line per partition, ``OK`` or its problems (file, position, offset) on the lines
-below, then a summary.
+below, then a summary.  A partition that topics.json lists but that has no directory is a
+problem: whatever it held is gone.  What a crash leaves and the next open repairs (a torn tail in
+the last segment of a log not closed cleanly, a clean-shutdown marker cut short) is a note, shown
+with ``--verbose``, as are other harmless findings.
 
 The broker must be stopped: its data directory's ``.lock`` held by a running broker makes the
 check refuse (exit status 2), and holding it meanwhile keeps a broker from starting on the
 directory mid-check.  ``--force`` checks a live directory anyway, where appends in flight may
 show as problems.  Exit status: 0 when everything is valid, 1 when anything is not, 2 when the
-check cannot run.
+check cannot run (no such directory, a file it cannot read: the message names it).
 """
 
 from __future__ import annotations
@@ -39,38 +42,54 @@ def _run(args: argparse.Namespace) -> int:
     if not os.path.isdir(data_dir):
         print(f"hpbroker check: {data_dir} is not a directory", file=sys.stderr)
         return 2
-    fd, holder = lock_holder(data_dir)
-    if holder is not None:
-        if not args.force:
-            print(f"hpbroker check: {data_dir} is in use by a running broker (process {holder}); stop it "
-                  f"first, or pass --force to check anyway", file=sys.stderr)
-            return 2
-        print(f"warning: {data_dir} is in use by process {holder}: what it writes meanwhile may show as "
-              f"problems", file=sys.stderr)
+    fd = -1
     try:
+        fd, holder = lock_holder(data_dir)
+        if holder is not None:
+            if not args.force:
+                print(f"hpbroker check: {data_dir} is in use by a running broker (process {holder}); stop "
+                      f"it first, or pass --force to check anyway", file=sys.stderr)
+                return 2
+            print(f"warning: {data_dir} is in use by process {holder}: what it writes meanwhile may show "
+                  f"as problems", file=sys.stderr)
         return check_data_dir(data_dir, force=args.force, verbose=args.verbose)
+    except OSError as e:
+        print(f"hpbroker check: cannot check {data_dir}: {e.filename or data_dir}: {e.strerror or e}",
+              file=sys.stderr)
+        return 2
     finally:
         if fd >= 0:
             os.close(fd)
 
 
 def check_data_dir(data_dir: str, *, force: bool = False, verbose: bool = False, out=None) -> int:
-    """Check and print (module docstring); returns the exit status."""
+    """Check and print (module docstring); returns the exit status.  Raises OSError when a file
+    or directory cannot be read."""
     from hpbroker.broker.topics import TopicStore
     from hpbroker.errors import StorageError
-    from hpbroker.io.verify import check_partition
+    from hpbroker.io.verify import PartitionReport, Problem, check_partition
 
     out = out if out is not None else sys.stdout
     failures = 0
     try:
         topics = {t.name: t for t in TopicStore(data_dir).topics(include_deleting=True)}
     except StorageError as e:
+        if isinstance(e.__cause__, OSError):
+            raise e.__cause__ from None
         print(f"topics.json: {e.message}", file=out)
         topics, failures = {}, 1
     found = _partition_directories(data_dir)
+    listed = {f"{t.name}-{p}": (t.name, p) for t in topics.values() if not t.deleting
+              for p in range(t.partitions)}
+    every = {**listed, **found}
     reports = []
-    for name, (topic, partition) in sorted(found.items()):
-        report = check_partition(os.path.join(data_dir, name), name=name, ignore_lock=force)
+    for name, (topic, partition) in sorted(every.items()):
+        if name in found:
+            report = check_partition(os.path.join(data_dir, name), name=name, ignore_lock=force)
+        else:
+            report = PartitionReport(name)
+            report.problems.append(Problem(f"{name}/", -1, -1, "missing: topics.json lists the partition but "
+                                           "its directory is gone (the broker would create it empty)"))
         known = topics.get(topic)
         if known is None:
             report.notes.append(f"topic {topic!r} is not in topics.json")
@@ -80,11 +99,6 @@ def check_data_dir(data_dir: str, *, force: bool = False, verbose: bool = False,
             report.notes.append(f"topic {topic!r} is being deleted")
         reports.append(report)
         _print_report(report, out, verbose)
-    missing = [f"{t.name}-{p}" for t in topics.values() if not t.deleting for p in range(t.partitions)
-               if f"{t.name}-{p}" not in found]
-    if missing and verbose:
-        print(f"note: no directory yet for {', '.join(missing)} (created empty when the broker opens them)",
-              file=out)
     if verbose:
         for leftover in sorted(n for n in os.listdir(data_dir) if n.endswith(_DELETING_SUFFIX)):
             print(f"note: {leftover}: a deleted partition not yet removed (removed at the next delete)",
@@ -93,7 +107,7 @@ def check_data_dir(data_dir: str, *, force: bool = False, verbose: bool = False,
     problems = sum(len(r.problems) for r in reports)
     segments = sum(r.segments for r in reports)
     size = sum(r.size_in_bytes for r in reports)
-    print(f"checked {len(reports)} partitions of {len({t for t, _ in found.values()})} topics "
+    print(f"checked {len(reports)} partitions of {len({t for t, _ in every.values()})} topics "
           f"({segments} segments, {size} bytes): {len(reports) - bad} OK, {bad} with {problems} problems"
           + ("; topics.json unreadable" if failures else ""), file=out)
     return 1 if bad or failures else 0

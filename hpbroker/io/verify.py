@@ -8,16 +8,26 @@ or rebuild, or where acknowledged data rotted:
 - **batches** (:func:`walk_batches`): framing, CRC and every record (a deep scan, as appends are
   validated), each batch's base offset following its predecessor's last offset from the segment's
   base offset.  After a batch that fails but whose length field still frames it, the walk goes on
-  at the next batch, so one flipped bit hides nothing after it; it stops only where no batch can
-  be framed (a truncated or garbled tail);
+  at the next batch, expecting the offset after the failed batch's span from where it should
+  have started, so one flipped bit hides nothing after it and makes nothing after it look wrong;
+  it stops only where no batch can be framed (a truncated or garbled tail);
 - **segments**: each starts where the previous one ends (offsets contiguous across the log);
 - **offset index**: whole, strictly increasing entries; a non-empty log's first entry at offset 0,
   position 0; every entry at the position of a batch whose base offset is the entry's;
 - **time index**: whole, strictly increasing entries; each at an offset of the offset index, its
   timestamp the largest record timestamp of the segment up to that batch (the indexing rule of
-  ``hpbroker.io.segment``);
+  ``hpbroker.io.segment``; after a batch whose bytes fail, whose timestamps are unknown, only
+  "at least");
 - **state files**: the recovery-point checkpoint well formed and not past the log end; a
   clean-shutdown marker, if any, well formed and equal to the checkpoint and the log end.
+
+What a crash leaves is not damage, and is reported as a note: without a valid clean-shutdown
+marker (none, or one cut short by a crash while closing: ``hpbroker.io.checkpoint``), the last
+segment is recovered at the next open, so a **torn tail** there (bad batches up to the end of the
+file, none valid after them: half a batch, a zero-filled tail), at or after the recovery point,
+is what that open truncates; index entries past the valid end are dropped as it rebuilds the
+indexes.  The same bytes after a clean shutdown, or before the recovery point (records that were
+on disk), are problems.
 
 Nothing here writes: files are opened read-only, and a partition whose ``.lock`` is held (a
 running broker has the log open) is reported, not read.  Problems name the file, the byte
@@ -29,6 +39,7 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -104,8 +115,12 @@ class PartitionReport:
 
 @dataclass(frozen=True, slots=True)
 class SegmentBatch:
-    """One batch met by :func:`walk_batches`: where it is, the offsets and largest timestamp its
-    header gives (-1 when it cannot be framed), and ``error``, None for a valid batch."""
+    """One batch met by :func:`walk_batches`: where it is, the base offset and largest timestamp
+    its header gives (-1 when it cannot be framed), ``next_offset`` where its successor must start,
+    and ``error``, None for a valid batch.  For a batch that fails, ``next_offset`` is the offset
+    the batch should have started at plus its span (its header's ``last_offset_delta`` + 1), and
+    ``intact`` says whether its bytes check out apart from the offset (CRC, records): only then can
+    its timestamps be trusted."""
 
     position: int
     size: int
@@ -113,6 +128,7 @@ class SegmentBatch:
     next_offset: int
     max_timestamp: int
     error: str | None = None
+    intact: bool = True
 
 
 def walk_batches(data: bytes | mmap.mmap | memoryview, expected_offset: int = -1) -> Iterator[SegmentBatch]:
@@ -135,13 +151,16 @@ def walk_batches(data: bytes | mmap.mmap | memoryview, expected_offset: int = -1
         except CorruptRecordError:
             header = None
         if header is None or header.size <= 0 or position + header.size > size:
-            yield SegmentBatch(position, -1, scan.next_offset, -1, -1, error)
+            yield SegmentBatch(position, -1, scan.next_offset, -1, -1, error, intact=False)
             return
-        yield SegmentBatch(position, header.size, header.base_offset, header.next_offset,
-                           header.max_timestamp, error)
+        alone = _core.scan_batches(data[position : position + header.size], deep=True)
+        span = header.next_offset - header.base_offset
+        next_offset = scan.next_offset + span if expected_offset >= 0 else header.next_offset
+        yield SegmentBatch(position, header.size, header.base_offset, next_offset, header.max_timestamp,
+                           error, intact=alone.error is None and alone.batch_count == 1)
         position += header.size
         if expected_offset >= 0:
-            expected_offset = header.next_offset
+            expected_offset = next_offset
 
 
 def lock_holder(directory: str) -> tuple[int, str | None]:
@@ -171,19 +190,24 @@ def check_partition(directory: str, *, name: str | None = None, ignore_lock: boo
                                                                f"not checked (stop the broker first)"))
         return report
     try:
+        checkpoint = _read_state_file(directory, CHECKPOINT_FILE_NAME)
+        marker = _read_state_file(directory, CLEAN_SHUTDOWN_FILE_NAME)
+        clean = marker.offset is not None and marker.offset == checkpoint.offset
         bases = _segment_bases(directory, report)
         expected = -1
-        for base in bases:
+        for i, base in enumerate(bases):
             if expected >= 0 and base != expected:
                 how = "a gap" if base > expected else "an overlap"
                 report.problems.append(Problem(segment_file_name(base, LOG_SUFFIX), -1, base,
                                                f"{how}: the previous segment ends at offset {expected}"))
-            expected = _check_segment(directory, base, report)
+            # Without a clean shutdown the next open recovers the last segment from the recovery point.
+            recovered_from = None if clean or i < len(bases) - 1 else (checkpoint.offset or 0)
+            expected = _check_segment(directory, base, report, recovered_from)
         if bases:
             report.log_start_offset, report.log_end_offset = bases[0], expected
         else:
             report.notes.append("no segments (the next open creates an empty one)")
-        _check_state_files(directory, report)
+        _check_state_files(report, checkpoint, marker)
     finally:
         if fd >= 0:
             os.close(fd)
@@ -209,35 +233,79 @@ def _segment_bases(directory: str, report: PartitionReport) -> list[int]:
     return sorted(logs)
 
 
-def _check_segment(directory: str, base: int, report: PartitionReport) -> int:
+@dataclass(slots=True)
+class _SegmentScan:
+    """What the walk over one ``.log`` found, for the index checks."""
+
+    next_offset: int  # the offset after its last batch that can be framed
+    starts: dict[int, int] = field(default_factory=dict)  # position -> offset of the batch there
+    # offset -> (largest timestamp of the segment up to that batch, exact: no batch before it failed)
+    max_so_far: dict[int, tuple[int, bool]] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+    valid_end: int = -1  # position where a torn tail starts, -1 when there is none
+    torn_index_entries: int = 0  # index entries at or after it
+
+
+def _check_segment(directory: str, base: int, report: PartitionReport, recovered_from: int | None) -> int:
     """Check one segment's ``.log`` and indexes; returns the offset after its last batch (what
-    the next segment must start at)."""
+    the next segment must start at).  ``recovered_from``: the next open recovers this segment
+    from that offset on (it is the last one, not closed cleanly), so a torn tail from there on is
+    a note; None: it is not."""
     log_name = segment_file_name(base, LOG_SUFFIX)
     report.segments += 1
-    batches: dict[int, SegmentBatch] = {}  # by position: the batches that can be framed
-    max_so_far: dict[int, int] = {}  # base offset -> largest timestamp up to that batch
-    next_offset, largest = base, -1
     with open(os.path.join(directory, log_name), "rb") as f:
         size = os.fstat(f.fileno()).st_size
         report.size_in_bytes += size
         data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
         try:
-            for batch in walk_batches(data, base):
-                if batch.error is not None:
-                    report.problems.append(Problem(log_name, batch.position, batch.base_offset, batch.error))
-                if batch.size < 0:
-                    break
-                report.batches += 1
-                largest = max(largest, batch.max_timestamp)
-                batches[batch.position] = batch
-                max_so_far[batch.base_offset] = largest
-                next_offset = batch.next_offset
+            scan = _scan_segment(data, base, log_name)
         finally:
             if isinstance(data, mmap.mmap):
                 data.close()
-    indexed = _check_offset_index(directory, base, batches, report)
-    _check_time_index(directory, base, indexed, max_so_far, report)
-    return next_offset
+    torn = next((i for i, problem in enumerate(scan.problems) if problem.position >= scan.valid_end), None)
+    if scan.valid_end >= 0 and recovered_from is not None and torn is not None \
+            and scan.problems[torn].offset >= recovered_from:
+        first = scan.problems[torn]
+        report.notes.append(f"{log_name}: a torn tail (not closed cleanly): the next open truncates "
+                            f"{size - scan.valid_end} bytes at position {scan.valid_end}, offset "
+                            f"{first.offset} on ({first.message})")
+        del scan.problems[torn:]
+        scan.next_offset = first.offset
+    else:
+        scan.valid_end = -1
+    report.problems += scan.problems
+    indexed = _check_offset_index(directory, base, scan, report)
+    _check_time_index(directory, base, indexed, scan, report)
+    if scan.torn_index_entries:
+        report.notes.append(f"{segment_file_name(base, INDEX_SUFFIX)} and .timeindex: "
+                            f"{scan.torn_index_entries} entries past the valid end (dropped when the next "
+                            f"open rebuilds them)")
+    return scan.next_offset
+
+
+def _scan_segment(data: bytes | mmap.mmap, base: int, log_name: str) -> _SegmentScan:
+    """Walk the batches; ``valid_end`` is set where a run of bad batches that lasts to the end
+    of the file starts (whether that is a torn tail is for the caller to say)."""
+    scan = _SegmentScan(base)
+    largest, exact = -1, True
+    for batch in walk_batches(data, base):
+        offset = scan.next_offset  # the batch's, unless its header is wrong
+        if batch.error is None:
+            scan.valid_end = -1
+        else:
+            scan.problems.append(Problem(log_name, batch.position, offset, batch.error))
+            if scan.valid_end < 0:
+                scan.valid_end = batch.position
+        if batch.size < 0:
+            break
+        if batch.intact:
+            largest = max(largest, batch.max_timestamp)
+        else:
+            exact = False
+        scan.starts[batch.position] = offset
+        scan.max_so_far[offset] = (largest, exact)
+        scan.next_offset = batch.next_offset
+    return scan
 
 
 def _read_index(directory: str, base: int, suffix: str, report: PartitionReport) -> bytes | None:
@@ -250,39 +318,45 @@ def _read_index(directory: str, base: int, suffix: str, report: PartitionReport)
         return None
 
 
-def _check_offset_index(directory: str, base: int, batches: dict[int, SegmentBatch],
-                        report: PartitionReport) -> set[int]:
+def _check_offset_index(directory: str, base: int, scan: _SegmentScan, report: PartitionReport) -> set[int]:
     """Problems of the ``.index``; returns the relative offsets it holds."""
     name = segment_file_name(base, INDEX_SUFFIX)
     data = _read_index(directory, base, INDEX_SUFFIX, report)
     if data is None:
         return set()
+    if scan.valid_end >= 0:
+        data = data[: len(data) - len(data) % OFFSET_ENTRY_BYTES]  # a torn last entry
     try:
         relative_offsets, positions = parse_offset_index(data, name)
     except IndexCorruptError as e:
         report.problems.append(Problem(name, -1, -1, str(e).partition(": ")[2]))
         return set()
-    if batches and (not positions or positions[0] != 0 or relative_offsets[0] != 0):
+    if scan.starts and (not positions or positions[0] != 0 or relative_offsets[0] != 0):
         report.problems.append(Problem(name, 0, base, "does not start with offset 0 at position 0"))
     for i, (relative, position) in enumerate(zip(relative_offsets, positions, strict=True)):
-        batch = batches.get(position)
-        if batch is None:
+        offset = scan.starts.get(position)
+        if 0 <= scan.valid_end <= position:
+            scan.torn_index_entries += 1
+            continue
+        if offset is None:
             message = f"entry {i} points at position {position} of the .log, where no batch starts"
-        elif batch.base_offset != base + relative:
+        elif offset != base + relative:
             message = (f"entry {i} says offset {base + relative} at position {position} of the .log, "
-                       f"the batch there has base offset {batch.base_offset}")
+                       f"the batch there has base offset {offset}")
         else:
             continue
         report.problems.append(Problem(name, i * OFFSET_ENTRY_BYTES, base + relative, message))
     return set(relative_offsets)
 
 
-def _check_time_index(directory: str, base: int, indexed: set[int], max_so_far: dict[int, int],
+def _check_time_index(directory: str, base: int, indexed: set[int], scan: _SegmentScan,
                       report: PartitionReport) -> None:
     name = segment_file_name(base, TIME_INDEX_SUFFIX)
     data = _read_index(directory, base, TIME_INDEX_SUFFIX, report)
     if data is None:
         return
+    if scan.valid_end >= 0:
+        data = data[: len(data) - len(data) % TIME_ENTRY_BYTES]
     try:
         timestamps, relative_offsets = parse_time_index(data, name)
     except IndexCorruptError as e:
@@ -290,46 +364,73 @@ def _check_time_index(directory: str, base: int, indexed: set[int], max_so_far: 
         return
     for i, (timestamp, relative) in enumerate(zip(timestamps, relative_offsets, strict=True)):
         offset = base + relative
+        largest, exact = scan.max_so_far.get(offset, (timestamp, True))
+        if scan.valid_end >= 0 and offset >= scan.next_offset:
+            scan.torn_index_entries += 1
+            continue
         if relative not in indexed:
             message = f"entry {i} names offset {offset}, which has no offset index entry"
-        elif max_so_far.get(offset, timestamp) != timestamp:
+        elif timestamp != largest and (exact or timestamp < largest):
             message = (f"entry {i} says timestamp {timestamp} at offset {offset}, the largest timestamp "
-                       f"of the segment up to that batch is {max_so_far[offset]}")
+                       f"of the segment up to that batch is {'' if exact else 'at least '}{largest}")
         else:
             continue
         report.problems.append(Problem(name, i * TIME_ENTRY_BYTES, offset, message))
 
 
-def _read_state_file(directory: str, file_name: str, report: PartitionReport) -> int | None:
-    """The offset a checkpoint-format file holds; None when absent; -1 (a problem recorded) when
-    malformed."""
+@dataclass(frozen=True, slots=True)
+class _StateFile:
+    """A checkpoint-format file as read: ``offset`` None when absent or malformed."""
+
+    name: str
+    present: bool = False
+    content: bytes = b""
+    offset: int | None = None
+
+    @property
+    def torn(self) -> bool:
+        """Malformed as only a crash while writing it leaves it: empty, or cut short."""
+        return self.present and self.offset is None and _TORN_STATE_FILE.fullmatch(self.content) is not None
+
+
+# A prefix of "<version>\n<offset>\n": what a crash while writing a state file may leave.
+_TORN_STATE_FILE = re.compile(rb"(%d(\n([0-9]+)?)?)?" % CHECKPOINT_VERSION)
+
+
+def _read_state_file(directory: str, file_name: str) -> _StateFile:
     try:
         with open(os.path.join(directory, file_name), "rb") as f:
             content = f.read(_MAX_STATE_FILE_BYTES + 1)
     except FileNotFoundError:
-        return None
+        return _StateFile(file_name)
     lines = content.split(b"\n")
     if len(content) > _MAX_STATE_FILE_BYTES or len(lines) != 3 or lines[2] \
             or lines[0] != str(CHECKPOINT_VERSION).encode() or not lines[1].isdigit():
-        report.problems.append(Problem(file_name, 0, -1, f"malformed: {content[:_MAX_STATE_FILE_BYTES]!r}"))
-        return -1
-    return int(lines[1])
+        return _StateFile(file_name, True, content)
+    return _StateFile(file_name, True, content, int(lines[1]))
 
 
-def _check_state_files(directory: str, report: PartitionReport) -> None:
-    checkpoint = _read_state_file(directory, CHECKPOINT_FILE_NAME, report)
+def _check_state_files(report: PartitionReport, checkpoint: _StateFile, marker: _StateFile) -> None:
     end = report.log_end_offset
-    if checkpoint is None:
+    if not checkpoint.present:
         report.notes.append("no recovery-point checkpoint (the next open scans every segment)")
-    elif checkpoint >= 0 and end >= 0 and checkpoint > end:
-        report.problems.append(Problem(CHECKPOINT_FILE_NAME, -1, checkpoint,
+    elif checkpoint.offset is None:
+        report.problems.append(Problem(checkpoint.name, 0, -1,
+                                       f"malformed: {checkpoint.content[:_MAX_STATE_FILE_BYTES]!r}"))
+    elif end >= 0 and checkpoint.offset > end:
+        report.problems.append(Problem(checkpoint.name, -1, checkpoint.offset,
                                        f"the recovery point is past the log end offset {end}: records "
                                        f"that were on disk are missing"))
-    marker = _read_state_file(directory, CLEAN_SHUTDOWN_FILE_NAME, report)
-    if marker is None:
+    if not marker.present:
         report.notes.append("not closed cleanly (no clean-shutdown marker): the next open recovers "
                             "from the checkpoint")
-    elif marker >= 0 and (marker != checkpoint or marker != end):
-        report.problems.append(Problem(CLEAN_SHUTDOWN_FILE_NAME, -1, marker,
-                                       f"says the log was closed at offset {marker}, but the checkpoint "
-                                       f"says {checkpoint} and the log ends at {end}"))
+    elif marker.torn:
+        report.notes.append(f"not closed cleanly (the clean-shutdown marker was cut short while closing: "
+                            f"{marker.content!r}): the next open ignores it and recovers from the checkpoint")
+    elif marker.offset is None:
+        report.problems.append(Problem(marker.name, 0, -1,
+                                       f"malformed: {marker.content[:_MAX_STATE_FILE_BYTES]!r}"))
+    elif marker.offset != checkpoint.offset or marker.offset != end:
+        report.problems.append(Problem(marker.name, -1, marker.offset,
+                                       f"says the log was closed at offset {marker.offset}, but the "
+                                       f"checkpoint says {checkpoint.offset} and the log ends at {end}"))
