@@ -8,6 +8,7 @@ Layout (imports point down this list, never up):
 - ``hpbroker.io``       storage: segments, indexes and the partition log (no zmq, no kazoo)
 - ``hpbroker.protocol`` the wire protocol, sans I/O: requests and responses to and from bytes
 - ``hpbroker.client``   the client library: Producer, Consumer (protocol + records, never storage)
+- ``hpbroker.metrics``  Prometheus metrics, sans broker: histogram, text format, HTTP endpoint
 - ``hpbroker.broker``, ``hpbroker.workers``  the broker process: config, topics, arbiter, workers
 - ``hpbroker.cli``      the ``hpbroker`` command
 

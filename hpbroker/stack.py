@@ -78,6 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--fetch-port", type=int, help="the broker's first TCP data port")
     parser.add_argument("--workers", type=int, help="the broker's I/O worker processes")
     parser.add_argument("--broker-id", type=int, help="the broker's id")
+    parser.add_argument("--metrics-port", type=int, help="the broker's port for Prometheus (GET /metrics)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="logging threshold of the stack and the broker (default INFO)")
     parser.add_argument("--log-format", default="text", choices=LOG_FORMATS,
@@ -111,7 +112,8 @@ def run_stack(argv: Sequence[str] | None = None) -> int:
     setup_logging(args.log_level, args.log_format)
     data_dir = Path(args.data_dir).absolute()
     flags = {"host": args.host, "port": args.port, "fetch_port": args.fetch_port, "workers": args.workers,
-             "broker_id": args.broker_id, "data_dir": str(data_dir / "broker")}
+             "broker_id": args.broker_id, "metrics_port": args.metrics_port,
+             "data_dir": str(data_dir / "broker")}
     try:
         config = BrokerConfig.load(args.config, **flags)  # checked now, before anything starts
         if args.zookeeper is not None:
@@ -219,11 +221,15 @@ class _Stack:
                          f"{self.server.directory})")
         else:
             zookeeper = f"{self.connect_string} (external)"
+        metrics_host = self.config.metrics_host or registration.host
+        metrics = (f"  metrics    http://{metrics_host}:{self.config.metrics_port}/metrics (Prometheus)\n"
+                   if self.config.metrics_port else "")
         print(f"hpbroker {__version__} stack up\n"
               f"  zookeeper  {zookeeper}\n"
               f"  broker {registration.broker_id}   tcp://{registration.host}:{registration.port} (ZeroMQ "
               f"front-end), data ports {data_ports} (TCP) (pid {self.broker.pid}; data in "
               f"{self.config.data_dir})\n"
+              f"{metrics}"
               f"Ctrl-C or SIGTERM stops both.", flush=True)
 
     # --- running and stopping -------------------------------------------------------------------

@@ -92,6 +92,14 @@ class BrokerConfig:
     #: also the longest the broker waits at start for a ZooKeeper connection.  Default 6000.
     #: Range [1000, 600_000] (the server may narrow it: 2 to 20 ticks by default).
     zookeeper_session_timeout_ms: int = 6000
+    #: TCP port of the HTTP metrics endpoint, ``GET /metrics`` in the Prometheus text format
+    #: (docs/METRICS.md).  Default 0: no endpoint.  Range [0, 65535]; not ``port`` or a data port.
+    metrics_port: int = 0
+    #: address the metrics endpoint binds to.  Default empty: ``host``.
+    metrics_host: str = ""
+    #: ms between two reads of the consumer groups' committed offsets from ZooKeeper, for the lag
+    #: metrics (only with ``zookeeper`` and ``metrics_port`` set).  Default 5000.
+    metrics_lag_interval_ms: int = 5000
     #: log settings of topics that do not override them.
     log: LogConfig = field(default_factory=LogConfig)
 
@@ -110,7 +118,9 @@ class BrokerConfig:
         _check_int("admin_timeout_ms", self.admin_timeout_ms, 1, 2**31 - 1)
         _check_int("default_partitions", self.default_partitions, 1, 100_000)
         _check_int("zookeeper_session_timeout_ms", self.zookeeper_session_timeout_ms, 1000, 600_000)
-        for name in ("host", "data_dir", "run_dir", "zookeeper"):
+        _check_int("metrics_port", self.metrics_port, 0, 65535)
+        _check_int("metrics_lag_interval_ms", self.metrics_lag_interval_ms, 100, 2**31 - 1)
+        for name in ("host", "data_dir", "run_dir", "zookeeper", "metrics_host"):
             if not isinstance(getattr(self, name), str):
                 raise InvalidConfigError(f"{name} must be a string, got {getattr(self, name)!r}")
         if not self.host or not self.data_dir:
@@ -127,6 +137,10 @@ class BrokerConfig:
         if self.port in range(self.fetch_port, self.fetch_port + self.workers):
             last = self.fetch_port + self.workers - 1
             raise InvalidConfigError(f"port {self.port} collides with data ports {self.fetch_port}..{last}")
+        data_ports = range(self.fetch_port, self.fetch_port + self.workers)
+        if self.metrics_port and (self.metrics_port == self.port or self.metrics_port in data_ports):
+            raise InvalidConfigError(f"metrics_port {self.metrics_port} collides with port {self.port} or "
+                                     f"data ports {self.fetch_port}..{data_ports[-1]}")
 
     @classmethod
     def load(cls, path: str | None = None, *, environ: Mapping[str, str] | None = None,

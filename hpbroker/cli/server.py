@@ -29,6 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--workers", type=int, help="I/O worker processes")
     serve.add_argument("--data-dir", metavar="DIR", help="where topics and partitions are kept")
     serve.add_argument("--broker-id", type=int, help="this broker's id")
+    serve.add_argument("--metrics-port", type=int,
+                       help="HTTP port of GET /metrics for Prometheus (default 0: no endpoint)")
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                        help="logging threshold (default INFO); the log goes to stderr")
     serve.add_argument("--log-format", default="text", choices=["text", "json"],
@@ -45,7 +47,7 @@ def serve_command(args: argparse.Namespace) -> int:
     from hpbroker.workers.arbiter import Arbiter
 
     overrides = {"host": args.host, "port": args.port, "fetch_port": args.fetch_port, "workers": args.workers,
-                 "data_dir": args.data_dir, "broker_id": args.broker_id}
+                 "data_dir": args.data_dir, "broker_id": args.broker_id, "metrics_port": args.metrics_port}
     try:
         config = BrokerConfig.load(args.config, **overrides)
     except InvalidConfigError as e:
@@ -56,7 +58,9 @@ def serve_command(args: argparse.Namespace) -> int:
     last_port = config.fetch_port + config.workers - 1
     print(f"hpbroker {__version__}: broker {config.broker_id} on tcp://{config.host}:{config.port} "
           f"(ZeroMQ), data ports {config.fetch_port}..{last_port} (TCP), {config.workers} workers, "
-          f"data in {os.path.abspath(config.data_dir)}", flush=True)
+          f"data in {os.path.abspath(config.data_dir)}"
+          + (f", metrics on http://{config.metrics_host or config.host}:{config.metrics_port}/metrics"
+             if config.metrics_port else ""), flush=True)
     return Arbiter(config).run()
 
 

@@ -21,7 +21,9 @@ Processes and sockets::
   the log end until new records are flushed or their wait runs out (long polling).
 
 Arbiter and workers speak over the backend socket with the small framing of
-``hpbroker.workers.backend``.  ZeroMQ contexts are created after ``fork``, in each process.
+``hpbroker.workers.backend``.  With ``metrics_port`` set, each worker also writes what it measured
+(``hpbroker.workers.stats``) next to its heartbeat, and the arbiter serves it all to Prometheus
+(``hpbroker.workers.exporter``).  ZeroMQ contexts are created after ``fork``, in each process.
 Imports: workers use storage (``hpbroker.io``), the protocol and the backend framing; nothing
 here is imported by storage or by the client.
 """

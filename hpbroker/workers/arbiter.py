@@ -51,6 +51,15 @@ later never touch the member.  Stopping closes the session right after the worke
 stop, so the broker leaves the registry when it stops accepting connections, not once they have
 flushed.
 
+**Metrics.**  With ``config.metrics_port`` set, a :class:`~hpbroker.workers.exporter.MetricsEndpoint`
+binds the HTTP port during start (before the first fork: a port in use stops the broker, and
+every worker closes the inherited socket like the others) and serves ``GET /metrics`` from a
+daemon thread started once the first workers are forked, with the arbiter's signals blocked.  The
+loop only hands it data: the slot table after every change of a slot's state, the topics when the
+store changes, and the front-end's connection events; with ZooKeeper it also reads the consumer
+groups' committed offsets on a thread of its own.  A scrape never waits on the loop, nor the loop
+on a scrape.
+
 **Service manager.**  Under systemd (``$NOTIFY_SOCKET``, ``hpbroker.workers.notify``) the loop
 sends ``READY=1`` once every worker serves for the first time (sockets bound, ZooKeeper joined,
 every partition recovered), ``STATUS=`` lines while recovering, after a respawn and when serving
@@ -87,10 +96,12 @@ from hpbroker.broker.topics import TopicStore
 from hpbroker.errors import HPBrokerError, InvalidConfigError
 from hpbroker.io.files import lock_directory, make_directory
 from hpbroker.workers import backend
+from hpbroker.workers.exporter import MetricsEndpoint, SlotView
 from hpbroker.workers.frontend import Frontend
 from hpbroker.workers.heartbeat import heartbeat_path
 from hpbroker.workers.notify import ServiceNotifier
 from hpbroker.workers.slots import RESTART_LIMIT, RESTART_WINDOW_S, Slot, SlotState
+from hpbroker.workers.stats import stats_path
 
 if TYPE_CHECKING:  # kazoo is loaded only by a broker configured with ZooKeeper
     from hpbroker.coord.member import BrokerMember
@@ -136,6 +147,8 @@ class Arbiter:
         self._store: TopicStore | None = None
         self._member: BrokerMember | None = None  # ZooKeeper membership, when configured
         self._member_version = -1  # the store version last handed to the member
+        self._metrics: MetricsEndpoint | None = None  # the HTTP metrics endpoint, when configured
+        self._metrics_version = -1  # the store version last handed to it
         self._context: zmq.Context | None = None
         self._front: zmq.Socket | None = None
         self._back: zmq.Socket | None = None
@@ -171,6 +184,7 @@ class Arbiter:
                 self._halt("cannot bind")
                 self._wait_all(self._stop_deadline)
                 return self._exit_status
+            self._start_metrics()
             if not self._join_zookeeper():
                 self._wait_all(self._stop_deadline)
                 return self._exit_status
@@ -214,6 +228,9 @@ class Arbiter:
         self._frontend = Frontend(config, store, self._slots, self._run_dir,
                                   admin_timeout_s=config.admin_timeout_ms / 1000,
                                   cluster=lambda: self._member.cluster.snapshot if self._member else None)
+        if config.metrics_port:
+            frontend = self._frontend
+            self._metrics = MetricsEndpoint(config, self._run_dir, lambda: dict(frontend.error_counts))
         if sys.platform.startswith("linux"):
             with contextlib.suppress(OSError, AttributeError):
                 self._prctl = ctypes.CDLL(None, use_errno=True).prctl
@@ -257,6 +274,9 @@ class Arbiter:
         signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)  # inherited by every kazoo thread
         try:
             member.start(*self._cluster_snapshot())
+            if self._metrics is not None:  # its thread, too, with the signals blocked
+                self._metrics.watch_groups(member.session, config.metrics_lag_interval_ms / 1000,
+                                           self._topic_names())
         except HPBrokerError as e:
             logger.error("[arbiter] cannot join ZooKeeper: %s", e.message)
             self._halt("cannot join ZooKeeper")
@@ -279,7 +299,33 @@ class Arbiter:
         return broker, {t.name: TopicRegistration(t.name, t.partitions, dict(t.config), config.broker_id)
                         for t in topics}
 
+    def _start_metrics(self) -> None:
+        """Serve the metrics endpoint from its thread, which must see none of the loop's signals."""
+        if self._metrics is None:
+            return
+        assert self._front is not None
+        signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+        try:
+            self._metrics.start(self._front)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+        self._publish_slots()
+        host, port = self._metrics.address
+        logger.info("[arbiter] metrics on http://%s:%d/metrics", f"[{host}]" if ":" in host else host, port)
+
+    def _publish_slots(self) -> None:
+        """Hand the metrics endpoint the slot table as it is now (after every change of state)."""
+        if self._metrics is not None:
+            self._metrics.slots = tuple(SlotView(s.index, s.state.value, s.pid, max(0, s.forks - 1))
+                                        for s in self._slots)
+
+    def _topic_names(self) -> frozenset[str]:
+        assert self._store is not None
+        return frozenset(t.name for t in self._store.topics())
+
     def _leave_zookeeper(self) -> None:
+        if self._metrics is not None:
+            self._metrics.stop_watching_groups()
         if self._member is not None:
             self._member.close()
             self._member = None
@@ -287,6 +333,8 @@ class Arbiter:
 
     def _cleanup(self) -> None:
         self._leave_zookeeper()
+        if self._metrics is not None:  # before the ZeroMQ context: it holds a monitor socket
+            self._metrics.close()
         self._notifier.close()
         for sock in (self._front, self._back):
             if sock is not None:
@@ -377,6 +425,7 @@ class Arbiter:
             self._become_worker(slot.index, specs)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
         slot.forked(pid, time.monotonic())
+        self._publish_slots()
         logger.info("[arbiter] forked worker slot=%d pid=%d with %d partitions", slot.index, pid, len(specs))
 
     def _become_worker(self, index: int, specs: list[backend.PartitionSpec]) -> NoReturn:
@@ -435,6 +484,7 @@ class Arbiter:
         pid, asked = slot.pid, slot.state is SlotState.STOPPING
         how = f"exit status {code}" if code >= 0 else f"signal {signal.Signals(-code).name}"
         deaths = slot.reaped(time.monotonic(), count_death=not self._stopping)
+        self._publish_slots()
         _remove_heartbeat(self._run_dir, slot.index)
         assert self._frontend is not None
         self._frontend.slot_down(slot.index, pid)
@@ -467,6 +517,7 @@ class Arbiter:
                        slot.index, body, slot.pid, slot.state.value)
             return
         slot.state, slot.ready_wall = SlotState.SERVING, time.time()
+        self._publish_slots()
         logger.info("[arbiter] worker slot=%d pid=%d serving (ready in %.2f s)", slot.index, slot.pid,
                     time.monotonic() - slot.forked_at)
         assert self._frontend is not None
@@ -500,6 +551,7 @@ class Arbiter:
             deadline = time.monotonic() + grace_s
             slot.kill_at = deadline if slot.kill_at is None else min(slot.kill_at, deadline)
         slot.state = SlotState.STOPPING
+        self._publish_slots()
         level = logging.INFO if self._stopping else logging.ERROR
         logger.log(level, "[arbiter] worker slot=%d pid=%d %s: %s", slot.index, slot.pid, reason,
                    signal.Signals(signum).name)
@@ -529,6 +581,8 @@ class Arbiter:
         if self._stopping:
             return
         self._stopping = True
+        if self._metrics is not None:
+            self._metrics.stopping = True
         grace_s = self.config.graceful_timeout_ms / 1000
         self._stop_deadline = time.monotonic() + grace_s
         logger.info("[arbiter] stopping (%s): waiting up to %g s for the workers", reason, grace_s)
@@ -551,11 +605,17 @@ class Arbiter:
         poller.register(self._wakeup[0], zmq.POLLIN)
         poller.register(self._back, zmq.POLLIN)
         poller.register(self._front, zmq.POLLIN)
+        peers = self._metrics.peers_socket if self._metrics is not None else None
+        drain_peers = self._metrics.drain_peers if self._metrics is not None else None
+        if peers is not None:
+            poller.register(peers, zmq.POLLIN)
         front_registered = True
         while True:
             events = dict(poller.poll(_POLL_MS))
             if self._back in events:  # first: what a worker said before dying still counts
                 self._drain_backend()
+            if drain_peers is not None and peers in events:
+                drain_peers()
             if self._wakeup[0] in events:
                 with contextlib.suppress(BlockingIOError):
                     while os.read(self._wakeup[0], 512):
@@ -630,6 +690,9 @@ class Arbiter:
         if self._member is not None and self._store.version != self._member_version:
             self._member_version = self._store.version
             self._member.update(*self._cluster_snapshot())
+        if self._metrics is not None and self._store.version != self._metrics_version:
+            self._metrics_version = self._store.version
+            self._metrics.set_topics(self._topic_names())
 
     def _check_slot(self, slot: Slot, now: float) -> None:
         """SIGABRT a worker that is late to boot or silent; SIGKILL one that ignored its signal."""
@@ -696,7 +759,8 @@ def _heartbeat_mtime(run_dir: str, slot: int) -> float:
 
 
 def _remove_heartbeat(run_dir: str, slot: int) -> None:
-    """Forget a slot's heartbeat, so a reaped process's age and offsets are never taken for its
-    successor's."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(heartbeat_path(run_dir, slot))
+    """Forget a slot's heartbeat and stats, so a reaped process's age, offsets and counters are
+    never taken for its successor's."""
+    for path in (heartbeat_path(run_dir, slot), stats_path(run_dir, slot)):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)

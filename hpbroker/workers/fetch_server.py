@@ -239,7 +239,7 @@ class FetchServer:
                 slot = _Slot()
                 conn.slots.append(slot)
                 responder = functools.partial(self._deliver, conn, slot)
-                self._handler.dispatch(header, request, responder, conn, SERVED_API_KEYS)
+                self._handler.dispatch(header, request, responder, conn, SERVED_API_KEYS, "tcp")
                 if conn.closed:
                     return
         except HPBrokerError as e:

@@ -17,7 +17,8 @@ A client message on the front-end ROUTER is ``[client_id, head, payload?]``.  Th
 
 A request whose header parses but whose body does not gets an error response with its
 correlation id; one whose header does not parse cannot be answered and is dropped (logged).  A
-produce with ``acks`` 0 never gets a response, not even an error.
+produce with ``acks`` 0 never gets a response, not even an error.  Every error response sent from
+here is counted in :attr:`Frontend.error_counts` (for the metrics endpoint, which copies it).
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ class Frontend:
         # Per slot: the relayed requests its process has not answered, (client, correlation id) ->
         # api key, so that they can be answered with error 15 if it dies.
         self._in_flight: list[dict[tuple[bytes, int], int]] = [{} for _ in slots]
+        self.error_counts: dict[tuple[int, int], int] = {}  # (api key, error code) -> responses
         self.admin = TopicAdmin(store, len(slots), send_control=self.send_control, reply=self._answer_waiter,
                                 is_serving=lambda index: slots[index].serving, timeout_s=admin_timeout_s)
 
@@ -316,6 +318,7 @@ class Frontend:
         code, text = 0, ""
         if isinstance(outcome, HPBrokerError):
             code, text = outcome.code, outcome.message[:_MAX_ERROR_MESSAGE]
+            self.error_counts[api_key, code] = self.error_counts.get((api_key, code), 0) + 1
         body = outcome if isinstance(outcome, protocol.Message) else response_type()
         frames = protocol.encode_response(body, correlation_id, code, text)
         self._front.send_multipart([client, *frames], copy=False)

@@ -9,6 +9,9 @@ decode the frames, pick the request types they serve, and deliver the replies.
 Errors never escape: an :class:`~hpbroker.errors.HPBrokerError` becomes an error response with
 its code and message, anything else an ``UnknownServerError`` response and a logged traceback.
 An acks=0 produce gets no response at all, not even an error.
+
+Every request is counted and its answer measured (``hpbroker.workers.stats``): its responder is
+wrapped in a :class:`~hpbroker.workers.stats.TimedResponder` as it arrives.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from hpbroker.errors import HPBrokerError, InvalidRequestError, StorageError, Un
 from hpbroker.protocol import ApiKey
 from hpbroker.workers.partitions import FETCH_MAX_BYTES, FetchWaiter, PartitionSet
 from hpbroker.workers.replies import Responder, error_reply, list_offsets_reply
+from hpbroker.workers.stats import TimedResponder, WorkerStats
 
 __all__ = ["RELAYED_API_KEYS", "RequestHandler"]
 
@@ -37,8 +41,9 @@ RELAYED_API_KEYS = frozenset({ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.LIST_OFFSETS}
 class RequestHandler:
     """Serves produce, fetch and list-offsets requests; single-threaded (the event loop)."""
 
-    def __init__(self, partitions: PartitionSet) -> None:
+    def __init__(self, partitions: PartitionSet, stats: WorkerStats) -> None:
         self._partitions = partitions
+        self._stats = stats
 
     def handle_relayed(self, frames: Sequence[Any], responder: Responder, order_key: Hashable) -> None:
         """A request relayed by the arbiter, as its protocol frames.  One that does not parse is
@@ -58,10 +63,12 @@ class RequestHandler:
         self.dispatch(header, request, responder, order_key, RELAYED_API_KEYS)
 
     def dispatch(self, header: protocol.RequestHeader, request: protocol.Message, responder: Responder,
-                 order_key: Hashable, served: Collection[int]) -> None:
+                 order_key: Hashable, served: Collection[int], transport: str = "zmq") -> None:
         """Serve a decoded request.  ``order_key`` names who must get its fetch responses in order
-        (a client, a connection); ``served`` are the API keys this transport accepts."""
+        (a client, a connection); ``served`` are the API keys this transport accepts;
+        ``transport`` names it for the measurements (``"zmq"``: relayed, ``"tcp"``: data port)."""
         api_key = header.api_key
+        responder = self._stats.timed(responder, api_key, transport)
         try:
             if api_key not in served:
                 raise InvalidRequestError(f"{type(request).__name__} (api_key {api_key}) is not served here; "
@@ -92,13 +99,16 @@ class RequestHandler:
         partition.produce(payload, request.acks, header.correlation_id, responder, deadline,
                           request.timeout_ms, immutable=_received_frame(payload))
 
-    def _fetch(self, header: protocol.RequestHeader, request: protocol.FetchRequest, responder: Responder,
-               order_key: Hashable) -> None:
+    def _fetch(self, header: protocol.RequestHeader, request: protocol.FetchRequest,
+               responder: TimedResponder, order_key: Hashable) -> None:
         partition = self._partitions.get(request.topic, request.partition)
+        responder.partition = partition
         max_bytes = min(max(request.max_bytes, 1), FETCH_MAX_BYTES)
         waiter = FetchWaiter(header.correlation_id, responder, order_key, request.offset, max_bytes,
                              request.min_bytes, expired=request.max_wait_ms == 0)
         partition.fetch(waiter, time.monotonic() + request.max_wait_ms / 1000)
+        if not waiter.finished:
+            responder.parked = True
 
     def _list_offsets(self, header: protocol.RequestHeader, request: protocol.ListOffsetsRequest,
                       responder: Responder) -> None:

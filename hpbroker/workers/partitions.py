@@ -32,7 +32,7 @@ import os
 import shutil
 from collections import deque
 from collections.abc import Hashable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpbroker import protocol
 from hpbroker.errors import (
@@ -48,6 +48,9 @@ from hpbroker.io.files import fsync_dir
 from hpbroker.io.log import FlushJob
 from hpbroker.workers.backend import PartitionSpec
 from hpbroker.workers.replies import Responder, error_reply, fetch_error_reply, fetch_reply, produce_reply
+
+if TYPE_CHECKING:
+    from hpbroker.workers.stats import WorkerStats
 
 __all__ = [
     "FETCH_MAX_BYTES",
@@ -230,10 +233,15 @@ class FetchWaiter:
 class Partition:
     """One owned partition: its log, its flushes in flight and the requests waiting on it (see
     the module docstring).  ``dirty`` is the set's set of partitions with records pending and not
-    yet handed to a flush, which the loop checks at their flush deadline."""
+    yet handed to a flush, which the loop checks at their flush deadline.
+
+    Its counters (``hpbroker.workers.stats``): ``produced_records`` and ``produced_bytes``
+    appended by produce requests, ``fetched_records`` and ``fetched_bytes`` handed out by fetch
+    responses (counted by the request's :class:`~hpbroker.workers.stats.TimedResponder`),
+    ``flushes_done`` and ``flushed_bytes`` of the group commits applied to the log."""
 
     def __init__(self, topic: str, partition: int, log: PartitionLog, flusher: Flusher,
-                 deadlines: DeadlineQueue, dirty: set[Partition]) -> None:
+                 deadlines: DeadlineQueue, dirty: set[Partition], stats: WorkerStats | None = None) -> None:
         self.topic = topic
         self.partition = partition
         self.log = log
@@ -241,9 +249,13 @@ class Partition:
         self.produces: deque[ProduceWaiter] = deque()
         self.fetches: dict[Hashable, deque[FetchWaiter]] = {}
         self.checkpointed = log.high_watermark  # the high watermark at the last checkpoint
+        self.produced_records = self.produced_bytes = self.fetched_records = self.fetched_bytes = 0
+        self.flushes_done = self.flushed_bytes = 0
         self._flusher = flusher
         self._deadlines = deadlines
         self._dirty = dirty
+        self._stats = stats
+        log.on_flush = self._flushed
 
     def __repr__(self) -> str:
         return f"Partition({self.log.name})"
@@ -264,6 +276,8 @@ class Partition:
                 return
             self._answer_in_order(ProduceWaiter(correlation_id, responder, error=e))
             return
+        self.produced_records += info.record_count
+        self.produced_bytes += payload.nbytes
         self.flush_if_due()
         if self.log.flush_deadline_ms is not None:
             self._dirty.add(self)
@@ -324,6 +338,13 @@ class Partition:
             self._drain_fetches(key)
 
     # --- deadlines, flushing ----------------------------------------------------------------
+
+    def _flushed(self, job: FlushJob) -> None:
+        """The log applied a group commit (``PartitionLog.on_flush``)."""
+        self.flushes_done += 1
+        self.flushed_bytes += job.written
+        if self._stats is not None:
+            self._stats.flushed(job)
 
     def expire(self, waiter: ProduceWaiter | FetchWaiter) -> None:
         """``waiter``'s deadline has passed."""
@@ -435,12 +456,15 @@ class Partition:
 
 class PartitionSet:
     """Every partition the worker owns, by ``(topic, partition)``, and the machinery they share:
-    the flusher, the deadlines of waiting requests, the partitions with records pending."""
+    the flusher, the deadlines of waiting requests, the partitions with records pending, the
+    worker's measurements (``stats``, fed each flush)."""
 
-    def __init__(self, data_dir: str, default_config: LogConfig, flusher: Flusher) -> None:
+    def __init__(self, data_dir: str, default_config: LogConfig, flusher: Flusher,
+                 stats: WorkerStats | None = None) -> None:
         self._data_dir = data_dir
         self._default_config = default_config
         self._flusher = flusher
+        self._stats = stats
         self._by_key: dict[tuple[str, int], Partition] = {}
         self._dirty: set[Partition] = set()
         self.deadlines = DeadlineQueue()
@@ -468,7 +492,8 @@ class PartitionSet:
         name = f"{spec.topic}-{spec.partition}"
         log = PartitionLog(partition_directory(self._data_dir, spec.topic, spec.partition), config,
                            flush_on_append=False, name=name)
-        partition = Partition(spec.topic, spec.partition, log, self._flusher, self.deadlines, self._dirty)
+        partition = Partition(spec.topic, spec.partition, log, self._flusher, self.deadlines, self._dirty,
+                              self._stats)
         self._by_key[key] = partition
         return partition
 

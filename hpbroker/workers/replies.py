@@ -43,13 +43,15 @@ class Reply:
     """One response: ``head`` (header + body), then ``payload`` or the bytes of ``file_slice``.
 
     ``api_key`` and ``correlation_id`` travel along so a transport that fails to read the slice
-    can still answer with an error."""
+    can still answer with an error; ``error_code`` (the header's, 0 for none) so the worker can
+    count errors without parsing the head."""
 
     api_key: int
     correlation_id: int
     head: bytes
     payload: bytes | memoryview = b""
     file_slice: FileSlice | None = None
+    error_code: int = 0
 
 
 Responder = Callable[[Reply], None]
@@ -73,7 +75,7 @@ def _reply(api_key: int, correlation_id: int, message: protocol.Message, error: 
            ) -> Reply:
     code, text = (0, "") if error is None else (error.code, error.message)
     frames = protocol.encode_response(message, correlation_id, code, text)
-    return Reply(api_key, correlation_id, frames[0], frames[1] if len(frames) > 1 else b"")
+    return Reply(api_key, correlation_id, frames[0], frames[1] if len(frames) > 1 else b"", error_code=code)
 
 
 def error_reply(api_key: int, correlation_id: int, error: HPBrokerError, **body: Any) -> Reply:

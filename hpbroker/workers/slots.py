@@ -45,6 +45,7 @@ class Slot:
     ready_wall: float = 0.0
     kill_at: float | None = None  # when to SIGKILL a process that was asked to stop
     deaths: deque[float] = field(default_factory=deque)
+    forks: int = 0  # processes forked into the slot since the broker started
 
     @property
     def serving(self) -> bool:
@@ -59,6 +60,7 @@ class Slot:
         assert self.state is SlotState.DEAD, f"slot {self.index} forked while {self.state.value}"
         self.state, self.pid, self.forked_at, self.kill_at, self.ready_wall = \
             SlotState.BOOTING, pid, now, None, 0.0
+        self.forks += 1
 
     def reaped(self, now: float, *, count_death: bool) -> int:
         """Mark the process gone; returns the deaths within the restart window (this one counted

@@ -22,6 +22,10 @@ fdatasyncs it; when the thread wakes the loop, the loop applies the finished job
 answers the produce requests and long polls they made answerable.  A produce is acknowledged
 only after the flush that wrote its records, so an acknowledged record is never lost.
 
+Measurements (``hpbroker.workers.stats``): requests, errors, latencies, flush times and each
+partition's counters are plain numbers on the loop; with ``metrics_port`` set, every heartbeat
+also writes them to the slot's stats file, which the arbiter reads when it is scraped.
+
 Signals (the handlers only set a flag; gunicorn's rule):
 
 - SIGTERM, SIGINT: graceful stop.  Stop accepting on the data port, serve what the arbiter has
@@ -69,6 +73,7 @@ from hpbroker.workers.fetch_server import FetchServer
 from hpbroker.workers.handlers import RequestHandler
 from hpbroker.workers.partitions import Flusher, PartitionSet
 from hpbroker.workers.replies import Reply, error_reply, with_payload_length
+from hpbroker.workers.stats import WorkerStats, write_stats
 
 __all__ = ["Worker", "main", "run_worker"]
 
@@ -124,8 +129,9 @@ class Worker:
         self._heartbeat_interval_s = config.heartbeat_interval_ms / 1000
         self._next_heartbeat = self._next_maintenance = 0.0
         self._flusher = Flusher()
-        self._partitions = PartitionSet(config.data_dir, config.log, self._flusher)
-        self._handler = RequestHandler(self._partitions)
+        self._stats = WorkerStats()
+        self._partitions = PartitionSet(config.data_dir, config.log, self._flusher, self._stats)
+        self._handler = RequestHandler(self._partitions, self._stats)
         self._server: FetchServer | None = None
 
     # --- boot ----------------------------------------------------------------------------------
@@ -256,9 +262,14 @@ class Worker:
         self._write_heartbeat()
 
     def _write_heartbeat(self) -> None:
+        """The heartbeat file and, when the broker serves metrics, the stats file next to it."""
         try:
             heartbeat.write_heartbeat(self._run_dir, self._slot, ready=self._ready,
                                       partitions=self._partitions.heartbeat_entries())
+            if self._config.metrics_port:
+                connections = self._server.connection_count if self._server is not None else 0
+                write_stats(self._run_dir, self._slot,
+                            self._stats.snapshot(self._slot, self._partitions, connections))
         except OSError as e:
             logger.warning("cannot write the heartbeat in %s: %s", self._run_dir, e)
 

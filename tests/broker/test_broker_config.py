@@ -25,6 +25,11 @@ def test_defaults_are_valid_and_documented_values():
         ({"workers": "4"}, "workers must be an integer"),
         ({"data_dir": ""}, "must not be empty"),
         ({"auto_create_topics": "yes"}, "auto_create_topics must be a bool"),
+        ({"metrics_port": 9092}, r"metrics_port 9092 collides with port 9092 or data ports 9093\.\."),
+        ({"metrics_port": 9093, "workers": 2}, "metrics_port 9093 collides"),
+        ({"metrics_port": 70000}, r"metrics_port must be in \[0, 65535\]"),
+        ({"metrics_host": 5}, "metrics_host must be a string"),
+        ({"metrics_lag_interval_ms": 10}, r"metrics_lag_interval_ms must be in \[100, "),
     ],
 )
 def test_invalid_values_name_the_field(changes, message):

@@ -1,0 +1,321 @@
+"""The broker's metrics endpoint, run by the arbiter: :class:`MetricsEndpoint`.
+
+With ``metrics_port`` set, the arbiter binds an HTTP server (``hpbroker.metrics.MetricsServer``)
+before it forks its first workers (a port in use stops the broker at start; every worker closes
+the inherited socket) and starts its thread once they are forked.  Each scrape of ``/metrics``
+renders, on the scraping thread, from:
+
+- the slot table as the arbiter's loop last published it (:attr:`MetricsEndpoint.slots`, a tuple
+  of :class:`SlotView` swapped in with one assignment whenever a slot changes state);
+- each slot's stats file (``hpbroker.workers.stats``), taken only when it comes from the slot's
+  current process: per-partition traffic and log state, per-worker latencies, flush times,
+  requests, errors, connections;
+- the front-end's error counts (a dict of ints the loop updates, copied whole);
+- the ZeroMQ front-end's open connections, counted from a socket monitor that the loop drains
+  (:meth:`MetricsEndpoint.drain_peers`);
+- with ZooKeeper, the consumer groups' committed offsets (``hpbroker.coord.lag``, read on a
+  thread of their own every ``metrics_lag_interval_ms``), against the high watermarks of the
+  partitions this broker serves;
+- the arbiter process's own usage.
+
+Nothing here runs on the loop except :meth:`~MetricsEndpoint.drain_peers` and the hand-overs
+(``slots``, ``stopping``, :meth:`~MetricsEndpoint.set_topics`): a slow scrape costs the loop
+nothing but the GIL.  ``/healthz`` answers 200 while every worker serves, 503 otherwise.
+:data:`FAMILIES` is every metric; docs/METRICS.md describes each (a test keeps the two equal).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from hpbroker import __version__
+from hpbroker.broker.config import BrokerConfig
+from hpbroker.errors import ERRORS_BY_CODE
+from hpbroker.metrics import Histogram, MetricFamily, MetricsServer, render
+from hpbroker.metrics.exposition import COUNTER, GAUGE, HISTOGRAM
+from hpbroker.metrics.process import cpu_seconds, open_fds, resident_memory_bytes
+from hpbroker.protocol import ApiKey
+from hpbroker.workers.stats import read_stats
+
+if TYPE_CHECKING:  # kazoo is loaded only by a broker configured with ZooKeeper
+    from hpbroker.coord.lag import GroupOffsetsPoller
+    from hpbroker.coord.session import Session
+
+__all__ = ["FAMILIES", "MetricsEndpoint", "SlotView"]
+
+logger = logging.getLogger(__name__)
+
+_P = ("topic", "partition")
+_G = ("group", "topic", "partition")
+# Every metric the endpoint serves: name -> (type, label names, help).  docs/METRICS.md lists them.
+FAMILIES: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "hpbroker_broker_info": (GAUGE, ("broker_id", "version"), "Always 1: this broker's id and version."),
+    "process_start_time_seconds": (GAUGE, (), "When the arbiter process started, in seconds since 1970."),
+    "process_cpu_seconds_total": (COUNTER, (), "CPU time of the arbiter process, in seconds."),
+    "process_resident_memory_bytes": (GAUGE, (), "Resident memory of the arbiter process."),
+    "process_open_fds": (GAUGE, (), "Open file descriptors of the arbiter process."),
+    "hpbroker_workers": (GAUGE, ("state",), "Worker slots by state: booting, serving, stopping, dead."),
+    "hpbroker_worker_serving": (GAUGE, ("worker",), "1 while the slot's worker serves requests, else 0."),
+    "hpbroker_worker_restarts_total": (
+        COUNTER, ("worker",), "Times the slot's worker was started again after its process ended."),
+    "hpbroker_worker_start_time_seconds": (
+        GAUGE, ("worker",), "When the slot's current worker process started; its counters count from then."),
+    "hpbroker_worker_report_age_seconds": (
+        GAUGE, ("worker",), "Age of the figures the slot's worker last reported (one every heartbeat)."),
+    "hpbroker_worker_cpu_seconds_total": (COUNTER, ("worker",), "CPU time of the slot's worker, in seconds."),
+    "hpbroker_worker_resident_memory_bytes": (GAUGE, ("worker",), "Resident memory of the slot's worker."),
+    "hpbroker_data_port_connections": (GAUGE, ("worker",), "Open TCP connections on the worker's data port."),
+    "hpbroker_frontend_connections": (GAUGE, (), "Open client connections to the ZeroMQ front-end."),
+    "hpbroker_requests_total": (
+        COUNTER, ("worker", "request", "transport"),
+        "Requests a worker received, by type; transport zmq: relayed by the front-end, tcp: its data port."),
+    "hpbroker_request_errors_total": (
+        COUNTER, ("worker", "request", "code", "error"), "Requests a worker answered with an error."),
+    "hpbroker_frontend_request_errors_total": (
+        COUNTER, ("request", "code", "error"),
+        "Requests the front-end answered with an error itself (not relayed to a worker), by code."),
+    "hpbroker_produce_latency_seconds": (
+        HISTOGRAM, ("worker",),
+        "From a produce request's arrival at its worker to its response, the flush it waits for included."),
+    "hpbroker_fetch_latency_seconds": (
+        HISTOGRAM, ("worker", "transport", "parked"),
+        "From a fetch request's arrival at its worker to its response; parked: it waited at the log end."),
+    "hpbroker_flush_duration_seconds": (
+        HISTOGRAM, ("worker",), "One group commit: its writev calls and fdatasync, timed natively."),
+    "hpbroker_fsync_duration_seconds": (HISTOGRAM, ("worker",), "The fdatasync of one group commit."),
+    "hpbroker_produced_records_total": (COUNTER, _P, "Records appended by produce requests."),
+    "hpbroker_produced_bytes_total": (COUNTER, _P, "Bytes of record batches appended by produce requests."),
+    "hpbroker_fetched_records_total": (COUNTER, _P, "Records in the batches fetch responses handed out."),
+    "hpbroker_fetched_bytes_total": (COUNTER, _P, "Bytes of record batches fetch responses handed out."),
+    "hpbroker_log_flushes_total": (COUNTER, _P, "Group commits applied to the partition's log."),
+    "hpbroker_log_flushed_bytes_total": (COUNTER, _P, "Bytes the partition's group commits wrote."),
+    "hpbroker_log_start_offset": (GAUGE, _P, "The partition's first offset still kept."),
+    "hpbroker_log_high_watermark": (
+        GAUGE, _P, "The partition's log end as consumers see it: the offset after the last flushed record."),
+    "hpbroker_log_size_bytes": (GAUGE, _P, "Bytes of flushed batches in the partition's segments."),
+    "hpbroker_log_segments": (GAUGE, _P, "Segments of the partition's log."),
+    "hpbroker_consumer_group_committed_offset": (
+        GAUGE, _G, "The group's committed offset (the next record it consumes) in a partition served here."),
+    "hpbroker_consumer_group_lag": (
+        GAUGE, _G, "Records the group has not consumed: high watermark minus committed offset, at least 0."),
+    "hpbroker_consumer_group_offsets_age_seconds": (
+        GAUGE, (), "Age of the committed offsets behind the consumer-group metrics."),
+}
+_STATES = ("booting", "serving", "stopping", "dead")  # SlotState values
+_REQUEST_NAMES = {getattr(ApiKey, name): name.lower() for name in vars(ApiKey) if name.isupper()}
+_PARTITION_FIELDS = (  # stats file field -> family
+    ("produced_records", "hpbroker_produced_records_total"),
+    ("produced_bytes", "hpbroker_produced_bytes_total"),
+    ("fetched_records", "hpbroker_fetched_records_total"),
+    ("fetched_bytes", "hpbroker_fetched_bytes_total"),
+    ("flushes", "hpbroker_log_flushes_total"),
+    ("flushed_bytes", "hpbroker_log_flushed_bytes_total"),
+    ("log_start_offset", "hpbroker_log_start_offset"),
+    ("high_watermark", "hpbroker_log_high_watermark"),
+    ("size_bytes", "hpbroker_log_size_bytes"),
+    ("segments", "hpbroker_log_segments"),
+)
+_PEER_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+
+
+@dataclass(frozen=True, slots=True)
+class SlotView:
+    """One slot as the arbiter's loop last saw it."""
+
+    index: int
+    state: str  # a SlotState value
+    pid: int
+    restarts: int
+
+
+class MetricsEndpoint:
+    """The arbiter's metrics endpoint (module docstring).  Construct it where a failure should stop
+    the broker (it binds); :meth:`start` and :meth:`watch_groups` start threads, so call them after
+    the first fork with the arbiter's signals blocked; :meth:`close` at the end."""
+
+    def __init__(self, config: BrokerConfig, run_dir: str,
+                 frontend_errors: Callable[[], Mapping[tuple[int, int], int]]) -> None:
+        self._config = config
+        self._run_dir = run_dir
+        self._frontend_errors = frontend_errors
+        self._started_s = time.time()
+        self.slots: tuple[SlotView, ...] = ()
+        self.stopping = False
+        self._monitor: zmq.Socket | None = None
+        self._router: zmq.Socket | None = None
+        self._peers = 0
+        self._groups: GroupOffsetsPoller | None = None
+        self._server = MetricsServer(config.metrics_host or config.host, config.metrics_port, self.render,
+                                     self.health)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self._server.address
+
+    # --- the arbiter's side -------------------------------------------------------------------
+
+    def start(self, front: zmq.Socket) -> None:
+        """Watch the front-end's connections (drain :attr:`peers_socket` from the loop) and serve."""
+        self._router = front
+        self._monitor = front.get_monitor_socket(_PEER_EVENTS)
+        self._server.start()
+
+    @property
+    def peers_socket(self) -> zmq.Socket | None:
+        return self._monitor
+
+    def drain_peers(self) -> None:
+        """Count the front-end's connections from the monitor's events (the loop's thread)."""
+        assert self._monitor is not None
+        while True:
+            try:
+                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if event["event"] == zmq.EVENT_ACCEPTED:
+                self._peers += 1
+            elif event["event"] == zmq.EVENT_DISCONNECTED:
+                self._peers = max(0, self._peers - 1)
+
+    def watch_groups(self, session: Session, interval_s: float, topics: frozenset[str]) -> None:
+        """Read the consumer groups' committed offsets of ``topics`` from ZooKeeper from now on."""
+        from hpbroker.coord.lag import GroupOffsetsPoller
+
+        self._groups = GroupOffsetsPoller(session, interval_s=interval_s)
+        self._groups.topics = topics
+        self._groups.start()
+
+    def set_topics(self, topics: frozenset[str]) -> None:
+        if self._groups is not None:
+            self._groups.topics = topics
+
+    def stop_watching_groups(self) -> None:
+        if self._groups is not None:
+            self._groups.close()
+            self._groups = None
+
+    def close(self) -> None:
+        """Stop serving and watching.  Idempotent; before the ZeroMQ context is terminated."""
+        self.stop_watching_groups()
+        self._server.close()
+        if self._monitor is not None:
+            assert self._router is not None
+            with contextlib.suppress(zmq.ZMQError):  # the router may be closed already
+                self._router.disable_monitor()
+            self._monitor.close(linger=0)
+            self._monitor = None
+
+    # --- the scraping thread ------------------------------------------------------------------
+
+    def health(self) -> tuple[bool, str]:
+        slots = self.slots
+        serving = sum(1 for s in slots if s.state == "serving")
+        if self.stopping:
+            return False, f"stopping: {serving} of {len(slots)} workers serving"
+        return serving == len(slots), f"{serving} of {len(slots)} workers serving"
+
+    def render(self) -> str:
+        return render(self.collect())
+
+    def collect(self) -> list[MetricFamily]:
+        """Every family of :data:`FAMILIES`, with the series known now."""
+        now = time.time()
+        families = {name: MetricFamily(name, kind, text, labels)
+                    for name, (kind, labels, text) in FAMILIES.items()}
+        config = self._config
+        families["hpbroker_broker_info"].add((config.broker_id, __version__), 1)
+        families["process_start_time_seconds"].add((), self._started_s)
+        families["process_cpu_seconds_total"].add((), cpu_seconds())
+        for name, value in (("process_resident_memory_bytes", resident_memory_bytes()),
+                            ("process_open_fds", open_fds())):
+            if value is not None:
+                families[name].add((), value)
+        if self._monitor is not None:
+            families["hpbroker_frontend_connections"].add((), self._peers)
+        slots = self.slots
+        for state in _STATES:
+            families["hpbroker_workers"].add((state,), sum(1 for s in slots if s.state == state))
+        for (api_key, code), count in sorted(dict(self._frontend_errors()).items()):
+            families["hpbroker_frontend_request_errors_total"].add(
+                (_request_name(api_key), code, _error_name(code)), count)
+        high_watermarks: dict[tuple[str, int], int] = {}
+        for view in slots:
+            families["hpbroker_worker_serving"].add((view.index,), int(view.state == "serving"))
+            families["hpbroker_worker_restarts_total"].add((view.index,), view.restarts)
+            stats = read_stats(self._run_dir, view.index) if view.pid else None
+            if stats is None or stats.get("pid") != view.pid:
+                continue
+            try:
+                _add_worker(families, view.index, stats, now, high_watermarks)
+            except (KeyError, TypeError, ValueError) as e:  # a file from a worker of another version
+                logger.warning("[arbiter] metrics: ignoring the stats of worker slot %d: %r", view.index, e)
+        self._add_groups(families, high_watermarks, now)
+        return list(families.values())
+
+    def _add_groups(self, families: dict[str, MetricFamily], high_watermarks: Mapping[tuple[str, int], int],
+                    now: float) -> None:
+        snapshot = self._groups.snapshot if self._groups is not None else None
+        if snapshot is None:
+            return
+        families["hpbroker_consumer_group_offsets_age_seconds"].add((), max(0.0, now - snapshot.read_at))
+        for (group, topic, partition), offset in sorted(snapshot.offsets.items()):
+            high_watermark = high_watermarks.get((topic, partition))
+            if high_watermark is None:  # not served here now
+                continue
+            key = (group, topic, partition)
+            families["hpbroker_consumer_group_committed_offset"].add(key, offset)
+            families["hpbroker_consumer_group_lag"].add(key, max(0, high_watermark - offset))
+
+
+def _add_worker(families: dict[str, MetricFamily], slot: int, stats: dict[str, Any], now: float,
+                high_watermarks: dict[tuple[str, int], int]) -> None:
+    """One worker's stats file (``hpbroker.workers.stats``) into the families; the partitions'
+    high watermarks into ``high_watermarks``.  Everything is parsed before anything is added."""
+    worker = (slot,)
+    scalars = [("hpbroker_worker_start_time_seconds", float(stats["start_time_s"])),
+               ("hpbroker_worker_report_age_seconds", max(0.0, now - int(stats["time_ms"]) / 1000)),
+               ("hpbroker_worker_cpu_seconds_total", float(stats["cpu_seconds"])),
+               ("hpbroker_data_port_connections", int(stats["connections"]))]
+    if stats.get("resident_bytes") is not None:
+        scalars.append(("hpbroker_worker_resident_memory_bytes", int(stats["resident_bytes"])))
+    series: list[tuple[str, tuple[object, ...], Any]] = [(name, worker, value) for name, value in scalars]
+    for api_key, transport, count in stats["requests"]:
+        series.append(("hpbroker_requests_total", (slot, _request_name(api_key), transport), int(count)))
+    for api_key, code, count in stats["errors"]:
+        labels = (slot, _request_name(api_key), code, _error_name(code))
+        series.append(("hpbroker_request_errors_total", labels, int(count)))
+    series.append(("hpbroker_produce_latency_seconds", worker, Histogram.from_json(stats["produce_latency"])))
+    for transport, parked, histogram in stats["fetch_latency"]:
+        series.append(("hpbroker_fetch_latency_seconds", (slot, transport, str(bool(parked)).lower()),
+                       Histogram.from_json(histogram)))
+    series.append(("hpbroker_flush_duration_seconds", worker, Histogram.from_json(stats["flush_duration"])))
+    series.append(("hpbroker_fsync_duration_seconds", worker, Histogram.from_json(stats["fsync_duration"])))
+    partitions: dict[tuple[str, int], dict[str, int]] = {}
+    for entry in stats["partitions"]:
+        partitions[str(entry["topic"]), int(entry["partition"])] = {
+            field: int(entry[field]) for field, _family in _PARTITION_FIELDS}
+    for key in sorted(partitions):
+        if key in high_watermarks:  # never two series of one partition (two slots claiming it)
+            continue
+        values = partitions[key]
+        high_watermarks[key] = values["high_watermark"]
+        series.extend((family, key, values[field]) for field, family in _PARTITION_FIELDS)
+    for name, labels, value in series:
+        families[name].add(labels, value)
+
+
+def _request_name(api_key: int) -> str:
+    return _REQUEST_NAMES.get(api_key, str(api_key))
+
+
+def _error_name(code: int) -> str:
+    error = ERRORS_BY_CODE.get(code)
+    return error.__name__ if error is not None else "Unknown"
