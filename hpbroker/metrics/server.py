@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 10.0  # a client silent this long is dropped
 DEFAULT_MAX_CLIENTS = 8  # clients served at once; more are closed at once
 _STOP_TIMEOUT_S = 5.0
+_POLL_S = 0.1  # how often the accept loop looks for a stop request: close() waits at most this
 
 Render = Callable[[], str]
 Health = Callable[[], tuple[bool, str]]
@@ -62,7 +63,7 @@ class MetricsServer:
         return self._http.fileno()
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._http.serve_forever, kwargs={"poll_interval": 0.5},
+        self._thread = threading.Thread(target=self._http.serve_forever, kwargs={"poll_interval": _POLL_S},
                                         name="hpbroker-metrics", daemon=True)
         self._thread.start()
 

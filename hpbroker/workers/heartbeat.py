@@ -9,7 +9,9 @@ worker serves.
                      "log_start_offset": 0, "high_watermark": 51234}, ...]}
 
 The arbiter reads it to decide liveness (the file's age) and to answer metadata requests with each
-partition's offsets (at most one heartbeat old).
+partition's offsets (at most one heartbeat old).  When the broker serves metrics, the worker writes
+its measurements at the same moment to a sibling file (``hpbroker.workers.stats``), so that this
+one stays small for the metadata path.
 """
 
 from __future__ import annotations
