@@ -69,7 +69,7 @@ install:
 	$(SUDO) deploy/install.sh
 
 lint: setup
-	$(PY) -m ruff check hpbroker loadgen tests bench
+	$(PY) -m ruff check hpbroker loadgen tests bench spark
 
 clean:
 	rm -rf build $(VENV) .pytest_cache .benchmarks bench/results

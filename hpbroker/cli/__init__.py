@@ -9,6 +9,7 @@
 - ``hpbroker produce TOPIC``: lines of stdin or a file become records (``produce``)
 - ``hpbroker consume TOPIC``: print records, from the start, an offset or a time (``consume``)
 - ``hpbroker groups list|describe|reset-offsets``: consumer groups in ZooKeeper (``groups``)
+- ``hpbroker audit``: stored records against the producers' monitoring events, on Spark (``audit``)
 
 Exit status: 0 on success, 1 when the operation failed (the message says why), 2 for bad usage.
 Client commands find the broker with ``--bootstrap host:port``, else ``$HPBROKER_BOOTSTRAP``, else
@@ -23,7 +24,7 @@ import sys
 from collections.abc import Sequence
 
 from hpbroker import __version__
-from hpbroker.cli import check, consume, groups, produce, segments, server, topics
+from hpbroker.cli import audit, check, consume, groups, produce, segments, server, topics
 
 __all__ = ["main"]
 
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpbroker", description="hpbroker log broker")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("version", help="print the version").set_defaults(run=_version)
-    for module in (server, segments, check, topics, produce, consume, groups):
+    for module in (server, segments, check, topics, produce, consume, groups, audit):
         module.register(sub)
     return parser
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -34,7 +35,7 @@ _EXPORTS = {
     "RECORD_SCHEMA": "hpbroker.spark.datasource",
 }
 
-__all__ = sorted([*_EXPORTS, "session"])
+__all__ = sorted([*_EXPORTS, "describe_error", "session"])
 
 
 def __getattr__(name: str) -> Any:
@@ -43,6 +44,14 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'hpbroker.spark' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)
+
+
+def describe_error(error: BaseException) -> str:
+    """One line for a job's failure: for an error Spark relays from a Python worker (its message
+    holds the worker's traceback and the JVM's), the last ``SomethingError: message`` line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    relayed = [line for line in lines if re.match(r"^[\w.]+(Error|Exception): ", line)]
+    return relayed[-1] if relayed else f"{type(error).__name__}: {lines[0] if lines else ''}"
 
 
 #: log4j2 settings that keep Spark's driver at errors only (quiet=True)
@@ -56,7 +65,8 @@ def session(master: str | None = None, *, app_name: str = "hpbroker", ui: bool =
     ``master``: the cluster (``local[*]``, ``spark://host:7077``, ...); None: spark-submit's
     ``--master``, else ``local[*]``.  ``ui``: Spark's web UI (off by default).  ``quiet``: only
     errors from Spark's logs.  ``config``: more Spark settings.  Timestamps are shown in UTC
-    (``spark.sql.session.timeZone``)."""
+    (``spark.sql.session.timeZone``); in local mode, shuffles have twice as many partitions as
+    there are cores (unless configured), not 200."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
@@ -65,10 +75,7 @@ def session(master: str | None = None, *, app_name: str = "hpbroker", ui: bool =
     builder = SparkSession.builder.appName(app_name)
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started the JVM with its settings
     if master is not None or not submitted:
-        master = master or "local[*]"
-        builder = builder.master(master)
-        if master.startswith("local"):
-            builder = builder.config("spark.sql.shuffle.partitions", "8")
+        builder = builder.master(master or "local[*]")
     builder = builder.config("spark.ui.enabled", "true" if ui else "false")
     builder = builder.config("spark.sql.session.timeZone", "UTC")
     if quiet:
@@ -78,6 +85,10 @@ def session(master: str | None = None, *, app_name: str = "hpbroker", ui: bool =
     for key, value in (config or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    context = spark.sparkContext
+    if context.master.startswith("local") and not context.getConf().contains("spark.sql.shuffle.partitions"):
+        # 200 shuffle partitions (the default) cost far more than they bring on one machine.
+        spark.conf.set("spark.sql.shuffle.partitions", str(max(4, 2 * context.defaultParallelism)))
     if quiet:
         spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(HPBrokerDataSource)

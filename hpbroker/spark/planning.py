@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 from hpbroker.client.consumer import Consumer, TopicPartition
 
-__all__ = ["EARLIEST", "LATEST", "OffsetRange", "OffsetSpec", "parse_offsets", "parse_time_ms", "plan_read",
-           "split_range"]
+__all__ = ["EARLIEST", "LATEST", "OffsetRange", "OffsetSpec", "offsets_json", "parse_offsets",
+           "parse_time_ms", "plan_read", "resolve_ranges", "split_range"]
 
 #: In an explicit offsets document, the log start offset and the high watermark (as in Kafka's).
 EARLIEST = -2
@@ -110,6 +110,15 @@ def parse_offsets(text: str | None, default: str, what: str) -> OffsetSpec:
     return OffsetSpec("offsets", offsets=offsets, default=default)
 
 
+def offsets_json(ranges: Sequence[OffsetRange], *, end: bool) -> str:
+    """The ``startingOffsets`` (or, with ``end``, ``endingOffsets``) document that pins a read
+    to ``ranges`` (as :func:`resolve_ranges` gives them: one per partition)."""
+    document: dict[str, dict[str, int]] = {}
+    for r in ranges:
+        document.setdefault(r.topic, {})[str(r.partition)] = r.end if end else r.start
+    return json.dumps(document)
+
+
 def split_range(whole: OffsetRange, max_records: int) -> list[OffsetRange]:
     """``whole`` cut into as few ranges of at most ``max_records`` offsets as it takes, of even
     sizes; an empty range gives none."""
@@ -128,6 +137,14 @@ def plan_read(bootstrap: str, topics: Sequence[str], starting: OffsetSpec, endin
               max_records_per_split: int, *, timeout_ms: int = 30_000) -> list[OffsetRange]:
     """The splits of a read of ``topics`` from ``starting`` to ``ending``, asked of the broker
     now (the snapshot).  Raises UnknownTopicOrPartitionError for a missing topic."""
+    return [split for whole in resolve_ranges(bootstrap, topics, starting, ending, timeout_ms=timeout_ms)
+            for split in split_range(whole, max_records_per_split)]
+
+
+def resolve_ranges(bootstrap: str, topics: Sequence[str], starting: OffsetSpec, ending: OffsetSpec, *,
+                   timeout_ms: int = 30_000) -> list[OffsetRange]:
+    """The whole range of every partition of ``topics``, empty ones included (``end`` never below
+    ``start``), asked of the broker now."""
     with Consumer(bootstrap, client_id="hpbroker-spark-planner", request_timeout_ms=timeout_ms,
                   reconnect_timeout_ms=timeout_ms) as consumer:
         tps = [TopicPartition(topic, p) for topic in dict.fromkeys(topics)
@@ -138,11 +155,7 @@ def plan_read(bootstrap: str, topics: Sequence[str], starting: OffsetSpec, endin
         log_ends = consumer.end_offsets(tps)
         starts = _resolve(consumer, starting, tps, log_starts, log_ends)
         ends = _resolve(consumer, ending, tps, log_starts, log_ends)
-    splits: list[OffsetRange] = []
-    for tp in tps:
-        whole = OffsetRange(tp.topic, tp.partition, starts[tp], max(starts[tp], ends[tp]))
-        splits += split_range(whole, max_records_per_split)
-    return splits
+    return [OffsetRange(tp.topic, tp.partition, starts[tp], max(starts[tp], ends[tp])) for tp in tps]
 
 
 def _resolve(consumer: Consumer, spec: OffsetSpec, tps: list[TopicPartition], log_starts: dict,
