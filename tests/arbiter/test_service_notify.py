@@ -6,7 +6,10 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import struct
+import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -14,17 +17,22 @@ from harness import BROKER_TEST_ENV, BrokerProcess, Client, free_ports
 
 from hpbroker import protocol
 from hpbroker.records import build_batch, decode_records
+from hpbroker.workers import notify
 from hpbroker.workers.notify import ServiceNotifier
 
 WORKERS = 2
+SENDERS: list[int] = []  # the pid of every datagram's sender, as the kernel tells it (SO_PASSCRED)
+_UCRED = struct.Struct("iII")  # pid, uid, gid
 
 
 @pytest.fixture
 def notify_socket(tmp_path):
-    """A Unix datagram socket bound in tmp_path, as systemd's would be."""
+    """A Unix datagram socket bound in tmp_path, as systemd's would be, told each sender's pid."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
     path = tmp_path / "notify.sock"
     sock.bind(str(path))
+    SENDERS.clear()
     try:
         yield sock, str(path)
     finally:
@@ -35,10 +43,23 @@ def receive(sock: socket.socket, timeout_s: float) -> dict[str, str] | None:
     """The next datagram's assignments, or None if none came within ``timeout_s``."""
     sock.settimeout(timeout_s)
     try:
-        data = sock.recv(4096)
+        data, ancillary, _, _ = sock.recvmsg(4096, socket.CMSG_SPACE(_UCRED.size))
     except TimeoutError:
         return None
+    for level, kind, value in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+            SENDERS.append(_UCRED.unpack(value[: _UCRED.size])[0])
     return dict(line.split("=", 1) for line in data.decode().splitlines())
+
+
+def fill(path: str) -> socket.socket:
+    """A socket that has filled the receive queue of ``path`` (the manager not reading)."""
+    flood = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        while True:
+            flood.sendto(b"X=1", socket.MSG_DONTWAIT, path)
+    except BlockingIOError:
+        return flood
 
 
 def receive_until(sock: socket.socket, key: str, timeout_s: float = 30.0) -> list[dict[str, str]]:
@@ -92,6 +113,8 @@ def test_watchdog_pings_at_half_the_interval_for_this_process_only(notify_socket
     notifier = ServiceNotifier({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "2000000",
                                 "WATCHDOG_PID": str(os.getpid())})
     assert notifier.watchdog_interval_s == 1.0
+    notifier.ready("serving")
+    assert receive(sock, 1)["READY"] == "1"
     notifier.ping_if_due(100.0)
     notifier.ping_if_due(100.5)  # not due yet
     notifier.ping_if_due(101.0)
@@ -100,6 +123,74 @@ def test_watchdog_pings_at_half_the_interval_for_this_process_only(notify_socket
     other = ServiceNotifier({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "2000000", "WATCHDOG_PID": "1"})
     assert other.watchdog_interval_s is None
     assert ServiceNotifier({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "soon"}).watchdog_interval_s is None
+
+
+def test_the_start_timeout_is_extended_from_the_loop_until_ready(notify_socket):
+    sock, path = notify_socket
+    notifier = ServiceNotifier({"NOTIFY_SOCKET": path})
+    extend = {"EXTEND_TIMEOUT_USEC": str(int(notify.EXTEND_TIMEOUT_S * 1_000_000))}
+    notifier.ping_if_due(100.0)
+    notifier.ping_if_due(100.0 + notify.EXTEND_INTERVAL_S / 2)  # not due yet
+    notifier.ping_if_due(100.0 + notify.EXTEND_INTERVAL_S)
+    assert [receive(sock, 1), receive(sock, 1), receive(sock, 0.1)] == [extend, extend, None]
+    assert notify.EXTEND_TIMEOUT_S > notify.EXTEND_INTERVAL_S * 2
+    notifier.ready("serving")
+    receive(sock, 1)
+    notifier.ping_if_due(1000.0)
+    assert receive(sock, 0.1) is None, "started: no more extensions"
+
+
+def test_ready_and_stopping_wait_for_room_in_a_full_queue(notify_socket):
+    sock, path = notify_socket
+    notifier = ServiceNotifier({"NOTIFY_SOCKET": path})
+    for send in (lambda: notifier.ready("serving"), lambda: notifier.stopping("stopping (SIGTERM)")):
+        flood = fill(path)
+        reader = threading.Timer(0.3, lambda: receive(sock, 1))  # the manager reads one, a while later
+        reader.start()
+        started = time.monotonic()
+        try:
+            assert send() is not False
+        finally:
+            reader.join()
+            flood.close()
+        assert time.monotonic() - started >= 0.25
+        messages = []
+        while (message := receive(sock, 0.1)) is not None:
+            messages.append(message)
+        assert messages[-1].get("READY", messages[-1].get("STOPPING")) == "1", messages[-3:]
+    assert notifier.status("no room: dropped at once") is None
+
+
+def test_a_ready_that_could_not_be_sent_is_sent_again_from_the_loop(notify_socket, monkeypatch):
+    sock, path = notify_socket
+    monkeypatch.setattr(notify, "BLOCKING_SEND_S", 0.1)
+    notifier = ServiceNotifier({"NOTIFY_SOCKET": path})
+    flood = fill(path)
+    try:
+        assert notifier.ready("serving") is False
+        notifier.status("serving 3 partitions")
+        while receive(sock, 0.1) is not None:  # the manager catches up
+            pass
+        notifier.ping_if_due(100.0)
+        assert receive(sock, 1) == {"READY": "1", "STATUS": "serving 3 partitions"}
+        notifier.ping_if_due(200.0)
+        assert receive(sock, 0.1) is None, "sent once"
+    finally:
+        flood.close()
+
+
+def test_the_variables_meant_for_the_main_process_are_not_inherited(notify_socket, monkeypatch):
+    _, path = notify_socket
+    monkeypatch.setenv("NOTIFY_SOCKET", path)
+    monkeypatch.setenv("WATCHDOG_USEC", "2000000")
+    monkeypatch.setenv("WATCHDOG_PID", str(os.getpid()))
+    notifier = ServiceNotifier()
+    assert notifier.enabled and notifier.watchdog_interval_s == 1.0
+    assert not {"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"} & set(os.environ)
+    child = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.environ))"],
+                           capture_output=True, text=True, check=True)
+    assert "NOTIFY_SOCKET" not in child.stdout and "WATCHDOG" not in child.stdout
+    notifier.close()
 
 
 # --- a real broker -----------------------------------------------------------------------------------
@@ -135,11 +226,11 @@ def test_ready_comes_once_every_partition_is_recovered_and_stopping_on_sigterm(t
             assert header.error_code == 0, header
     finally:
         assert first.stop() == 0, first.log()
-    assert receive(sock, 0.1) is None, "a broker without NOTIFY_SOCKET must not notify"
 
     broker = _serve(tmp_path, port, {"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "400000"}, "second.log")
     try:
         messages = receive_until(sock, "READY")
+        assert any("EXTEND_TIMEOUT_USEC" in m for m in messages[:-1]), messages
         # Checked at once: by READY every partition is recovered and served.
         assert _metadata_all_serving(client, "audit", 4)
         for partition in range(4):
@@ -161,6 +252,8 @@ def test_ready_comes_once_every_partition_is_recovered_and_stopping_on_sigterm(t
         stopping = receive_until(sock, "STOPPING", timeout_s=10)[-1]
         assert stopping["STOPPING"] == "1" and stopping["STATUS"].startswith("stopping (SIGTERM)")
         assert broker.wait_exit(15) == 0, broker.log()
+        # Only the arbiter notifies (NotifyAccess=main): its workers never, not even inherited.
+        assert set(SENDERS) == {broker.process.pid}, (SENDERS, broker.process.pid)
     finally:
         client.close()
         broker.stop()
@@ -180,5 +273,6 @@ def test_a_respawned_worker_is_reported_in_the_status(tmp_path, notify_socket):
         assert statuses[-1].startswith("worker slot 1 died (signal SIGKILL); respawned as pid"), statuses
         serving = receive_until(sock, "STATUS", timeout_s=20)[-1]
         assert serving == {"STATUS": f"serving 0 partitions on port {port} with {WORKERS} workers"}
+        assert set(SENDERS) == {broker.process.pid}, (SENDERS, broker.process.pid)
     finally:
         assert broker.stop() == 0, broker.log()
