@@ -65,8 +65,13 @@ run: setup
 # install: hpbroker as a systemd service on this machine (deploy/install.sh says what it does:
 # a user, /var/lib/hpbroker, /etc/hpbroker/hpbroker.toml if absent, a virtualenv in /opt/hpbroker,
 # the unit); then `systemctl enable --now hpbroker`.
+# The layout variables given to make (command line or environment) reach install.sh through sudo.
+INSTALL_VARIABLES := PREFIX CONFIG_DIR DATA_DIR UNIT_DIR SERVICE_USER PYTHON INSTALL_PACKAGE
+INSTALL_ENV = $(foreach v,$(INSTALL_VARIABLES),$(if $(filter environment% command,$(origin $(v))),\
+	$(v)='$(subst ','\'',$($(v)))'))
+
 install:
-	$(SUDO) deploy/install.sh
+	$(SUDO) env $(INSTALL_ENV) deploy/install.sh
 
 lint: setup
 	$(PY) -m ruff check hpbroker loadgen tests bench spark
