@@ -19,7 +19,9 @@ The children run in their own process groups, so a Ctrl-C in the terminal reache
 and the stack decides the order; each also gets SIGTERM should the stack die
 (``PR_SET_PDEATHSIG``).  A second signal while stopping is passed on to the broker, which then
 kills its workers at once.  The broker's log goes to this process's stderr; ZooKeeper's to
-``<data-dir>/zookeeper/zookeeper.log``.
+``<data-dir>/zookeeper/zookeeper.log``.  Neither child inherits ``$NOTIFY_SOCKET`` or
+``$WATCHDOG_*``: under a service manager they are meant for the stack, not for a broker that
+would take them for its own.
 
 Exit status: 0 after a stop on request; 1 when a part could not start or died; 2 for an invalid
 setting (before anything starts).
@@ -48,6 +50,7 @@ from hpbroker.coord.registry import BrokerRegistration, BrokerRegistry
 from hpbroker.coord.server import ZooKeeperServer, die_with_parent
 from hpbroker.coord.session import connect
 from hpbroker.errors import HPBrokerError, InvalidConfigError
+from hpbroker.workers.notify import withhold_service_manager
 
 __all__ = ["EXIT_ERROR", "EXIT_INVALID", "EXIT_OK", "run_stack"]
 
@@ -110,6 +113,7 @@ def run_stack(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (without the program name), run the stack, return the exit status."""
     args = _parser().parse_args(argv)
     setup_logging(args.log_level, args.log_format)
+    withhold_service_manager()  # from the children started from here on
     data_dir = Path(args.data_dir).absolute()
     flags = {"host": args.host, "port": args.port, "fetch_port": args.fetch_port, "workers": args.workers,
              "broker_id": args.broker_id, "metrics_port": args.metrics_port,

@@ -4,18 +4,22 @@ ensemble with ``--zookeeper``, and a broker registered in it, until Ctrl-C or SI
 ``hpbroker serve [--config FILE] [--port N] ...``: run a broker (``hpbroker.workers.arbiter``)
 until SIGTERM or SIGINT; settings come from the flags, then ``HPBROKER_*`` variables, then the
 TOML file (``hpbroker.broker.config``, docs/CONFIGURATION.md).  The log goes to stderr, one line
-per event, as text or JSON (``--log-format``, ``hpbroker.broker.logging_setup``).  Exit status:
+per event, as text or JSON (``--log-format``, ``hpbroker.broker.logging_setup``); the line saying
+where the broker listens goes to stdout, or with JSON into the log as its first event.  Exit status:
 the arbiter's (0 after a graceful stop, 1 when it could not start or gave up), 2 for an invalid
 configuration."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Sequence
 
 from hpbroker import __version__
+
+logger = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -56,11 +60,15 @@ def serve_command(args: argparse.Namespace) -> int:
     setup_logging(args.log_level, args.log_format)
     tune_allocator()  # before the workers are forked: they inherit it
     last_port = config.fetch_port + config.workers - 1
-    print(f"hpbroker {__version__}: broker {config.broker_id} on tcp://{config.host}:{config.port} "
-          f"(ZeroMQ), data ports {config.fetch_port}..{last_port} (TCP), {config.workers} workers, "
-          f"data in {os.path.abspath(config.data_dir)}"
-          + (f", metrics on http://{config.metrics_host or config.host}:{config.metrics_port}/metrics"
-             if config.metrics_port else ""), flush=True)
+    banner = (f"hpbroker {__version__}: broker {config.broker_id} on tcp://{config.host}:{config.port} "
+              f"(ZeroMQ), data ports {config.fetch_port}..{last_port} (TCP), {config.workers} workers, "
+              f"data in {os.path.abspath(config.data_dir)}"
+              + (f", metrics on http://{config.metrics_host or config.host}:{config.metrics_port}/metrics"
+                 if config.metrics_port else ""))
+    if args.log_format == "text":
+        print(banner, flush=True)
+    else:  # a plain line would break the stream of JSON objects where stdout and stderr meet
+        logger.info("%s", banner)
     return Arbiter(config).run()
 
 

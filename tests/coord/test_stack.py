@@ -23,13 +23,13 @@ _UP = re.compile(r"zookeeper  (?P<zk>\S+) \((?:pid (?P<zk_pid>\d+)|external).*\n
                  r"  broker (?P<id>\d+) +tcp://127\.0\.0\.1:(?P<port>\d+) .*\(pid (?P<broker_pid>\d+);")
 
 
-def start_stack(tmp_path, *args: str) -> tuple[BrokerProcess, re.Match]:
+def start_stack(tmp_path, *args: str, env: dict[str, str] | None = None) -> tuple[BrokerProcess, re.Match]:
     port = free_ports(3)
     argv = [sys.executable, "-m", "hpbroker.stack", "--data-dir", str(tmp_path / "stack"),
             "--port", str(port), "--fetch-port", str(port + 1), "--workers", "2", "--host", "127.0.0.1",
             *args]
-    stack = BrokerProcess(argv, tmp_path / "stack.log", {"HPBROKER_HEARTBEAT_INTERVAL_MS": "50",
-                                                           "HPBROKER_GRACEFUL_TIMEOUT_MS": "5000"})
+    env = {"HPBROKER_HEARTBEAT_INTERVAL_MS": "50", "HPBROKER_GRACEFUL_TIMEOUT_MS": "5000", **(env or {})}
+    stack = BrokerProcess(argv, tmp_path / "stack.log", env)
     stack.wait_for_log(r"Ctrl-C or SIGTERM stops both", timeout_s=40)
     up = _UP.search(stack.log())
     assert up is not None and int(up["port"]) == port, stack.log()
@@ -45,10 +45,20 @@ def metadata_answers(port: int) -> bool:
         client.close()
 
 
+def environment(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        return dict(entry.decode().partition("=")[::2] for entry in f.read().split(b"\0") if entry)
+
+
 def test_stack_runs_zookeeper_and_a_registered_broker_until_sigterm(tmp_path):
-    stack, up = start_stack(tmp_path, "--zookeeper-port", "0")
+    # As a service manager would start it: the variables are the stack's, not its children's.
+    manager = {"NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "30000000"}
+    stack, up = start_stack(tmp_path, "--zookeeper-port", "0", env=manager)
     zk_pid, broker_pid, port = int(up["zk_pid"]), int(up["broker_pid"]), int(up["port"])
     try:
+        assert set(manager) <= set(environment(stack.process.pid))
+        for child in (zk_pid, broker_pid):
+            assert not set(manager) & set(environment(child)), child
         with connect(up["zk"]) as session:
             assert session.client.server_version()[:2] >= (3, 5)
             assert BrokerRegistry(session).get(0).port == port
