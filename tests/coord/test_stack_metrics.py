@@ -6,7 +6,7 @@ import signal
 import sys
 
 import pytest
-from harness import BrokerProcess, free_ports
+from harness import BrokerProcess, free_ports, wait_until
 from scrape import scrape
 
 pytestmark = pytest.mark.zookeeper
@@ -22,7 +22,8 @@ def test_up_serves_the_broker_metrics_on_the_port_given(tmp_path, zk_connect):
     try:
         stack.wait_for_log(r"Ctrl-C or SIGTERM stops both", timeout_s=40)
         assert f"  metrics    http://127.0.0.1:{port + 3}/metrics (Prometheus)\n" in stack.log()
-        assert scrape(port + 3).value("hpbroker_workers", state="serving") == 2
+        wait_until(lambda: scrape(port + 3).value("hpbroker_workers", state="serving") == 2,
+                   what="both workers serving")  # the stack is up once the broker registered
         stack.process.send_signal(signal.SIGTERM)
         assert stack.wait_exit(30) == 0, stack.log()
     finally:
