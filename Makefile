@@ -16,7 +16,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEBIAN_PACKAGES := zookeeper default-jre-headless
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps build test bench bench-long run lint clean install
+.PHONY: setup system-deps build test bench bench-long bench-audit run lint clean install
 
 setup: system-deps $(INSTALLED) $(EXT)
 
@@ -55,6 +55,14 @@ bench: setup
 bench-long: setup
 	mkdir -p bench/results
 	$(PY) -m bench.scenarios --only 5 $(SCENARIO_ARGS)
+
+# bench-audit: the audit of 10 million records on Spark in local mode, beside a plain Python count
+# (bench/audit.py; a broker of its own in a temporary directory, removed with its data afterwards;
+# bench/results/audit.json).  AUDIT_ARGS adds flags, e.g. "--records 2M --repeat 1".
+AUDIT_ARGS ?=
+bench-audit: setup
+	mkdir -p bench/results
+	$(PY) -m bench.audit $(AUDIT_ARGS)
 
 # The main job: the local stack (a ZooKeeper of its own and a broker registered in it, data under
 # ./data) until Ctrl-C.  RUN_ARGS adds flags of `hpbroker up`, e.g. RUN_ARGS="--workers 4".

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import math
 import os
 import sys
 import time
@@ -259,8 +260,11 @@ def _audited(spark: Any, config: AuditConfig, topics: list[str], data_plan: list
 
     events = _events(spark, config, audit_plan).where(F.col("error").isNull())
     events = events.where(F.col("topic").isin(topics) if topics else F.lit(False))
-    # Each producer's window: the longest it announced (a few rows: broadcast to every task).
-    producer_windows = events.groupBy("producer").agg(F.max("window_ms").alias("producer_window_ms"))
+    # Each producer's window: the longest it announced.  A few rows, known to the driver.
+    windows = {row["producer"]: row["window_ms"]
+               for row in events.groupBy("producer").agg(F.max("window_ms").alias("window_ms")).collect()}
+    producer_windows = spark.createDataFrame(list(windows.items()),
+                                             "producer string, producer_window_ms bigint")
     announced = (events.join(producer_windows, "producer")
                  .withColumn("window_ms", F.col("producer_window_ms"))
                  .withColumn("window_start_ms",
@@ -268,14 +272,20 @@ def _audited(spark: Any, config: AuditConfig, topics: list[str], data_plan: list
                  .groupBy("topic", "producer", "window_start_ms", "window_ms")
                  .agg(F.sum("record_count").alias("announced")))
     if data_plan:
-        data = _load(spark, config, data_plan, "topic,producer,timestamp")
+        # Records are first counted per slot of the greatest common divisor of every window length
+        # (a slot lies in one window of each), which costs one hash aggregation per record and no
+        # join; then the slots, few, are summed into each producer's windows.
+        slot_ms = math.gcd(config.default_window_ms, *windows.values())
         millis = F.unix_millis("timestamp")
+        slots = (_load(spark, config, data_plan, "topic,producer,timestamp")
+                 .groupBy("topic", "producer", (millis - F.pmod(millis, F.lit(slot_ms))).alias("slot_ms"))
+                 .agg(F.count(F.lit(1)).alias("consumed")))
         window = F.coalesce(F.col("producer_window_ms"), F.lit(config.default_window_ms))
-        consumed = (data.join(F.broadcast(producer_windows), "producer", "left")
-                    .select("topic", "producer", window.alias("window_ms"),
-                            (millis - F.pmod(millis, window)).alias("window_start_ms"))
+        consumed = (slots.join(F.broadcast(producer_windows), "producer", "left")
+                    .select("topic", "producer", "consumed", window.alias("window_ms"),
+                            (F.col("slot_ms") - F.pmod("slot_ms", window)).alias("window_start_ms"))
                     .groupBy("topic", "producer", "window_start_ms", "window_ms")
-                    .agg(F.count(F.lit(1)).alias("consumed")))
+                    .agg(F.sum("consumed").alias("consumed")))
     else:
         consumed = spark.createDataFrame([], "topic string, producer string, window_start_ms bigint, "
                                              "window_ms bigint, consumed bigint")

@@ -37,7 +37,7 @@ the others are never decoded nor shipped to the JVM.
 ``columns``            the columns to read, comma-separated (default all)
 ``failOnDataLoss``     ``true`` (default): a range starting below the log start (retention
                        deleted it) fails the read; ``false``: read on from the log start
-``fetchMaxBytes``      bytes one fetch asks for (default 4194304)
+``fetchMaxBytes``      bytes one fetch asks for (default 1048576)
 ``recordsPerBatch``    records per Arrow batch handed to Spark (default 65536)
 ``timeoutMs``          how long a task may keep failing to reach the partition (default 30000)
 =====================  ==========================================================================

@@ -55,8 +55,8 @@ _BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0)
 class ReadConfig:
     """How a split is read; validated on construction."""
 
-    #: bytes of batches one fetch asks for.  Default 4 MiB.
-    fetch_max_bytes: int = 4 << 20
+    #: bytes of batches one fetch asks for.  Default 1 MiB.
+    fetch_max_bytes: int = 1 << 20
     #: records per Arrow batch handed to Spark (a batch may hold more: whole record batches are
     #: added at once).  Default 65536.
     records_per_batch: int = 65_536
