@@ -16,7 +16,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEBIAN_PACKAGES := zookeeper default-jre-headless
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps build test bench bench-long bench-audit run lint clean install
+.PHONY: setup system-deps build test bench bench-long bench-audit run demo lint clean install
 
 setup: system-deps $(INSTALLED) $(EXT)
 
@@ -70,6 +70,13 @@ RUN_ARGS ?=
 run: setup
 	$(PY) -m hpbroker.cli up --data-dir data $(RUN_ARGS)
 
+# demo: the tour in about a minute (examples/demo.py): a local stack on ports of its own, a topic,
+# loadgen end to end with live progress, the Spark audit's table, a few metrics; outputs in
+# demo-output/.  DEMO_ARGS adds flags, e.g. DEMO_ARGS="--rate 500000 --duration 20".
+DEMO_ARGS ?=
+demo: setup
+	$(PY) examples/demo.py $(DEMO_ARGS)
+
 # install: hpbroker as a systemd service on this machine (deploy/install.sh says what it does:
 # a user, /var/lib/hpbroker, /etc/hpbroker/hpbroker.toml if absent, a virtualenv in /opt/hpbroker,
 # the unit); then `systemctl enable --now hpbroker`.
@@ -82,9 +89,9 @@ install:
 	$(SUDO) env $(INSTALL_ENV) deploy/install.sh
 
 lint: setup
-	$(PY) -m ruff check hpbroker loadgen tests bench spark
+	$(PY) -m ruff check hpbroker loadgen tests bench spark examples
 
 clean:
-	rm -rf build $(VENV) .pytest_cache .benchmarks bench/results
+	rm -rf build $(VENV) .pytest_cache .benchmarks bench/results demo-output
 	find hpbroker -name '*.so' -delete
 	find hpbroker -name '*.pyx' | sed 's/\.pyx$$/.c/' | xargs rm -f
