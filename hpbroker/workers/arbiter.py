@@ -175,6 +175,7 @@ class Arbiter:
                 logger.error("[arbiter] cannot start: %s", e)
                 return EXIT_ERROR
             self._notifier.status(f"recovering partitions: starting {len(self._slots)} workers")
+            self._notifier.ping_if_due(time.monotonic())  # EXTEND_TIMEOUT_USEC before any READY=1
             for slot in self._slots:  # before the ZeroMQ context exists
                 self._spawn(slot)
             try:
