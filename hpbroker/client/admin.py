@@ -7,6 +7,11 @@ and raises the broker's error as its exception (``TopicAlreadyExistsError``,
 raises :class:`~hpbroker.errors.BrokerNotAvailableError` within ``connect_timeout_ms``.  No
 retries: an admin call either happened or raised.
 
+In a cluster (brokers on ZooKeeper) a topic is stored, and so can be altered or deleted, only by
+the broker that created it; any broker describes it.  Alter and delete therefore ask the
+bootstrap broker's metadata which broker leads the topic's partitions and send the request
+there (a connection opened on first use, kept until :meth:`Admin.close`).
+
 Threads: an Admin, like its connection, belongs to the thread that uses it.
 """
 
@@ -17,9 +22,9 @@ from dataclasses import dataclass, field
 from types import TracebackType
 
 from hpbroker import protocol
-from hpbroker.client.connection import BrokerConnection, parse_bootstrap
+from hpbroker.client.connection import BrokerAddress, BrokerConnection, parse_bootstrap
 from hpbroker.client.metadata import ClusterMetadata, PartitionInfo
-from hpbroker.errors import UnknownTopicOrPartitionError, error_for_code
+from hpbroker.errors import HPBrokerError, UnknownTopicOrPartitionError, error_for_code
 
 __all__ = ["Admin", "TopicDescription"]
 
@@ -40,9 +45,12 @@ class Admin:
 
     def __init__(self, bootstrap: str | Sequence[str], *, client_id: str = "hpbroker-admin",
                  request_timeout_ms: int = 30_000, connect_timeout_ms: int = 5_000) -> None:
+        self._client_id = client_id
+        self._connect_timeout_s = connect_timeout_ms / 1000
         self._connection = BrokerConnection(parse_bootstrap(bootstrap)[0], client_id=client_id,
-                                            connect_timeout_s=connect_timeout_ms / 1000)
+                                            connect_timeout_s=self._connect_timeout_s)
         self._timeout_s = request_timeout_ms / 1000
+        self._leaders: dict[BrokerAddress, BrokerConnection] = {}  # other brokers, by front-end
 
     def __repr__(self) -> str:
         return f"Admin({self._connection.address})"
@@ -63,11 +71,11 @@ class Admin:
         refused (nothing changes then), UnknownTopicOrPartitionError a topic that is not there."""
         entries = [protocol.TopicConfigEntry(key, "" if value is None else _config_string(value))
                    for key, value in configs.items()]
-        self._connection.call(protocol.AlterTopicConfigRequest(name, entries), self._timeout_s)
+        self._leader(name).call(protocol.AlterTopicConfigRequest(name, entries), self._timeout_s)
 
     def delete_topic(self, name: str) -> None:
         """Delete ``name`` and its records; UnknownTopicOrPartitionError if there is none."""
-        self._connection.call(protocol.DeleteTopicRequest(name), self._timeout_s)
+        self._leader(name).call(protocol.DeleteTopicRequest(name), self._timeout_s)
 
     def list_topics(self) -> list[str]:
         """The names of every topic, sorted."""
@@ -89,7 +97,27 @@ class Admin:
         raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
 
     def close(self) -> None:
+        for connection in self._leaders.values():
+            connection.close()
+        self._leaders.clear()
         self._connection.close()
+
+    def _leader(self, name: str) -> BrokerConnection:
+        """The connection to the broker storing topic ``name`` (the leader of its partition 0);
+        the bootstrap broker when that is the one, or when its metadata cannot tell (no such
+        topic, a standalone broker, no live leader): its answer then says what is wrong."""
+        metadata = ClusterMetadata(self._connection, timeout_s=self._timeout_s)
+        try:
+            metadata.partitions(name)
+        except HPBrokerError:
+            return self._connection
+        address = metadata.leader_address(name, 0)
+        if address is None:
+            return self._connection
+        if address not in self._leaders:
+            self._leaders[address] = BrokerConnection(address, client_id=self._client_id,
+                                                      connect_timeout_s=self._connect_timeout_s)
+        return self._leaders[address]
 
     def __enter__(self) -> Admin:
         return self

@@ -8,6 +8,8 @@ from harness import Client, start_broker, wait_until
 
 from hpbroker import protocol
 from hpbroker.client import Consumer, Producer, TopicPartition
+from hpbroker.client.admin import Admin
+from hpbroker.errors import UnknownTopicOrPartitionError
 
 pytestmark = pytest.mark.zookeeper
 
@@ -135,3 +137,24 @@ def test_a_producer_bootstrapped_at_one_broker_writes_to_topics_stored_on_either
             event = decode_event(record.producer, record.value)
             announced[event.topic] = announced.get(event.topic, 0) + event.record_count
     assert announced == {"stored-on-one": 40, "stored-on-two": 40}
+
+
+def test_admin_alters_and_deletes_a_topic_through_any_broker(two_brokers):
+    """Only the broker storing a topic can change it: Admin sends alter and delete to it."""
+    (_, port_1, client_1), (_, port_2, client_2) = two_brokers
+    assert client_2.request(protocol.CreateTopicRequest("on-two", 2))[0].error_code == 0
+    with Admin(f"127.0.0.1:{port_1}") as admin:
+        wait_until(lambda: [p.leader for p in _metadata(client_1, "on-two").topics[0].partitions] == [2, 2],
+                   10, what="broker 1 to see broker 2's topic served")
+        admin.alter_topic("on-two", {"retention_ms": 60_000})
+        configs = {(c.key, c.value) for t in _metadata(client_2, "on-two").topics for c in t.configs}
+        assert configs == {("retention_ms", "60000")}
+        admin.delete_topic("on-two")
+        assert all(p.leader != 2 for p in _metadata(client_2, "on-two").topics[0].partitions)
+
+        def gone(client):
+            return _metadata(client, "on-two").topics[0].error_code == UnknownTopicOrPartitionError.code
+
+        wait_until(lambda: gone(client_1) and gone(client_2), 10, what="the deletion to reach ZooKeeper")
+        with pytest.raises(UnknownTopicOrPartitionError):
+            admin.alter_topic("on-two", {"retention_ms": 1000})
