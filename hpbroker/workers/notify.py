@@ -87,10 +87,10 @@ class ServiceNotifier:
 
     def ready(self, status: str) -> bool:
         """``READY=1``; when it cannot be sent, :meth:`ping_if_due` sends it again."""
-        self._starting = False
         assignments = {"READY": "1", "STATUS": status}
         sent = self.send(blocking=True, **assignments)
         self._unsent_ready = None if sent or not self.enabled else assignments
+        self._starting = self._unsent_ready is not None  # still extending the start until it is sent
         return sent
 
     def status(self, status: str) -> None:
@@ -100,6 +100,7 @@ class ServiceNotifier:
 
     def stopping(self, status: str) -> None:
         self._unsent_ready = None
+        self._starting = False
         self.send(blocking=True, STOPPING="1", STATUS=status)
 
     def ping_if_due(self, now: float) -> None:
@@ -115,6 +116,7 @@ class ServiceNotifier:
             self._next_ready = now + RETRY_READY_S
             if self.send(blocking=True, **self._unsent_ready):
                 self._unsent_ready = None
+                self._starting = False
         if self.watchdog_interval_s is None or now < self._next_ping:
             return
         self._next_ping = now + self.watchdog_interval_s
