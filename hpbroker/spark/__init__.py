@@ -23,6 +23,7 @@ later).
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import re
 import sys
@@ -91,5 +92,7 @@ def session(master: str | None = None, *, app_name: str = "hpbroker", ui: bool =
         spark.conf.set("spark.sql.shuffle.partitions", str(max(4, 2 * context.defaultParallelism)))
     if quiet:
         spark.sparkContext.setLogLevel("ERROR")
+        # py4j logs every connection it closes at INFO, also from __del__ at interpreter exit.
+        logging.getLogger("py4j").setLevel(logging.WARNING)
     spark.dataSource.register(HPBrokerDataSource)
     return spark
