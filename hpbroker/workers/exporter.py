@@ -111,6 +111,7 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...], str]] = {
 }
 _STATES = ("booting", "serving", "stopping", "dead")  # SlotState values
 _REQUEST_NAMES = {getattr(ApiKey, name): name.lower() for name in vars(ApiKey) if name.isupper()}
+_UNKNOWN_REQUEST = "unknown"  # every api key the broker does not know: one series, not one per key
 _PARTITION_FIELDS = (  # stats file field -> family
     ("produced_records", "hpbroker_produced_records_total"),
     ("produced_bytes", "hpbroker_produced_bytes_total"),
@@ -243,9 +244,12 @@ class MetricsEndpoint:
         slots = self.slots
         for state in _STATES:
             families["hpbroker_workers"].add((state,), sum(1 for s in slots if s.state == state))
-        for (api_key, code), count in sorted(dict(self._frontend_errors()).items()):
-            families["hpbroker_frontend_request_errors_total"].add(
-                (_request_name(api_key), code, _error_name(code)), count)
+        frontend_errors: dict[tuple[str, int], int] = {}
+        for (api_key, code), count in dict(self._frontend_errors()).items():
+            key = (_request_name(api_key), code)
+            frontend_errors[key] = frontend_errors.get(key, 0) + count
+        for (request, code), count in sorted(frontend_errors.items()):
+            families["hpbroker_frontend_request_errors_total"].add((request, code, _error_name(code)), count)
         high_watermarks: dict[tuple[str, int], int] = {}
         for view in slots:
             families["hpbroker_worker_serving"].add((view.index,), int(view.state == "serving"))
@@ -313,7 +317,7 @@ def _add_worker(families: dict[str, MetricFamily], slot: int, stats: dict[str, A
 
 
 def _request_name(api_key: int) -> str:
-    return _REQUEST_NAMES.get(api_key, str(api_key))
+    return _REQUEST_NAMES.get(api_key, _UNKNOWN_REQUEST)
 
 
 def _error_name(code: int) -> str:

@@ -18,7 +18,9 @@ A client message on the front-end ROUTER is ``[client_id, head, payload?]``.  Th
 A request whose header parses but whose body does not gets an error response with its
 correlation id; one whose header does not parse cannot be answered and is dropped (logged).  A
 produce with ``acks`` 0 never gets a response, not even an error.  Every error response sent from
-here is counted in :attr:`Frontend.error_counts` (for the metrics endpoint, which copies it).
+here is counted in :attr:`Frontend.error_counts` (for the metrics endpoint, which copies it),
+every api key the broker does not know under :data:`UNKNOWN_API_KEY`: a client cannot make the
+table, nor the metric's series, grow with the keys it invents.
 """
 
 from __future__ import annotations
@@ -51,12 +53,13 @@ from hpbroker.workers.slots import Slot
 if TYPE_CHECKING:  # kazoo is loaded only by a broker configured with ZooKeeper
     from hpbroker.coord.cluster import ClusterSnapshot
 
-__all__ = ["Frontend"]
+__all__ = ["UNKNOWN_API_KEY", "Frontend"]
 
 logger = logging.getLogger(__name__)
 
 _RELAYED = (ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.LIST_OFFSETS)
 _MAX_ERROR_MESSAGE = 1000  # characters of an error message sent to a client
+UNKNOWN_API_KEY = -1  # Frontend.error_counts' key for every api key not in protocol.REQUEST_TYPES
 # (client_id, api_key, correlation_id): how TopicAdmin's waiters are answered.
 _Waiter = tuple[bytes, int, int]
 
@@ -84,7 +87,8 @@ class Frontend:
         # Per slot: the relayed requests its process has not answered, (client, correlation id) ->
         # api key, so that they can be answered with error 15 if it dies.
         self._in_flight: list[dict[tuple[bytes, int], int]] = [{} for _ in slots]
-        self.error_counts: dict[tuple[int, int], int] = {}  # (api key, error code) -> responses
+        # (api key or UNKNOWN_API_KEY, error code) -> responses
+        self.error_counts: dict[tuple[int, int], int] = {}
         self.admin = TopicAdmin(store, len(slots), send_control=self.send_control, reply=self._answer_waiter,
                                 is_serving=lambda index: slots[index].serving, timeout_s=admin_timeout_s)
 
@@ -318,7 +322,8 @@ class Frontend:
         code, text = 0, ""
         if isinstance(outcome, HPBrokerError):
             code, text = outcome.code, outcome.message[:_MAX_ERROR_MESSAGE]
-            self.error_counts[api_key, code] = self.error_counts.get((api_key, code), 0) + 1
+            key = (api_key if api_key in protocol.REQUEST_TYPES else UNKNOWN_API_KEY, code)
+            self.error_counts[key] = self.error_counts.get(key, 0) + 1
         body = outcome if isinstance(outcome, protocol.Message) else response_type()
         frames = protocol.encode_response(body, correlation_id, code, text)
         self._front.send_multipart([client, *frames], copy=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import struct
 import sys
 
 import pytest
@@ -133,6 +134,25 @@ def test_errors_are_counted_by_code_where_they_are_answered(broker, flowed):
                          error="UnknownTopicOrPartitionError") >= 1
     assert metrics.value("hpbroker_request_errors_total", worker=slot, request="fetch", code=5,
                          error="OffsetOutOfRangeError") == 1
+
+
+def test_requests_with_unknown_api_keys_are_counted_in_one_series(broker, flowed):
+    _process, client, _port, metrics_port, _data_dir = broker
+    invented = range(1000, 1040)
+    for api_key in invented:
+        head = bytearray(protocol.encode_request(protocol.DeleteTopicRequest("t"), api_key)[0])
+        struct.pack_into("<H", head, 0, api_key)
+        client.socket.send(bytes(head))
+    for api_key in invented:  # each answered, with error 9 (UnsupportedVersionError)
+        frames = client.socket.recv_multipart() if client.socket.poll(5000) else None
+        assert frames is not None, f"no answer to api key {api_key}"
+    series = scrape(metrics_port).series("hpbroker_frontend_request_errors_total")
+    unknown = {labels: value for labels, value in series.items() if dict(labels)["request"] not in
+               {"produce", "fetch", "list_offsets", "metadata", "create_topic", "delete_topic",
+                "alter_topic_config"}}
+    assert len(unknown) == 1, unknown
+    (labels, count), = unknown.items()
+    assert dict(labels)["request"] == "unknown" and count == len(invented)
 
 
 def test_a_bad_path_is_404_and_the_broker_goes_on(broker, flowed):
