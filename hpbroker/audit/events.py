@@ -7,8 +7,10 @@ per topic and **window**, a window being ``[window_start_ms, window_start_ms + w
 publication as records of the audit topic (``_audit`` unless configured otherwise): one event per
 (topic, window) with a count above zero.  A window can be announced by several events (records
 acknowledged after the window's first event): the audit **sums** every event of a (producer,
-topic, window).  The events are records like any other, acknowledged and retried; counts whose
-event failed are announced again with the next publication.
+topic, window).  The events are records like any other, acknowledged and retried.  Each event is
+numbered (``instance``, ``sequence``), and an event that failed is published again unchanged, so
+one whose failed attempt was stored after all (an unknown outcome) is stored twice under the
+same number: the audit counts each (producer, instance, sequence) once.
 
 An event is one record of the audit topic:
 
@@ -20,11 +22,13 @@ An event is one record of the audit topic:
 
       position  size  field            type
       0         1     version          u8     1
-      1         8     window_start_ms  i64    first timestamp of the window (ms since the epoch)
-      9         4     window_ms        u32    length of the window, ms (>= 1)
-      13        8     record_count     i64    records acknowledged in the window since the last event (>= 1)
-      21        2     topic_length     u16    bytes of topic
-      23        n     topic            UTF-8  the audited topic (the key again: the value stands alone)
+      1         8     instance         u64    random, drawn once per producer instance (< 2**63)
+      9         8     sequence         u64    the instance's event number: 0, 1, 2 ... (< 2**63)
+      17        8     window_start_ms  i64    first timestamp of the window (ms since the epoch)
+      25        4     window_ms        u32    length of the window, ms (>= 1)
+      29        8     record_count     i64    records acknowledged in the window since the last event (>= 1)
+      37        2     topic_length     u16    bytes of topic
+      39        n     topic            UTF-8  the audited topic (the key again: the value stands alone)
 
 The audit (``hpbroker audit``) counts the records of each topic per producer and window from the
 data itself and reports every (topic, producer, window) where that count and the announced sum
@@ -53,8 +57,10 @@ AUDIT_TOPIC = "_audit"
 DEFAULT_WINDOW_MS = 10_000
 #: the version byte of the value layout above
 EVENT_VERSION = 1
-#: version, window_start_ms, window_ms, record_count, topic_length (23 bytes), then the topic
-VALUE_HEADER = struct.Struct("<BqIqH")
+#: version, instance, sequence, window_start_ms, window_ms, record_count, topic_length (39 bytes),
+#: then the topic
+VALUE_HEADER = struct.Struct("<BQQqIqH")
+_MAX_NUMBER = (1 << 63) - 1  # instance and sequence fit a signed 64-bit column too
 _MAX_TOPIC_BYTES = 0xFFFF
 
 
@@ -67,15 +73,21 @@ def window_start(timestamp_ms: int, window_ms: int) -> int:
 @dataclass(frozen=True, slots=True)
 class MonitoringEvent:
     """One event: ``producer`` acknowledged ``record_count`` more records of ``topic`` whose
-    timestamps lie in ``[window_start_ms, window_start_ms + window_ms)``."""
+    timestamps lie in ``[window_start_ms, window_start_ms + window_ms)``; it is event number
+    ``sequence`` of the producer instance ``instance``."""
 
     producer: str
     topic: str
     window_start_ms: int
     window_ms: int
     record_count: int
+    instance: int
+    sequence: int
 
     def __post_init__(self) -> None:
+        for name in ("instance", "sequence"):
+            if not 0 <= getattr(self, name) <= _MAX_NUMBER:
+                raise ValueError(f"{name} must be in [0, 2**63 - 1], got {getattr(self, name)}")
         if not 1 <= self.window_ms <= 0xFFFFFFFF:
             raise ValueError(f"window_ms must be in [1, {0xFFFFFFFF}], got {self.window_ms}")
         if self.window_start_ms % self.window_ms:
@@ -90,8 +102,8 @@ class MonitoringEvent:
 def encode_event(event: MonitoringEvent) -> tuple[bytes, bytes]:
     """``(key, value)`` of the event's record; the producer name travels in the batch header."""
     topic = event.topic.encode("utf-8")
-    value = VALUE_HEADER.pack(EVENT_VERSION, event.window_start_ms, event.window_ms, event.record_count,
-                              len(topic)) + topic
+    value = VALUE_HEADER.pack(EVENT_VERSION, event.instance, event.sequence, event.window_start_ms,
+                              event.window_ms, event.record_count, len(topic)) + topic
     return topic, value
 
 
@@ -101,7 +113,7 @@ def decode_event(producer: str, value: bytes | bytearray | memoryview) -> Monito
     view = memoryview(value)
     if len(view) < VALUE_HEADER.size:
         raise ValueError(f"a monitoring event is at least {VALUE_HEADER.size} bytes, got {len(view)}")
-    version, start, window_ms, count, topic_length = VALUE_HEADER.unpack_from(view)
+    version, instance, sequence, start, window_ms, count, topic_length = VALUE_HEADER.unpack_from(view)
     if version != EVENT_VERSION:
         raise ValueError(f"monitoring event version {version}; this reader knows version {EVENT_VERSION}")
     if len(view) != VALUE_HEADER.size + topic_length:
@@ -111,4 +123,4 @@ def decode_event(producer: str, value: bytes | bytearray | memoryview) -> Monito
         topic = bytes(view[VALUE_HEADER.size:]).decode("utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"monitoring event topic is not UTF-8: {e}") from None
-    return MonitoringEvent(producer, topic, start, window_ms, count)
+    return MonitoringEvent(producer, topic, start, window_ms, count, instance, sequence)

@@ -16,7 +16,8 @@ Two threads (the Kafka paper's asynchronous producer: latency traded for through
 queue is *muted* meanwhile), and a request carries every batch that became due while its
 predecessor was out (up to ``max_request_bytes``), so a retry can never overtake or be overtaken
 by later records.  Requests to different partitions are in flight together.  With ``acks=0``
-nothing is answered; a partition's requests follow each other on its leader's connection, in order, and only a
+nothing is answered; a partition's requests follow each other on its leader's connection, in order
+(while the leader stays where it is), and only a
 request that could not be handed to a connection waits (muted) for a retry.
 
 **Retries.**  A retriable error (docs/PROTOCOL.md's table; also a lost connection or no response
@@ -322,11 +323,17 @@ class Producer(RecordAccumulator):
     def _publish_last_events(self, deadline: float | None) -> None:
         """Closing: publish the monitoring counts not yet announced (the last partial window)
         and wait, until ``deadline``, for their records to settle.  Failures are logged."""
-        if self.config.audit_topic is None or not self._thread.is_alive():
+        if self.config.audit_topic is None:
+            return
+        if not self._thread.is_alive():
+            logger.warning("[producer %s] closing: the I/O thread has stopped; monitoring counts not yet "
+                           "published are lost", self.name)
             return
         try:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            self._sender.call(lambda sender: sender.publish_monitoring(), _CONTROL_TIMEOUT_S * 2)
+            wait_s = _CONTROL_TIMEOUT_S * 2
+            if deadline is not None:
+                wait_s = min(wait_s, max(0.0, deadline - time.monotonic()))
+            self._sender.call(lambda sender: sender.publish_monitoring(), wait_s)
             target = self.mark_flush()
             with self._progress:
                 while self.unfinished_through(target) and self._thread.is_alive():
@@ -596,6 +603,7 @@ class _Sender:
         lost, link.in_flight = link.in_flight, {}
         for correlation_id, request in lost.items():
             link.connection.forget(correlation_id)
+            self._leader_may_have_moved(request, link)
             self._retry(request, BrokerNotAvailableError(
                 f"connection to broker {link.address} lost with request {correlation_id} in flight"),
                 now, uncertain=True)
@@ -626,6 +634,7 @@ class _Sender:
                 raise BrokerNotAvailableError(f"broker {link.address} is not connected")
             correlation_id = link.connection.send(message, expect_response=bool(acks))
         except BrokerNotAvailableError as e:
+            self._leader_may_have_moved(request, link)
             self._retry(request, e, now, uncertain=False)
             return
         request.attempts += 1
@@ -636,6 +645,12 @@ class _Sender:
         request.sent_s = now
         request.link = link
         link.in_flight[correlation_id] = request
+
+    def _leader_may_have_moved(self, request: _Request, link: BrokerLink) -> None:
+        """A leader other than the bootstrap broker did not answer: ask the bootstrap broker
+        where the partition is before the retry (it may have moved, or changed address)."""
+        if link is not self.links.bootstrap:
+            self._stale_topics.add(request.queue.topic)
 
     def _read_responses(self) -> None:
         now = time.monotonic()
@@ -667,6 +682,7 @@ class _Sender:
             link = request.link
             del link.in_flight[request.correlation_id]
             link.connection.forget(request.correlation_id)
+            self._leader_may_have_moved(request, link)
             self._retry(request, RequestTimedOutError(
                 f"no response to the produce request of {request} from {link.address} within "
                 f"request_timeout_ms {self._config.request_timeout_ms}"), now, uncertain=True)
@@ -854,8 +870,7 @@ class _Sender:
         """Queue the monitoring events counted since the last publication (hpbroker.client.monitoring)."""
         if self._monitoring is None:
             return 0
-        return self._monitoring.publish(self._producer, self.metadata, self.connection,
-                                        self._control_timeout_s)
+        return self._monitoring.publish(self._producer, self.metadata, self.connection)
 
 
 class _Found(Exception):  # noqa: N818 - control flow, never leaves this module

@@ -16,7 +16,9 @@ compares:
    lengths divide it); one that announced nothing in ``--window-ms`` (default 10 000).
 3. **Counts.**  Data: records per (topic, producer, window).  Events: the sum of ``record_count``
    per (topic, producer, window) (a window may be announced by several events).  The two are
-   joined (full outer) and every window where they differ is reported:
+   joined (full outer) and every window where they differ is reported.  An event stored twice
+   (published again after an unknown outcome, with the same ``instance`` and ``sequence``) is
+   counted once:
 
    ================  ===========================================================================
    verdict           meaning
@@ -33,10 +35,12 @@ compares:
    event up to ``window_ms`` after acknowledging its last record, and a record may be
    acknowledged up to ``delivery_timeout_ms`` after it was stamped), would be reported wrongly:
    ``--grace-ms G`` skips every window that ends after ``snapshot - G`` (counted as open).  The
-   default, no grace, audits everything: right for producers that have closed (closing publishes
-   every count).  Records deleted by retention are missing from their windows, also those
-   deleted while the audit reads: audit ranges well inside the retention period.  Events that do
-   not decode are counted and fail the audit.
+   default, no grace, audits everything: right once the producers have closed (closing publishes
+   every count) and their last requests are stored; an ``acks=0`` producer's close does not wait
+   for that (its connection sends what it queued in the background for up to 5 s).  Records
+   deleted by retention are missing from their windows, also those deleted while the audit
+   reads: audit ranges well inside the retention period.  Events that do not decode are counted
+   and fail the audit.
 
 Exit status (:func:`main`): 0 when every window matches, 1 when one does not (or an event does
 not decode), 2 when the audit could not run (bad options, broker unreachable).
@@ -70,7 +74,7 @@ FORMATS = ("parquet", "csv")
 REPORT_COLUMNS = ("topic", "producer", "window_start", "window_start_ms", "window_ms", "announced",
                   "consumed", "difference", "verdict")
 _EVENT_SCHEMA = ("producer string, topic string, window_start_ms bigint, window_ms bigint, "
-                 "record_count bigint, error string")
+                 "record_count bigint, instance bigint, sequence bigint, error string")
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,18 +125,19 @@ class AuditReport:
     records_counted: int = 0
     records_announced: int = 0
     open_windows: int = 0  # skipped: ending after snapshot_ms - grace_ms
-    invalid_events: list[str] = field(default_factory=list)  # why each undecodable event failed
+    invalid_events: list[str] = field(default_factory=list)  # why undecodable events failed (first 20)
+    invalid_event_count: int = 0
     mismatches: list[dict[str, Any]] = field(default_factory=list)  # the first ones, by topic and time
     mismatched: int = 0
     output: str | None = None
 
     @property
     def ok(self) -> bool:
-        return self.mismatched == 0 and not self.invalid_events
+        return self.mismatched == 0 and not self.invalid_event_count
 
     def summary(self) -> str:
         open_part = f", {self.open_windows} open windows skipped" if self.open_windows else ""
-        invalid = f", {len(self.invalid_events)} undecodable events" if self.invalid_events else ""
+        invalid = f", {self.invalid_event_count} undecodable events" if self.invalid_event_count else ""
         topics = ", ".join(self.topics) or "-"
         return (f"audit {'OK' if self.ok else 'FAILED'}: {self.windows_checked} windows checked, "
                 f"{self.matching} matching, {self.mismatched} mismatched; {self.records_counted} records "
@@ -178,7 +183,7 @@ def run_audit(spark: Any, config: AuditConfig, *, show: int = 100) -> AuditRepor
             report.output = config.output
     finally:
         windows.unpersist()
-    report.invalid_events = _invalid_events(spark, config, audit_plan)
+    report.invalid_event_count, report.invalid_events = _invalid_events(spark, config, audit_plan)
     return report
 
 
@@ -234,7 +239,8 @@ def decode_events(batches: Iterator[Any]) -> Iterator[Any]:
     decoder (``hpbroker.audit.events.decode_event``: events are few)."""
     import pyarrow as pa
 
-    names = ("producer", "topic", "window_start_ms", "window_ms", "record_count", "error")
+    names = ("producer", "topic", "window_start_ms", "window_ms", "record_count", "instance", "sequence",
+             "error")
     for batch in batches:
         columns: dict[str, list] = {name: [] for name in names}
         for producer, value in zip(batch.column("producer").to_pylist(), batch.column("value").to_pylist(),
@@ -242,14 +248,15 @@ def decode_events(batches: Iterator[Any]) -> Iterator[Any]:
             try:
                 event = decode_event(producer or "", value or b"")
                 row = (event.producer, event.topic, event.window_start_ms, event.window_ms,
-                       event.record_count, None)
+                       event.record_count, event.instance, event.sequence, None)
             except ValueError as e:
-                row = (producer, None, None, None, None, str(e))
+                row = (producer, None, None, None, None, None, None, str(e))
             for name, item in zip(names, row, strict=True):
                 columns[name].append(item)
         yield pa.RecordBatch.from_pydict(columns, schema=pa.schema([
             ("producer", pa.string()), ("topic", pa.string()), ("window_start_ms", pa.int64()),
-            ("window_ms", pa.int64()), ("record_count", pa.int64()), ("error", pa.string())]))
+            ("window_ms", pa.int64()), ("record_count", pa.int64()), ("instance", pa.int64()),
+            ("sequence", pa.int64()), ("error", pa.string())]))
 
 
 def _audited(spark: Any, config: AuditConfig, topics: list[str], data_plan: list[OffsetRange],
@@ -260,6 +267,8 @@ def _audited(spark: Any, config: AuditConfig, topics: list[str], data_plan: list
 
     events = _events(spark, config, audit_plan).where(F.col("error").isNull())
     events = events.where(F.col("topic").isin(topics) if topics else F.lit(False))
+    # An event published again after an unknown outcome may be stored twice: once per number.
+    events = events.dropDuplicates(["producer", "instance", "sequence"])
     # Each producer's window: the longest it announced.  A few rows, known to the driver.
     windows = {row["producer"]: row["window_ms"]
                for row in events.groupBy("producer").agg(F.max("window_ms").alias("window_ms")).collect()}
@@ -312,14 +321,19 @@ def _audited(spark: Any, config: AuditConfig, topics: list[str], data_plan: list
     return joined
 
 
-def _invalid_events(spark: Any, config: AuditConfig, audit_plan: list[OffsetRange]) -> list[str]:
-    """Why each event of the snapshot that does not decode fails (the first 20)."""
+def _invalid_events(spark: Any, config: AuditConfig, audit_plan: list[OffsetRange]) -> tuple[int, list[str]]:
+    """How many events of the snapshot do not decode, and why (the first 20)."""
     from pyspark.sql import functions as F
 
     if not audit_plan:
-        return []
-    bad = _events(spark, config, audit_plan).where(F.col("error").isNotNull()).limit(20).collect()
-    return [f"producer {row['producer']!r}: {row['error']}" for row in bad]
+        return 0, []
+    bad = _events(spark, config, audit_plan).where(F.col("error").isNotNull()).cache()
+    try:
+        count = bad.count()
+        first = bad.limit(20).collect() if count else []
+    finally:
+        bad.unpersist()
+    return count, [f"producer {row['producer']!r}: {row['error']}" for row in first]
 
 
 def _write(report: Any, config: AuditConfig) -> None:

@@ -19,29 +19,32 @@ from hpbroker.client.monitoring import MonitoringCounts
 
 
 def test_an_event_value_has_the_documented_layout():
-    key, value = encode_event(MonitoringEvent("p1", "orders", 1_700_000_000_000, 10_000, 1234))
+    key, value = encode_event(MonitoringEvent("p1", "orders", 1_700_000_000_000, 10_000, 1234, 77, 5))
     assert key == b"orders"
-    assert value == (bytes([1]) + (1_700_000_000_000).to_bytes(8, "little") + (10_000).to_bytes(4, "little")
+    assert value == (bytes([1]) + (77).to_bytes(8, "little") + (5).to_bytes(8, "little")
+                     + (1_700_000_000_000).to_bytes(8, "little") + (10_000).to_bytes(4, "little")
                      + (1234).to_bytes(8, "little") + (6).to_bytes(2, "little") + b"orders")
-    assert VALUE_HEADER.size == 23
+    assert VALUE_HEADER.size == 39
 
 
 @given(producer=st.text(max_size=20), topic=st.text(min_size=1, max_size=40),
-       window_ms=st.integers(1, 0xFFFFFFFF), window=st.integers(0, 10**6), count=st.integers(1, 2**62))
-def test_events_round_trip(producer, topic, window_ms, window, count):
-    event = MonitoringEvent(producer, topic, window * window_ms, window_ms, count)
+       window_ms=st.integers(1, 0xFFFFFFFF), window=st.integers(0, 10**6), count=st.integers(1, 2**62),
+       instance=st.integers(0, 2**63 - 1), sequence=st.integers(0, 2**63 - 1))
+def test_events_round_trip(producer, topic, window_ms, window, count, instance, sequence):
+    event = MonitoringEvent(producer, topic, window * window_ms, window_ms, count, instance, sequence)
     _key, value = encode_event(event)
     assert decode_event(producer, value) == event
 
 
 @pytest.mark.parametrize(("value", "message"), [
-    (b"\x01" * 5, "at least 23 bytes"),
-    (b"\x02" + bytes(22), "version 2"),
-    (VALUE_HEADER.pack(1, 0, 10, 1, 5) + b"abc", "topic_length 5"),
-    (VALUE_HEADER.pack(1, 0, 10, 1, 2) + b"\xff\xfe", "not UTF-8"),
-    (VALUE_HEADER.pack(1, 5, 10, 1, 1) + b"t", "not a multiple"),
-    (VALUE_HEADER.pack(1, 0, 10, 0, 1) + b"t", "at least 1"),
-    (VALUE_HEADER.pack(1, 0, 0, 1, 1) + b"t", "window_ms"),
+    (b"\x01" * 5, "at least 39 bytes"),
+    (b"\x02" + bytes(38), "version 2"),
+    (VALUE_HEADER.pack(1, 0, 0, 0, 10, 1, 5) + b"abc", "topic_length 5"),
+    (VALUE_HEADER.pack(1, 0, 0, 0, 10, 1, 2) + b"\xff\xfe", "not UTF-8"),
+    (VALUE_HEADER.pack(1, 0, 0, 5, 10, 1, 1) + b"t", "not a multiple"),
+    (VALUE_HEADER.pack(1, 0, 0, 0, 10, 0, 1) + b"t", "at least 1"),
+    (VALUE_HEADER.pack(1, 0, 0, 0, 0, 1, 1) + b"t", "window_ms"),
+    (VALUE_HEADER.pack(1, 2**63, 0, 0, 10, 1, 1) + b"t", "instance"),
 ])
 def test_a_bad_event_value_is_refused_with_the_reason(value, message):
     with pytest.raises(ValueError, match=message):
@@ -55,18 +58,21 @@ def test_window_start_is_the_floor_of_the_timestamp():
     assert window_start(1_700_000_012_345, 10_000) == 1_700_000_010_000
 
 
-def test_counts_are_taken_once_and_a_failed_event_is_announced_again():
+def test_counts_are_taken_once_and_a_failed_event_is_published_again_unchanged():
     counts = MonitoringCounts("p", "_audit", 1000)
+    i = counts.instance
     counts.add_records("a", 1500, 3)
     counts.add_records("a", 1999, 2)
     counts.add_records("b", 500, 1)
     counts.add_records("_audit", 500, 7)  # the audit topic itself is not counted
     events = counts.take()
-    assert events == [MonitoringEvent("p", "b", 0, 1000, 1), MonitoringEvent("p", "a", 1000, 1000, 5)]
+    assert events == [MonitoringEvent("p", "b", 0, 1000, 1, i, 0),
+                      MonitoringEvent("p", "a", 1000, 1000, 5, i, 1)]
     assert counts.take() == []
-    counts.give_back(events[1])
+    counts.give_back(events[1])  # its outcome is unknown: the same event, never merged into a new one
     counts.add_records("a", 1000, 1)
-    assert counts.take() == [MonitoringEvent("p", "a", 1000, 1000, 6)]
+    assert counts.take() == [events[1], MonitoringEvent("p", "a", 1000, 1000, 1, i, 2)]
+    assert MonitoringCounts("p", "_audit", 1000).instance != i
 
 
 class _OneTopic(RecordAccumulator):
@@ -105,3 +111,52 @@ def test_without_a_window_nothing_is_counted():
     [(_queue, batches)] = accumulator.drain(float("inf"), 1 << 30)[0]
     accumulator.build_payload(batches)
     assert batches[0].window_counts is None
+
+
+class _SilentBroker:
+    """A connection whose every call times out, counting the calls (pure logic of the publisher)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def call(self, request, timeout_s):
+        from hpbroker.errors import RequestTimedOutError
+
+        self.calls += 1
+        assert timeout_s <= 1.0, "the I/O thread must not wait long for the audit topic"
+        raise RequestTimedOutError("no answer")
+
+
+def test_a_broker_that_does_not_answer_costs_one_lookup_per_backoff_and_keeps_the_counts():
+    from hpbroker.client.monitoring import MonitoringPublisher
+
+    counts = MonitoringCounts("p", "_audit", 1000)
+    counts.add_records("a", 1500, 3)
+    publisher = MonitoringPublisher(counts)
+    broker = _SilentBroker()
+    assert publisher.publish(None, None, broker) == 0
+    assert publisher.publish(None, None, broker) == 0  # backing off: no second wait
+    assert broker.calls == 1
+    [event] = counts.take()
+    assert (event.topic, event.record_count) == ("a", 3)
+
+
+def test_an_unexpected_error_while_publishing_keeps_the_events_and_the_thread():
+    from hpbroker.client.monitoring import MonitoringPublisher
+
+    class _Producer:
+        def __init__(self):
+            self.sent = 0
+
+        def send_internal(self, *args):
+            self.sent += 1
+            if self.sent == 2:
+                raise ValueError("boom")
+
+    counts = MonitoringCounts("p", "_audit", 1000)
+    for topic in ("a", "b", "c"):
+        counts.add_records(topic, 1500, 1)
+    publisher = MonitoringPublisher(counts)
+    publisher._partitions = 1  # the audit topic is known
+    assert publisher.publish(_Producer(), None, None) == 1
+    assert [e.topic for e in counts.take()] == ["b", "c"]
