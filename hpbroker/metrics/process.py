@@ -1,7 +1,7 @@
 """This process's use of the machine, as Prometheus's standard ``process_*`` metrics count it.
 
-Linux's ``/proc/self`` for memory and descriptors (None elsewhere, or when it cannot be read);
-``os.times`` for CPU time.  Each call costs a system call or two: call it per scrape or per
+Linux's ``/proc/self`` for memory, descriptors and the start time (None elsewhere, or when it
+cannot be read); ``os.times`` for CPU time.  Each call costs a system call or two: call it per scrape or per
 report, not per request.
 """
 
@@ -9,13 +9,33 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["cpu_seconds", "open_fds", "resident_memory_bytes"]
+__all__ = ["cpu_seconds", "open_fds", "resident_memory_bytes", "start_time_seconds"]
 
 
 def cpu_seconds() -> float:
     """User and system CPU time of this process (not of its children), in seconds."""
     times = os.times()
     return times.user + times.system
+
+
+_STARTTIME_FIELD = 19  # starttime, field 22 of /proc/<pid>/stat, counted from field 3 (after "comm)")
+
+
+def start_time_seconds(pid: int | str = "self", proc: str = "/proc") -> float | None:
+    """When the process started, in seconds since 1970, as the kernel recorded it: ``starttime``
+    of ``<proc>/<pid>/stat`` (clock ticks since boot) plus the boot time (``btime`` of
+    ``<proc>/stat``, whole seconds), as Prometheus's own process collectors compute it.  None
+    when they cannot be read."""
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as f:
+            stat = f.read()
+        # The command name, field 2, is in parentheses and may hold spaces and parentheses itself.
+        ticks = int(stat[stat.rindex(b")") + 2:].split()[_STARTTIME_FIELD])
+        with open(f"{proc}/stat", "rb") as f:
+            boot_time_s = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+        return boot_time_s + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
 
 
 def resident_memory_bytes() -> int | None:

@@ -41,7 +41,7 @@ from hpbroker.broker.config import BrokerConfig
 from hpbroker.errors import ERRORS_BY_CODE
 from hpbroker.metrics import Histogram, MetricFamily, MetricsServer, render
 from hpbroker.metrics.exposition import COUNTER, GAUGE, HISTOGRAM
-from hpbroker.metrics.process import cpu_seconds, open_fds, resident_memory_bytes
+from hpbroker.metrics.process import cpu_seconds, open_fds, resident_memory_bytes, start_time_seconds
 from hpbroker.protocol import ApiKey
 from hpbroker.workers.stats import read_stats
 
@@ -147,7 +147,8 @@ class MetricsEndpoint:
         self._config = config
         self._run_dir = run_dir
         self._frontend_errors = frontend_errors
-        self._started_s = time.time()
+        started_s = start_time_seconds()  # the kernel's record; else (no /proc) about now
+        self._started_s = started_s if started_s is not None else time.time()
         self.slots: tuple[SlotView, ...] = ()
         self.stopping = False
         self._monitor: zmq.Socket | None = None

@@ -155,6 +155,16 @@ def test_requests_with_unknown_api_keys_are_counted_in_one_series(broker, flowed
     assert dict(labels)["request"] == "unknown" and count == len(invented)
 
 
+def test_the_process_start_time_is_the_arbiter_s_as_the_kernel_recorded_it(broker):
+    process, *_, metrics_port, _data_dir = broker
+    with open(f"/proc/{process.process.pid}/stat") as f:  # the arbiter: the process the test started
+        start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+    with open("/proc/stat") as f:
+        boot_time_s = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+    expected = boot_time_s + start_ticks / os.sysconf("SC_CLK_TCK")
+    assert scrape(metrics_port).value("process_start_time_seconds") == pytest.approx(expected, abs=1e-6)
+
+
 def test_a_bad_path_is_404_and_the_broker_goes_on(broker, flowed):
     _process, client, _port, metrics_port, _data_dir = broker
     for path in ("/nope", "/metrics/x", "/../"):
