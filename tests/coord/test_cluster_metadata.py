@@ -158,3 +158,25 @@ def test_admin_alters_and_deletes_a_topic_through_any_broker(two_brokers):
         wait_until(lambda: gone(client_1) and gone(client_2), 10, what="the deletion to reach ZooKeeper")
         with pytest.raises(UnknownTopicOrPartitionError):
             admin.alter_topic("on-two", {"retention_ms": 1000})
+
+
+def test_the_producer_follows_a_leader_that_comes_back_on_another_port(two_brokers, tmp_path):
+    """A leader that stops answering makes the producer ask the bootstrap broker where the
+    partition is now: broker 1 restarted on new ports, records sent meanwhile arrive there."""
+    (process_1, port_1, client_1), (_, port_2, client_2) = two_brokers
+    assert client_1.request(protocol.CreateTopicRequest("moving", 1))[0].error_code == 0
+    wait_until(lambda: any(t.name == "moving" and t.partitions and t.partitions[0].leader == 1
+                           for t in _metadata(client_2).topics), 10, what="broker 2 to see the topic")
+    with Producer(f"127.0.0.1:{port_2}", name="follower", request_timeout_ms=2000,
+                  delivery_timeout_ms=60_000, audit_topic=None) as producer:
+        producer.send_future("moving", b"before").result(10)
+        client_1.close()
+        assert process_1.stop() == 0, process_1.log()
+        futures = [producer.send_future("moving", b"during %d" % i) for i in range(10)]
+        config = tmp_path / "broker-1.toml"  # the fixture's file: same id, same ZooKeeper
+        moved, new_port = start_broker(tmp_path / "data-1", tmp_path / "broker-1-again.log", config=config)
+        try:
+            assert new_port != port_1
+            assert [f.result(45).offset for f in futures] == list(range(1, 11))
+        finally:
+            assert moved.stop() == 0, moved.log()
