@@ -244,7 +244,10 @@ class PartitionLog:
         applies successfully (pipelined or synchronous, the ones a roll or close completes
         included), on the owner's thread, after the high watermark moved: for measurements
         (``job.written``, ``job.records``, ``job.write_ns``, ``job.sync_ns``); it must not
-        call the log."""
+        call the log.  :attr:`on_sync`, likewise, is called with the nanoseconds of every other
+        fdatasync of a segment's ``.log`` the log issues once open (a roll's, a checkpoint's, a
+        close's, a synchronous flush's catching up on what flushes wrote without syncing): with
+        the flush jobs that synced, every data sync the log makes."""
         self._directory = os.fspath(directory)
         self._config = config if config is not None else LogConfig()
         self._clock = clock if clock is not None else _default_clock
@@ -262,6 +265,7 @@ class PartitionLog:
         self._clean_shutdown = CleanShutdownMarker(self._directory)
         self._lock_fd = -1
         self.on_flush: Callable[[FlushJob], None] | None = None
+        self.on_sync: Callable[[int], None] | None = None
         try:
             self._open()
         except OSError as e:
@@ -529,7 +533,7 @@ class PartitionLog:
             self._apply(self._take_pending(fsync, None))
         active = self._segments[-1]
         if fsync:
-            active.log.sync()  # what earlier flushes wrote without syncing, if anything
+            self._synced(active.log.sync())  # what earlier flushes wrote without syncing, if anything
             self._recovery_point = active.next_offset
         active.write_index_entries()  # after the data, so an entry never leads past it
 
@@ -569,7 +573,7 @@ class PartitionLog:
         """Flush and fsync the active segment, start a new one at the log end, checkpoint."""
         self._flush_pending(fsync=True)
         old = self._segments[-1]
-        old.sync()
+        self._synced(old.sync())
         new = Segment(self._directory, self._log_end_offset, self._config, create=True, now_ms=now_ms,
                       log_name=self._name)
         self._segments.append(new)
@@ -707,9 +711,14 @@ class PartitionLog:
     def checkpoint(self) -> None:
         """fsync the flushed data and indexes and record ``high_watermark`` as the recovery
         point, so the next open only scans what comes after it.  Pending records stay pending."""
-        self._segments[-1].sync()
+        self._synced(self._segments[-1].sync())
         self._recovery_point = self.high_watermark
         self._checkpoint.write(self._recovery_point)
+
+    def _synced(self, sync_ns: int | None) -> None:
+        """A ``.log`` fdatasync outside a flush job took ``sync_ns`` (None: there was none)."""
+        if sync_ns is not None and self.on_sync is not None:
+            self.on_sync(sync_ns)
 
     def close(self) -> None:
         """Flush, fsync everything, write the checkpoint and then the clean-shutdown marker (so
@@ -725,7 +734,7 @@ class PartitionLog:
                 try:
                     self._flush_pending(fsync=True)
                     for segment in self._segments:
-                        segment.sync()
+                        self._synced(segment.sync())
                     self._recovery_point = self.high_watermark
                     self._checkpoint.write(self._recovery_point)
                     self._clean_shutdown.write(self._recovery_point)  # last: all above is durable

@@ -15,6 +15,7 @@ that are not batches, its message naming the file and the position in it.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -207,11 +208,15 @@ class LogFile:
         self.size = position
         self._unsynced = False
 
-    def sync(self) -> None:
-        """fdatasync, if anything was written since the last one."""
-        if self._unsynced:
-            os.fdatasync(self.fd)
-            self._unsynced = False
+    def sync(self) -> int | None:
+        """fdatasync, if anything was written since the last one: the nanoseconds it took, or
+        None when there was nothing to sync."""
+        if not self._unsynced:
+            return None
+        started = time.perf_counter_ns()
+        os.fdatasync(self.fd)
+        self._unsynced = False
+        return time.perf_counter_ns() - started
 
     def mark_unsynced(self) -> None:
         """Recovery does not know whether the page cache it read was ever flushed to disk."""

@@ -158,11 +158,13 @@ class Segment:
         self.offset_index.write_out()
         self.time_index.write_out()
 
-    def sync(self) -> None:
-        """fdatasync the ``.log`` and both indexes (each only if it changed)."""
-        self.log.sync()
+    def sync(self) -> int | None:
+        """fdatasync the ``.log`` and both indexes (each only if it changed); the nanoseconds the
+        ``.log``'s fdatasync took, None when it had nothing to sync."""
+        log_sync_ns = self.log.sync()
         self.offset_index.sync()
         self.time_index.sync()
+        return log_sync_ns
 
     # --- opening: trust the indexes, or rebuild them from the log -----------------------------
 

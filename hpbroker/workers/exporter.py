@@ -90,7 +90,9 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...], str]] = {
         "From a fetch request's arrival at its worker to its response; parked: it waited at the log end."),
     "hpbroker_flush_duration_seconds": (
         HISTOGRAM, ("worker",), "One group commit: its writev calls and fdatasync, timed natively."),
-    "hpbroker_fsync_duration_seconds": (HISTOGRAM, ("worker",), "The fdatasync of one group commit."),
+    "hpbroker_fsync_duration_seconds": (
+        HISTOGRAM, ("worker",),
+        "Every fdatasync of segment data: group commits (flush_fsync), rolls, checkpoints, closing."),
     "hpbroker_produced_records_total": (COUNTER, _P, "Records appended by produce requests."),
     "hpbroker_produced_bytes_total": (COUNTER, _P, "Bytes of record batches appended by produce requests."),
     "hpbroker_fetched_records_total": (COUNTER, _P, "Records in the batches fetch responses handed out."),

@@ -256,6 +256,8 @@ class Partition:
         self._dirty = dirty
         self._stats = stats
         log.on_flush = self._flushed
+        if stats is not None:
+            log.on_sync = stats.synced
 
     def __repr__(self) -> str:
         return f"Partition({self.log.name})"

@@ -11,9 +11,11 @@ flush, never per record, and read by nobody else in the process:
   error by request type and code; latency histograms of produce (from the request's arrival at
   the worker to its response, the wait for the flush included; acks=0 requests have none) and
   fetch (from arrival to response, by transport and by whether it was *parked*, i.e. waited at
-  the log end for a long poll); the group commits' duration (``writev`` + ``fdatasync``) and the
-  ``fdatasync`` alone, as the native flush job measured them (``FlushJob.write_ns``,
-  ``sync_ns``).
+  the log end for a long poll); the group commits' duration (``writev`` + ``fdatasync``), as the
+  native flush job measured it (``FlushJob.write_ns``, ``sync_ns``); and every ``fdatasync`` of a
+  segment's data the logs issued: a group commit's (``FlushJob.sync_ns``, with ``flush_fsync``
+  on, or when a roll or close runs the job) and those of rolls, checkpoints and closes
+  (``PartitionLog.on_sync``), whatever ``flush_fsync`` says.
 
 A response's time ends when the worker hands it to its transport: the backend socket to the
 arbiter (which forwards it to the client at once) or the data port connection (written at once
@@ -92,6 +94,10 @@ class WorkerStats:
         self.flush_duration.observe((job.write_ns + job.sync_ns) * _NS)
         if job.fsync:
             self.fsync_duration.observe(job.sync_ns * _NS)
+
+    def synced(self, sync_ns: int) -> None:
+        """Any other fdatasync of a segment's data the log issued (``PartitionLog.on_sync``)."""
+        self.fsync_duration.observe(sync_ns * _NS)
 
     def snapshot(self, slot: int, partitions: Iterable[Partition], connections: int) -> dict[str, Any]:
         """The stats file's content now (module docstring)."""

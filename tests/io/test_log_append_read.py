@@ -395,6 +395,30 @@ def test_on_flush_sees_every_flush_the_log_applies_with_its_bytes_records_and_ti
     assert seen[-1].records == 1 and seen[-1].sync_ns == 0
 
 
+def test_on_sync_sees_every_data_sync_outside_a_flush_job_even_without_flush_fsync(open_log):
+    log = open_log(flush_fsync=False)
+    jobs, syncs = [], []
+    log.on_flush, log.on_sync = jobs.append, syncs.append
+    log.append(make_batch(2))
+    log.flush()  # written, not synced
+    assert [job.fsync for job in jobs] == [False] and syncs == []
+    log.checkpoint()  # syncs what the flush wrote
+    assert len(syncs) == 1 and syncs[0] > 0
+    log.checkpoint()  # nothing new to sync
+    assert len(syncs) == 1
+    log.append(make_batch(2, tag=1))
+    log.flush()
+    log.roll()  # syncs the flushed data of the old segment
+    assert len(syncs) == 2 and len(log.segments) == 2
+    log.append(make_batch(2, tag=2))
+    log.roll()  # the pending batch: a flush job that syncs, seen by on_flush, not on_sync
+    assert jobs[-1].fsync and jobs[-1].sync_ns > 0 and len(syncs) == 2
+    log.append(make_batch(2, tag=3))
+    log.flush()
+    log.close()  # syncs the active segment
+    assert len(syncs) == 3 and all(ns > 0 for ns in syncs)
+
+
 # --- offset for timestamp --------------------------------------------------------------------
 
 

@@ -75,6 +75,18 @@ def test_errors_are_counted_by_request_and_code_and_a_long_poll_is_measured_as_p
     assert parked.sum >= 0.3
 
 
+def test_every_data_sync_is_measured_without_flush_fsync_too(start_worker, arbiter):
+    start_worker(metrics_port=9, log={"flush_fsync": False, "segment_bytes": 512})
+    batches = [make_batch(f"r{i}", count=7) for i in range(4)]
+    assert all(300 < len(batch) <= 512 for batch in batches)  # each after the first rolls the segment
+    for batch in batches:
+        assert arbiter.call(0, produce_request("orders", 0, batch))[0].error_code == 0
+    stats = stats_when(arbiter, lambda s: partition_stats(s, "orders", 0)["segments"] == 4, "the rolls")
+    assert Histogram.from_json(stats["flush_duration"]).count == 4  # the flushes, none synced
+    syncs = Histogram.from_json(stats["fsync_duration"])
+    assert syncs.count == 3 and syncs.sum > 0  # each roll synced what the flush before it wrote
+
+
 def test_no_stats_file_without_metrics(start_worker, arbiter):
     start_worker()
     arbiter.call(0, produce_request("orders", 0, make_batch("x")))
