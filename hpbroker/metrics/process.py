@@ -1,21 +1,22 @@
 """This process's use of the machine, as Prometheus's standard ``process_*`` metrics count it.
 
 Linux's ``/proc/self`` for memory, descriptors and the start time (None elsewhere, or when it
-cannot be read); ``os.times`` for CPU time.  Each call costs a system call or two: call it per scrape or per
-report, not per request.
+cannot be read); ``time.process_time`` for CPU time (to the nanosecond, where ``os.times`` counts
+whole clock ticks and a young worker's reports read 0).  Each call costs a system call or two:
+call it per scrape or per report, not per request.
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 __all__ = ["cpu_seconds", "open_fds", "resident_memory_bytes", "start_time_seconds"]
 
 
 def cpu_seconds() -> float:
-    """User and system CPU time of this process (not of its children), in seconds."""
-    times = os.times()
-    return times.user + times.system
+    """User and system CPU time of this process, all its threads (not its children), in seconds."""
+    return time.process_time()
 
 
 _STARTTIME_FIELD = 19  # starttime, field 22 of /proc/<pid>/stat, counted from field 3 (after "comm)")

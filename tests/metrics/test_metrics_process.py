@@ -1,4 +1,5 @@
-"""The process's own figures (hpbroker.metrics.process): its start time as the kernel recorded it."""
+"""The process's own figures (hpbroker.metrics.process): its start time as the kernel recorded it,
+its CPU time finer than clock ticks."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from hpbroker.metrics.process import start_time_seconds
+from hpbroker.metrics.process import cpu_seconds, start_time_seconds
 
 
 def fake_proc(root, stat: str, proc_stat: str) -> str:
@@ -45,3 +46,11 @@ def test_a_process_started_now_is_seen_starting_now():
     assert int(before) - 1 <= started <= time.time() + 1  # the boot time is given in whole seconds
     own = start_time_seconds()
     assert own is not None and own <= before
+
+
+def test_cpu_time_counts_a_millisecond_of_work():
+    before = cpu_seconds()
+    spin_until = time.perf_counter() + 0.002
+    while time.perf_counter() < spin_until:
+        pass
+    assert cpu_seconds() > before
