@@ -253,6 +253,7 @@ class FetchServer:
         """The responder of one slot: fill it, send what the socket takes now, and keep a
         duplicate descriptor for the rest."""
         if conn.closed:
+            reply.file_slice = None  # nothing of it goes out (replies.py: the stats count what does)
             return
         slot.fill(reply)
         if conn.slots[0] is slot:

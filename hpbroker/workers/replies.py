@@ -10,7 +10,11 @@ slice's length.
 A *responder* is the callable a request's reply goes to (``responder(reply)``): bound to a client
 identity on the backend socket, or to a response slot of a TCP connection.  It is called exactly
 once per request that gets an answer, always from the worker's event loop thread, and never
-raises.
+raises.  A transport that cannot hand out a reply as it is says so in the reply before it
+returns, so that the worker's measurements count what the client gets: the ZeroMQ path, when it
+cannot read the slice, answers with an error instead and sets ``error_code`` to it and
+``file_slice`` to None; the data port, when the connection is closed already, sets
+``file_slice`` to None.
 """
 
 from __future__ import annotations

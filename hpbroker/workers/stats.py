@@ -6,7 +6,9 @@ flush, never per record, and read by nobody else in the process:
 - per partition (attributes of :class:`~hpbroker.workers.partitions.Partition`): records and
   bytes appended by produce requests, records and bytes handed out by fetch responses (both
   transports; a response's records are those of its whole batches, from
-  ``FileSlice.first_offset`` to ``next_offset``), flushes and the bytes they wrote;
+  ``FileSlice.first_offset`` to ``next_offset``; counted once the transport took the response,
+  so a slice the ZeroMQ path could not read counts as the error the client got instead, and one
+  for a data port connection already closed not at all), flushes and the bytes they wrote;
 - per worker (:class:`WorkerStats`): requests received by type and transport; answers with an
   error by request type and code; latency histograms of produce (from the request's arrival at
   the worker to its response, the wait for the flush included; acks=0 requests have none) and
@@ -129,9 +131,9 @@ def _partition_entry(partition: Partition) -> dict[str, Any]:
 
 class TimedResponder:
     """The responder of one request, in front of its transport's: when the answer comes it
-    observes the latency, counts an error, and for a fetch counts what the answer hands out of
-    :attr:`partition` (set by the handler once it found the partition; :attr:`parked` once the
-    fetch had to wait)."""
+    observes the latency (up to the hand-over), hands it over, then counts an error and, for a
+    fetch, what the answer handed out of :attr:`partition` (set by the handler once it found the
+    partition; :attr:`parked` once the fetch had to wait), as the transport left the reply."""
 
     __slots__ = ("_api_key", "_inner", "_started", "_stats", "_transport", "parked", "partition")
 
@@ -146,6 +148,7 @@ class TimedResponder:
 
     def __call__(self, reply: Reply) -> None:
         elapsed = time.monotonic() - self._started
+        self._inner(reply)  # first: the transport says in the reply what it could not hand out
         stats, api_key = self._stats, self._api_key
         if reply.error_code:
             key = (api_key, reply.error_code)
@@ -159,11 +162,9 @@ class TimedResponder:
                 partition.fetched_bytes += file_slice.length
                 partition.fetched_records += file_slice.next_offset - file_slice.first_offset
         else:
-            self._inner(reply)
             return
         histogram.counts[bisect_left(histogram.bounds, elapsed)] += 1  # Histogram.observe, inlined
         histogram.sum += elapsed
-        self._inner(reply)
 
 
 def stats_path(run_dir: str, slot: int) -> str:

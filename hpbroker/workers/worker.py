@@ -307,6 +307,7 @@ class Worker:
                 error = StorageError(f"reading {file_slice.length} bytes at position {file_slice.position} "
                                      f"of {file_slice.path} failed: {e}")
                 frames[2] = error_reply(reply.api_key, reply.correlation_id, error).head
+                reply.error_code, reply.file_slice = error.code, None  # what the client gets, for the stats
             else:
                 if len(data) != file_slice.length:
                     frames[2] = with_payload_length(reply.head, len(data))

@@ -3,11 +3,13 @@ requests, records and bytes in and out, errors by code, latencies and flush time
 
 from __future__ import annotations
 
+import errno
 import os
 
 from harness import wait_until
 from worker_harness import TcpClient, fetch_request, make_batch, produce_request
 
+from hpbroker.errors import StorageError
 from hpbroker.metrics import Histogram
 from hpbroker.protocol import ApiKey
 from hpbroker.workers.stats import read_stats, stats_path
@@ -73,6 +75,30 @@ def test_errors_are_counted_by_request_and_code_and_a_long_poll_is_measured_as_p
     assert sum(errors.values()) == 3
     parked = next(Histogram.from_json(h) for t, p, h in stats["fetch_latency"] if (t, p) == ("zmq", True))
     assert parked.sum >= 0.3
+
+
+def fail_reading_slices() -> None:
+    """In the worker: reading a fetch response's slice for the ZeroMQ path fails, like a disk."""
+    import hpbroker.workers.worker as worker_module
+
+    def pread_full(*_args):
+        raise OSError(errno.EIO, "Input/output error")
+
+    worker_module.pread_full = pread_full
+
+
+def test_a_fetch_whose_slice_cannot_be_read_counts_as_its_error_not_as_records_handed_out(start_worker,
+                                                                                         arbiter):
+    start_worker(metrics_port=9, child_setup=fail_reading_slices)
+    assert arbiter.call(0, produce_request("orders", 0, make_batch("x", count=4)))[0].error_code == 0
+    header, body = arbiter.call(0, fetch_request("orders", 0, 0))
+    assert header.error_code == StorageError.code and not body.payload
+    stats = stats_when(arbiter, lambda s: s["errors"], "the error in the stats file")
+    assert stats["errors"] == [[ApiKey.FETCH, StorageError.code, 1]]
+    counted = partition_stats(stats, "orders", 0)
+    assert (counted["fetched_records"], counted["fetched_bytes"], counted["produced_records"]) == (0, 0, 4)
+    fetches = {(t, parked): Histogram.from_json(h).count for t, parked, h in stats["fetch_latency"]}
+    assert fetches[("zmq", False)] == 1
 
 
 def test_every_data_sync_is_measured_without_flush_fsync_too(start_worker, arbiter):
