@@ -77,6 +77,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import glob
 import logging
 import os
 import shutil
@@ -761,7 +762,9 @@ def _heartbeat_mtime(run_dir: str, slot: int) -> float:
 
 def _remove_heartbeat(run_dir: str, slot: int) -> None:
     """Forget a slot's heartbeat and stats, so a reaped process's age, offsets and counters are
-    never taken for its successor's."""
+    never taken for its successor's, and the temporary files of a process killed while writing
+    them (``<file>.tmp``, or ``<file>.<pid>.tmp`` as older versions named them)."""
     for path in (heartbeat_path(run_dir, slot), stats_path(run_dir, slot)):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+        for stale in (path, *glob.glob(f"{glob.escape(path)}*.tmp")):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(stale)

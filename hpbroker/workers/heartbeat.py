@@ -1,8 +1,10 @@
 """Worker heartbeats: a file per slot whose mtime says "alive" and whose content says what the
 worker serves.
 
-``<run_dir>/worker-<slot>.json``, replaced atomically (write ``.tmp``, rename) by the worker every
-``heartbeat_interval_ms``; not fsynced (it lives and dies with the broker).  Content::
+``<run_dir>/worker-<slot>.json``, replaced atomically (write ``worker-<slot>.json.tmp``, one name
+per slot so that a worker killed while writing leaves nothing its successor does not replace,
+then rename) by the worker every ``heartbeat_interval_ms``; not fsynced (it lives and dies with
+the broker).  Content::
 
     {"slot": 0, "pid": 1234, "time_ms": 1700000000000, "ready": true,
      "partitions": [{"topic": "orders", "partition": 3,
@@ -33,7 +35,7 @@ def write_heartbeat(run_dir: str, slot: int, *, ready: bool, partitions: list[di
     path = heartbeat_path(run_dir, slot)
     body = {"slot": slot, "pid": os.getpid(), "time_ms": time.time_ns() // 1_000_000, "ready": ready,
             "partitions": partitions}
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = f"{path}.tmp"  # one per slot: a slot has one process at a time
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(body, f, separators=(",", ":"))
     os.replace(tmp, path)

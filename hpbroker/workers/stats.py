@@ -24,7 +24,9 @@ arbiter (which forwards it to the client at once) or the data port connection (w
 unless the client is slow to read).
 
 **The stats file.**  When the broker serves metrics (``metrics_port`` set), the worker replaces
-``<run_dir>/worker-<slot>.stats.json`` at every heartbeat (write ``.tmp``, rename; no fsync),
+``<run_dir>/worker-<slot>.stats.json`` at every heartbeat (write ``worker-<slot>.stats.json.tmp``,
+one name per slot so that a worker killed while writing leaves nothing its successor does not
+replace, then rename; no fsync),
 which the arbiter reads on each scrape, so figures are at most one ``heartbeat_interval_ms`` old::
 
     {"version": 1, "slot": 0, "pid": 1234, "time_ms": 1700000000000, "start_time_s": 1699999000.5,
@@ -174,7 +176,7 @@ def stats_path(run_dir: str, slot: int) -> str:
 def write_stats(run_dir: str, slot: int, content: dict[str, Any]) -> None:
     """Replace the slot's stats file (the worker, from its loop)."""
     path = stats_path(run_dir, slot)
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = f"{path}.tmp"  # one per slot: a slot has one process at a time
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(content, f, separators=(",", ":"))
     os.replace(tmp, path)

@@ -130,6 +130,7 @@ class Worker:
         self._next_heartbeat = self._next_maintenance = 0.0
         self._flusher = Flusher()
         self._stats = WorkerStats()
+        self._stats_failing = False  # the last stats file write failed (logged once)
         self._partitions = PartitionSet(config.data_dir, config.log, self._flusher, self._stats)
         self._handler = RequestHandler(self._partitions, self._stats)
         self._server: FetchServer | None = None
@@ -262,16 +263,29 @@ class Worker:
         self._write_heartbeat()
 
     def _write_heartbeat(self) -> None:
-        """The heartbeat file and, when the broker serves metrics, the stats file next to it."""
+        """The heartbeat file and, when the broker serves metrics, the stats file next to it.
+        Each failure is its own: one that cannot write its stats still heartbeats (a stats
+        failure is logged once, then again only after it worked again)."""
         try:
             heartbeat.write_heartbeat(self._run_dir, self._slot, ready=self._ready,
                                       partitions=self._partitions.heartbeat_entries())
-            if self._config.metrics_port:
-                connections = self._server.connection_count if self._server is not None else 0
-                write_stats(self._run_dir, self._slot,
-                            self._stats.snapshot(self._slot, self._partitions, connections))
         except OSError as e:
             logger.warning("cannot write the heartbeat in %s: %s", self._run_dir, e)
+        if not self._config.metrics_port:
+            return
+        try:
+            connections = self._server.connection_count if self._server is not None else 0
+            snapshot = self._stats.snapshot(self._slot, self._partitions, connections)
+            write_stats(self._run_dir, self._slot, snapshot)
+        except OSError as e:
+            logger.log(logging.DEBUG if self._stats_failing else logging.WARNING,
+                       "cannot write the stats file in %s (the metrics endpoint shows none of this "
+                       "worker's figures meanwhile): %s", self._run_dir, e)
+            self._stats_failing = True
+        else:
+            if self._stats_failing:
+                logger.info("writing the stats file in %s works again", self._run_dir)
+            self._stats_failing = False
 
     # --- the backend ---------------------------------------------------------------------------
 

@@ -91,6 +91,23 @@ def test_killed_worker_is_reaped_and_respawned_into_its_slot(standin):
     assert header.error_code == 0 and response.log_start_offset == broker.worker_pids()[0]
 
 
+def test_a_reaped_slot_s_stale_temporary_files_are_removed(standin):
+    broker, _config, _client = standin(workers=2)
+    broker.wait_for_log(r"all 2 workers serving")
+    run_dir = re.search(r"run dir (\S+)", broker.log())[1]
+    old_pid = broker.worker_pids()[1]
+    stale = [f"worker-1.stats.json.{old_pid}.tmp", "worker-1.stats.json.tmp", f"worker-1.json.{old_pid}.tmp"]
+    for name in stale:  # what a worker killed while writing its files leaves
+        with open(os.path.join(run_dir, name), "w") as f:
+            f.write('{"slot": 1, "pi')
+    kept = os.path.join(run_dir, "worker-10.stats.json.tmp")  # another slot's
+    open(kept, "w").close()
+    os.kill(old_pid, signal.SIGKILL)
+    broker.wait_for_log(r"worker slot=1 pid=\d+ serving", count=2)
+    assert not set(stale) & set(os.listdir(run_dir))
+    assert os.path.exists(kept)
+
+
 def _listening_inodes(port: int) -> set[str]:
     """Inodes of the TCP sockets listening on ``port`` (from /proc/net/tcp and tcp6)."""
     inodes = set()

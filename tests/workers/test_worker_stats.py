@@ -12,7 +12,8 @@ from worker_harness import TcpClient, fetch_request, make_batch, produce_request
 from hpbroker.errors import StorageError
 from hpbroker.metrics import Histogram
 from hpbroker.protocol import ApiKey
-from hpbroker.workers.stats import read_stats, stats_path
+from hpbroker.workers.heartbeat import heartbeat_path
+from hpbroker.workers.stats import read_stats, stats_path, write_stats
 
 
 def stats_when(arbiter, predicate, what: str) -> dict:
@@ -118,3 +119,32 @@ def test_no_stats_file_without_metrics(start_worker, arbiter):
     arbiter.call(0, produce_request("orders", 0, make_batch("x")))
     assert os.path.exists(os.path.join(arbiter.run_dir, "worker-0.json"))
     assert not os.path.exists(stats_path(arbiter.run_dir, 0))
+
+
+def test_a_temporary_file_left_by_a_killed_writer_is_replaced_by_the_next_write(run_dir):
+    path = stats_path(run_dir, 3)
+    with open(f"{path}.tmp", "w") as f:
+        f.write('{"version": 1, "slot": 3, "pi')  # a worker killed while writing
+    write_stats(run_dir, 3, {"version": 1, "slot": 3})
+    assert sorted(os.listdir(run_dir)) == ["worker-3.stats.json"]
+    assert read_stats(run_dir, 3) == {"version": 1, "slot": 3}
+
+
+def test_a_stats_file_that_cannot_be_written_is_logged_as_such_and_the_heartbeat_goes_on(start_worker,
+                                                                                        arbiter, capfd):
+    os.mkdir(stats_path(arbiter.run_dir, 0))  # replacing it fails
+    start_worker(metrics_port=9)
+    err: list[str] = []
+
+    def logged() -> str:
+        err.append(capfd.readouterr().err)
+        return "".join(err)
+
+    wait_until(lambda: "cannot write the stats file" in logged(), 10, what="the failure logged")
+    for _ in range(3):  # heartbeats go on, each failing to write the stats
+        beat = os.stat(heartbeat_path(arbiter.run_dir, 0)).st_mtime_ns
+        wait_until(lambda beat=beat: os.stat(heartbeat_path(arbiter.run_dir, 0)).st_mtime_ns > beat, 10,
+                   what="another heartbeat")
+    log = logged()
+    assert "cannot write the heartbeat" not in log
+    assert log.count("cannot write the stats file") == 1  # once, not every heartbeat
