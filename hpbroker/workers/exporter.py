@@ -198,13 +198,14 @@ class MetricsEndpoint:
         self._groups.start()
 
     def set_topics(self, topics: frozenset[str]) -> None:
-        if self._groups is not None:
-            self._groups.topics = topics
+        groups = self._groups
+        if groups is not None:
+            groups.topics = topics
 
     def stop_watching_groups(self) -> None:
-        if self._groups is not None:
-            self._groups.close()
-            self._groups = None
+        groups, self._groups = self._groups, None  # a scrape reads the attribute once
+        if groups is not None:
+            groups.close()
 
     def close(self) -> None:
         """Stop serving and watching.  Idempotent; before the ZeroMQ context is terminated."""
@@ -269,7 +270,8 @@ class MetricsEndpoint:
 
     def _add_groups(self, families: dict[str, MetricFamily], high_watermarks: Mapping[tuple[str, int], int],
                     now: float) -> None:
-        snapshot = self._groups.snapshot if self._groups is not None else None
+        groups = self._groups  # once: the loop may set it to None meanwhile (stop_watching_groups)
+        snapshot = groups.snapshot if groups is not None else None
         if snapshot is None:
             return
         families["hpbroker_consumer_group_offsets_age_seconds"].add((), max(0.0, now - snapshot.read_at))
