@@ -63,7 +63,9 @@ on a scrape.
 **Service manager.**  Under systemd (``$NOTIFY_SOCKET``, ``hpbroker.workers.notify``) the loop
 sends ``READY=1`` once every worker serves for the first time (sockets bound, ZooKeeper joined,
 every partition recovered), ``STATUS=`` lines while recovering, after a respawn and when serving
-again, ``STOPPING=1`` when a stop begins, and ``WATCHDOG=1`` every half ``$WATCHDOG_USEC``.
+again, ``STOPPING=1`` when a stop begins, and ``WATCHDOG=1`` every half ``$WATCHDOG_USEC``;
+until ``READY=1`` is sent, ``EXTEND_TIMEOUT_USEC`` keeps a long recovery within the unit's start
+timeout (a start that hangs before the loop runs still hits it).
 
 **Stop.**  SIGTERM or SIGINT: stop accepting connections and reading requests (responses still
 flow back to the clients), SIGTERM every worker, reap them until ``graceful_timeout_ms``, then
