@@ -142,9 +142,12 @@ def test_zookeeper_stopped_and_restarted_under_a_consuming_group(tmp_path):
         run.wait_consumed(dict.fromkeys(range(partitions), 30))
 
         lease_s = SESSION_TIMEOUT_MS / 1000 / 3
+        # A record a member took just before its lease ran out may be noted as received a little
+        # later by a process the busy machine did not schedule: checked only from this margin on.
+        margin_s = 1.5
         zookeeper.stop()
         stopped_at = time.monotonic()
-        time.sleep(lease_s + 0.5)  # every lease has run out
+        time.sleep(lease_s + margin_s)  # every lease has run out
         produce(bootstrap, "orders", partitions, 30, start=30)  # the broker goes on without ZooKeeper
         time.sleep(SESSION_TIMEOUT_MS / 1000)  # down for longer than the members' session timeout
         restarting_at = time.monotonic()  # from here on the members may reconnect at any moment
@@ -155,7 +158,8 @@ def test_zookeeper_stopped_and_restarted_under_a_consuming_group(tmp_path):
             owned = wait_balanced(GroupRegistry(zk, "g"), ["c0", "c1"], partitions, "orders")
         assert sorted(len(tps) for tps in owned.values()) == [3, 3]
         during = [(name, p, o, round(received - stopped_at, 3)) for name, m in run.members.items()
-                  for p, o, received in m.records() if stopped_at + lease_s + 0.5 < received < restarting_at]
+                  for p, o, received in m.records()
+                  if stopped_at + lease_s + margin_s < received < restarting_at]
         assert during == [], (f"records handed out while the members could not reach ZooKeeper (s after "
                               f"the stop; restarted {restarting_at - stopped_at:.3f} s after it)")
         assert_in_order(run)
