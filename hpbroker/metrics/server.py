@@ -9,10 +9,12 @@ client on a daemon thread of its own, so the process's own loop never waits on a
 - ``/``: a line pointing at ``/metrics``;
 - anything else: 404.  Methods other than GET get 501 (``http.server``'s rule).
 
-A slow or hostile client costs a thread and a socket, never the broker: every read and write of a
-client's socket times out after ``timeout_s`` of silence, at most ``max_clients`` clients are
-served at once (a connection beyond that is closed unanswered), HTTP/1.0 closes each connection
-after its response, and ``http.server`` bounds the request line and headers.
+A slow or hostile client costs a thread and a socket, never the broker, and not for long: every
+read and write of a client's socket times out after ``timeout_s`` of silence, the request line
+and headers must all arrive within ``request_timeout_s`` of the connection (so that a client
+sending a byte now and then cannot hold its slot), at most ``max_clients`` clients are served at
+once (a connection beyond that is closed unanswered), HTTP/1.0 closes each connection after its
+response, and ``http.server`` bounds the request line and headers.
 
 The listening socket is bound in the constructor (so a port in use fails at once, in the
 caller); :meth:`start` starts the thread.  In a process that forks, start it after the fork, or
@@ -22,9 +24,11 @@ starts it decides which signals its threads see (they inherit the starting threa
 
 from __future__ import annotations
 
+import io
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -37,6 +41,7 @@ __all__ = ["MetricsServer"]
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 10.0  # a client silent this long is dropped
+DEFAULT_REQUEST_TIMEOUT_S = 10.0  # a client that has not sent its request line and headers by then too
 DEFAULT_MAX_CLIENTS = 8  # clients served at once; more are closed at once
 _STOP_TIMEOUT_S = 5.0
 _POLL_S = 0.1  # how often the accept loop looks for a stop request: close() waits at most this
@@ -49,8 +54,10 @@ class MetricsServer:
     """Serves ``render()`` at ``/metrics`` and ``health()`` at ``/healthz`` (module docstring)."""
 
     def __init__(self, host: str, port: int, render: Render, health: Health | None = None, *,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, max_clients: int = DEFAULT_MAX_CLIENTS) -> None:
-        self._http = _HttpServer(host, port, render, health or _always_healthy, timeout_s, max_clients)
+                 timeout_s: float = DEFAULT_TIMEOUT_S, request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+                 max_clients: int = DEFAULT_MAX_CLIENTS) -> None:
+        self._http = _HttpServer(host, port, render, health or _always_healthy, timeout_s, request_timeout_s,
+                                 max_clients)
         self._thread: threading.Thread | None = None
 
     @property
@@ -88,9 +95,10 @@ class _HttpServer(ThreadingHTTPServer):
     request_queue_size = 16
 
     def __init__(self, host: str, port: int, render: Render, health: Health, timeout_s: float,
-                 max_clients: int) -> None:
+                 request_timeout_s: float, max_clients: int) -> None:
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.render, self.health, self.client_timeout_s = render, health, timeout_s
+        self.request_timeout_s = request_timeout_s
         self.max_clients = max_clients
         self._clients = threading.BoundedSemaphore(max_clients)
         super().__init__((host, port), _Handler)
@@ -117,6 +125,26 @@ class _HttpServer(ThreadingHTTPServer):
         logger.debug("metrics: error serving %s", client_address, exc_info=True)
 
 
+class _DeadlineReader(io.RawIOBase):
+    """A client socket's reads, each bounded by the per-read timeout and by what is left until
+    ``deadline`` (``time.monotonic()``); past it, every read raises TimeoutError, which
+    ``http.server`` takes as a request timed out (the connection is closed unanswered)."""
+
+    def __init__(self, sock: socket.socket, timeout_s: float, deadline: float) -> None:
+        super().__init__()
+        self._sock, self._timeout_s, self.deadline = sock, timeout_s, deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request did not arrive in time")
+        self._sock.settimeout(min(self._timeout_s, left))
+        return self._sock.recv_into(buffer)
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _HttpServer
     server_version = "hpbroker"
@@ -125,6 +153,16 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         self.timeout = self.server.client_timeout_s  # StreamRequestHandler applies it to the socket
         super().setup()
+        self.rfile.close()  # reads go through the request's deadline instead
+        self._reader = _DeadlineReader(self.connection, self.timeout,
+                                       time.monotonic() + self.server.request_timeout_s)
+        self.rfile = io.BufferedReader(self._reader)
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()  # the request line was read, this reads the headers
+        self._reader.deadline = float("inf")  # received: the response has timeout_s per write
+        self.connection.settimeout(self.timeout)
+        return parsed
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         path = urlsplit(self.path).path

@@ -3,6 +3,7 @@ clients never stop it."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import socket
 import threading
@@ -24,7 +25,8 @@ def served():
             raise state["text"]
         return state["text"]
 
-    server = MetricsServer("127.0.0.1", 0, render, lambda: state["healthy"], timeout_s=0.5, max_clients=2)
+    server = MetricsServer("127.0.0.1", 0, render, lambda: state["healthy"], timeout_s=0.5,
+                           request_timeout_s=1.0, max_clients=2)
     server.start()
     try:
         yield server, state
@@ -103,6 +105,45 @@ def test_silent_clients_are_dropped_and_never_stop_a_scrape(served):
     finally:
         for sock in silent:
             sock.close()
+
+
+def closed_by_the_server(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1024, socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionError:
+        return True
+
+
+def test_clients_trickling_their_request_are_dropped_at_the_request_deadline(served):
+    server, _ = served
+    trickling = [socket.create_connection(server.address) for _ in range(2)]  # max_clients
+    request = b"GET /metrics HTTP/1.0\r\nX-Padding: " + b"x" * 300 + b"\r\n\r\n"
+    try:
+        sent = 0
+        while not all(closed_by_the_server(sock) for sock in trickling):
+            assert sent < len(request), "the whole request was sent: no deadline dropped the clients"
+            for sock in trickling:  # a byte every 0.1 s: never silent for timeout_s (0.5 s)
+                with contextlib.suppress(OSError):
+                    sock.send(request[sent:sent + 1])
+            sent += 1
+            time.sleep(0.1)
+        assert scrape_when_a_slot_frees(server) == 200
+    finally:
+        for sock in trickling:
+            sock.close()
+
+
+def test_a_request_sent_slowly_but_in_time_is_answered(served):
+    server, _ = served
+    with socket.create_connection(server.address) as sock:
+        for piece in (b"GET /metr", b"ics HTTP/1.0\r\n", b"Host: x\r\n", b"\r\n"):
+            sock.sendall(piece)
+            time.sleep(0.05)
+        sock.settimeout(10)
+        answer = sock.makefile("rb").read()
+    assert answer.startswith(b"HTTP/1.0 200 ") and answer.endswith(b"hpb_up 1\n")
 
 
 def test_many_scrapes_at_once_all_get_an_answer_or_a_closed_connection(served):
