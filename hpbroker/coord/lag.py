@@ -103,7 +103,7 @@ class GroupOffsetsPoller:
             return {}
         deadline = time.monotonic() + self.timeout_s
         client, paths = self._session.client, self._paths
-        groups = list_groups(self._session, paths, timeout_s=self.timeout_s)
+        groups = list_groups(self._session, paths, timeout_s=_left(deadline))
         offset_topics = self._gather({g: (client.get_children_async, paths.group_offsets(g)) for g in groups
                                       if _valid(paths.group_offsets, g)}, deadline)
         group_topics = [(g, t) for g, children in offset_topics.items() for t in children if t in topics]
@@ -133,13 +133,19 @@ class GroupOffsetsPoller:
         timeout = self._session.client.handler.timeout_exception
         for key, result in pending.items():
             try:
-                answers[key] = result.get(timeout=max(0.0, deadline - time.monotonic()))
+                answers[key] = result.get(timeout=_left(deadline))
             except NoNodeError:
                 continue
             except timeout:
                 raise CoordinationError(f"no answer from ZooKeeper within {self.timeout_s:g} s reading "
                                         f"the groups' committed offsets") from None
         return answers
+
+
+def _left(deadline: float) -> float:
+    """Seconds left before ``deadline`` (``time.monotonic()``), never below 0: every step of a
+    round waits only for what is left of the round's time."""
+    return max(0.0, deadline - time.monotonic())
 
 
 def _valid(make_path: Any, *names: Any) -> bool:
