@@ -255,6 +255,8 @@ class Arbiter:
         if ":" in host:
             self._front.setsockopt(zmq.IPV6, 1)
             host = f"[{host}]"
+        if self._metrics is not None:  # before the bind, so that it sees every connection
+            self._metrics.watch_peers(self._front)
         self._front.bind(f"tcp://{host}:{config.port}")
         self._front_endpoint = self._front.getsockopt_string(zmq.LAST_ENDPOINT)
         assert self._frontend is not None
@@ -307,10 +309,9 @@ class Arbiter:
         """Serve the metrics endpoint from its thread, which must see none of the loop's signals."""
         if self._metrics is None:
             return
-        assert self._front is not None
         signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
         try:
-            self._metrics.start(self._front)
+            self._metrics.start()
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
         self._publish_slots()

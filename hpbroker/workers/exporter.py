@@ -12,7 +12,8 @@ renders, on the scraping thread, from:
   requests, errors, connections;
 - the front-end's error counts (a dict of ints the loop updates, copied whole);
 - the ZeroMQ front-end's open connections, counted from a socket monitor that the loop drains
-  (:meth:`MetricsEndpoint.drain_peers`);
+  (:meth:`MetricsEndpoint.drain_peers`), attached before the front-end binds so that it sees
+  every connection: accepted ones minus disconnected ones;
 - with ZooKeeper, the consumer groups' committed offsets (``hpbroker.coord.lag``, read on a
   thread of their own every ``metrics_lag_interval_ms``), against the high watermarks of the
   partitions this broker serves;
@@ -141,8 +142,9 @@ class SlotView:
 
 class MetricsEndpoint:
     """The arbiter's metrics endpoint (module docstring).  Construct it where a failure should stop
-    the broker (it binds); :meth:`start` and :meth:`watch_groups` start threads, so call them after
-    the first fork with the arbiter's signals blocked; :meth:`close` at the end."""
+    the broker (it binds); :meth:`watch_peers` before the front-end binds; :meth:`start` and
+    :meth:`watch_groups` start threads, so call them after the first fork with the arbiter's
+    signals blocked; :meth:`close` at the end."""
 
     def __init__(self, config: BrokerConfig, run_dir: str,
                  frontend_errors: Callable[[], Mapping[tuple[int, int], int]]) -> None:
@@ -166,10 +168,14 @@ class MetricsEndpoint:
 
     # --- the arbiter's side -------------------------------------------------------------------
 
-    def start(self, front: zmq.Socket) -> None:
-        """Watch the front-end's connections (drain :attr:`peers_socket` from the loop) and serve."""
+    def watch_peers(self, front: zmq.Socket) -> None:
+        """Count the front-end's connections from now on (drain :attr:`peers_socket` from the
+        loop).  Call it before ``front`` binds: a connection accepted before would be missed."""
         self._router = front
         self._monitor = front.get_monitor_socket(_PEER_EVENTS)
+
+    def start(self) -> None:
+        """Serve the endpoint."""
         self._server.start()
 
     @property
@@ -187,7 +193,7 @@ class MetricsEndpoint:
             if event["event"] == zmq.EVENT_ACCEPTED:
                 self._peers += 1
             elif event["event"] == zmq.EVENT_DISCONNECTED:
-                self._peers = max(0, self._peers - 1)
+                self._peers -= 1  # of a connection whose acceptance was seen: the monitor came first
 
     def watch_groups(self, session: Session, interval_s: float, topics: frozenset[str]) -> None:
         """Read the consumer groups' committed offsets of ``topics`` from ZooKeeper from now on."""

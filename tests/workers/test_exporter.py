@@ -6,6 +6,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import zmq
+from harness import wait_until
 from scrape import parse
 
 from hpbroker.broker.config import BrokerConfig
@@ -56,3 +58,34 @@ def test_a_scrape_while_the_group_poller_is_stopped_still_renders(endpoint):
     metrics._poller, metrics._poller_reads = FakePoller(), 0
     scraped = parse(metrics.render())
     assert scraped.value("hpbroker_workers", state="stopping") == 1
+
+
+def test_front_end_connections_made_before_the_endpoint_serves_are_counted_exactly(endpoint):
+    metrics = endpoint()
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    clients = []
+    try:
+        metrics.watch_peers(router)  # as the arbiter does: before the bind
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        for _ in range(3):  # connected before anything drains the monitor or serves
+            client = context.socket(zmq.DEALER)
+            client.setsockopt(zmq.LINGER, 0)
+            client.connect(f"tcp://127.0.0.1:{port}")
+            clients.append(client)
+
+        def connections() -> float | None:
+            metrics.drain_peers()
+            return parse(metrics.render()).value("hpbroker_frontend_connections")
+
+        wait_until(lambda: connections() == 3, 10, what="3 connections counted")
+        metrics.start()
+        clients.pop().close()
+        wait_until(lambda: connections() == 2, 10, what="a disconnection counted")
+    finally:
+        metrics.close()  # disables the monitor, before the router closes
+        for client in clients:
+            client.close()
+        router.close()
+        context.term()
