@@ -19,6 +19,7 @@ import json
 import sys
 
 from hpbroker.cli.common import add_bootstrap, reports_errors
+from hpbroker.timestamps import parse_time_ms
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,20 +38,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     consume.add_argument("--format", choices=("text", "value", "json"), default="text",
                          help="output format (default text)")
     consume.set_defaults(run=_run)
-
-
-def parse_time_ms(text: str) -> int:
-    """``text`` as ms since the epoch: an integer is taken as is, anything else as ISO 8601
-    (UTC when it names no zone).  ValueError names the text."""
-    if text.lstrip("-").isdigit():
-        return int(text)
-    try:
-        moment = dt.datetime.fromisoformat(text)
-    except ValueError:
-        raise ValueError(f"--from-time {text!r}: expected ms since the epoch or an ISO 8601 time") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=dt.UTC)
-    return int(moment.timestamp() * 1000)
 
 
 def _text(data: bytes | None) -> str:
@@ -95,7 +82,7 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.max_records is not None and args.max_records < 0:
         raise ValueError(f"--max-records must be at least 0, got {args.max_records}")
-    start_ms = parse_time_ms(args.from_time) if args.from_time is not None else None
+    start_ms = parse_time_ms(args.from_time, "--from-time") if args.from_time is not None else None
     # An explicit --offset outside the log is an error naming the log's bounds, never a silent
     # jump; the other starts fall back to the oldest record kept (retention may move it meanwhile).
     if args.offset is not None:

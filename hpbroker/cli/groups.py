@@ -111,8 +111,8 @@ def _describe(registry, bootstrap: str) -> int:
 
 
 def _reset(registry, args: argparse.Namespace) -> int:
-    from hpbroker.cli.consume import parse_time_ms
     from hpbroker.client.consumer import Consumer, TopicPartition
+    from hpbroker.timestamps import parse_time_ms
 
     with Consumer(args.bootstrap, client_id="hpbroker-cli") as consumer:
         partitions = args.partition or sorted(consumer.partitions_for_topic(args.topic))
@@ -126,7 +126,7 @@ def _reset(registry, args: argparse.Namespace) -> int:
                 raise ValueError(f"--to-offset must be at least 0, got {args.to_offset}")
             plan = dict.fromkeys(tps, args.to_offset)
         else:
-            at = consumer.offsets_for_times(dict.fromkeys(tps, parse_time_ms(args.to_time)))
+            at = consumer.offsets_for_times(dict.fromkeys(tps, parse_time_ms(args.to_time, "--to-time")))
             ends = consumer.end_offsets([tp for tp, offset in at.items() if offset is None])
             plan = {tp: ends[tp] if offset is None else offset for tp, offset in at.items()}
     current = registry.committed_offsets([(tp.topic, tp.partition) for tp in tps])

@@ -52,7 +52,6 @@ pyspark and the client are imported only by the functions that run the job, so t
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import math
 import os
 import sys
@@ -62,6 +61,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hpbroker.audit.events import AUDIT_TOPIC, DEFAULT_WINDOW_MS, decode_event
+from hpbroker.timestamps import iso_ms, parse_time_ms
 
 if TYPE_CHECKING:
     from hpbroker.spark.planning import OffsetRange
@@ -143,12 +143,6 @@ class AuditReport:
                 f"{self.matching} matching, {self.mismatched} mismatched; {self.records_counted} records "
                 f"counted, {self.records_announced} announced{open_part}{invalid} (topics: {topics}; "
                 f"snapshot {iso_ms(self.snapshot_ms)})")
-
-
-def iso_ms(ms: int) -> str:
-    """``ms`` since the epoch as ISO 8601 UTC with milliseconds."""
-    moment = dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 # --- the job ----------------------------------------------------------------------------------
@@ -379,7 +373,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> AuditConfig:
-    from hpbroker.spark.planning import parse_time_ms
 
     topics = None
     if args.topic:

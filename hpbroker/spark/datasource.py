@@ -74,8 +74,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from hpbroker.spark.planning import OffsetRange, OffsetSpec, parse_offsets, parse_time_ms, plan_read
+from hpbroker.spark.planning import OffsetRange, OffsetSpec, parse_offsets, plan_read
 from hpbroker.spark.reading import ReadConfig, read_range
+from hpbroker.timestamps import parse_time_ms
 
 __all__ = ["RECORD_SCHEMA", "HPBrokerDataSource", "HPBrokerReader", "ReadOptions"]
 

@@ -18,7 +18,6 @@ No Spark here (the data source, ``hpbroker.spark.datasource``, wraps it); the cl
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -27,7 +26,7 @@ from dataclasses import dataclass
 from hpbroker.client.consumer import Consumer, TopicPartition
 
 __all__ = ["EARLIEST", "LATEST", "OffsetRange", "OffsetSpec", "offsets_json", "parse_offsets",
-           "parse_time_ms", "plan_read", "resolve_ranges", "split_range"]
+           "plan_read", "resolve_ranges", "split_range"]
 
 #: In an explicit offsets document, the log start offset and the high watermark (as in Kafka's).
 EARLIEST = -2
@@ -68,23 +67,6 @@ class OffsetSpec:
         if self.kind not in ("earliest", "latest", "timestamp", "offsets"):
             raise ValueError(f"offset spec kind {self.kind!r}: expected earliest, latest, timestamp or "
                              "offsets")
-
-
-def parse_time_ms(text: str | int, what: str = "time") -> int:
-    """``text`` as ms since the epoch: an integer as it is, anything else as ISO 8601 (UTC when
-    it names no zone).  ValueError names ``what``."""
-    if isinstance(text, int):
-        return text
-    text = str(text).strip()
-    if text.lstrip("-").isdigit():
-        return int(text)
-    try:
-        moment = dt.datetime.fromisoformat(text)
-    except ValueError:
-        raise ValueError(f"{what} {text!r}: expected ms since the epoch or an ISO 8601 time") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=dt.UTC)
-    return round(moment.timestamp() * 1000)
 
 
 def parse_offsets(text: str | None, default: str, what: str) -> OffsetSpec:

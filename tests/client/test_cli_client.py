@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from hpbroker.cli.consume import parse_time_ms
+from hpbroker.timestamps import parse_time_ms
 
 
 def hpbroker(port: int, *args: str, stdin: bytes = b"", timeout_s: float = 60) -> subprocess.CompletedProcess:
@@ -98,7 +98,7 @@ def test_start_times_parse_as_ms_or_iso_8601(text, ms):
 
 def test_a_bad_start_time_is_refused_by_name():
     with pytest.raises(ValueError, match="--from-time 'yesterday'"):
-        parse_time_ms("yesterday")
+        parse_time_ms("yesterday", "--from-time")
 
 
 def test_an_offset_outside_the_log_is_an_error_naming_its_bounds(broker, topic_name):

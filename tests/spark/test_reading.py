@@ -18,11 +18,11 @@ from hpbroker.spark.planning import (
     OffsetRange,
     OffsetSpec,
     parse_offsets,
-    parse_time_ms,
     plan_read,
     split_range,
 )
 from hpbroker.spark.reading import ReadConfig, read_range
+from hpbroker.timestamps import parse_time_ms
 
 ALL = arrow_schema([name for name, _ in RECORD_FIELDS])
 EARLIEST, LATEST = OffsetSpec("earliest"), OffsetSpec("latest")
