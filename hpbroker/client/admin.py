@@ -105,7 +105,8 @@ class Admin:
     def _leader(self, name: str) -> BrokerConnection:
         """The connection to the broker storing topic ``name`` (the leader of its partition 0);
         the bootstrap broker when that is the one, or when its metadata cannot tell (no such
-        topic, a standalone broker, no live leader): its answer then says what is wrong."""
+        topic, a standalone broker): its answer then says what is wrong.  In a cluster, a topic
+        whose leader is not live raises PartitionNotAvailableError."""
         metadata = ClusterMetadata(self._connection, timeout_s=self._timeout_s)
         try:
             metadata.partitions(name)

@@ -83,6 +83,14 @@ class BrokerLinks:
             link = self._links[address] = BrokerLink(address, self._client_id, self._poller)
         return link
 
+    def prune(self, leaders: set[BrokerAddress], linger_ms: int) -> None:
+        """Close the links, but the bootstrap one, to brokers that lead none of ``leaders`` and
+        have nothing in flight (a leader that moved, or came back on other ports)."""
+        for address, link in list(self._links.items()):
+            if link is not self.bootstrap and address not in leaders and not link.in_flight:
+                del self._links[address]
+                link.close(self._poller, linger_ms)
+
     def close(self, linger_ms: int) -> None:
         for link in self._links.values():
             link.close(self._poller, linger_ms)

@@ -24,6 +24,7 @@ from hpbroker.client.connection import BrokerAddress, BrokerConnection
 from hpbroker.errors import (
     BrokerNotAvailableError,
     HPBrokerError,
+    PartitionNotAvailableError,
     RequestTimedOutError,
     UnknownTopicOrPartitionError,
     error_for_code,
@@ -105,12 +106,23 @@ class ClusterMetadata:
         """The front-end of the partition's leader as last described, or None when that is the
         broker this metadata comes from, or cannot be told: the metadata named at most one
         broker (a standalone broker: its own address may be advertised differently from the
-        one the client used), the partition or its leader is unknown."""
+        one the client used), or the partition is unknown.  In a cluster, a partition whose
+        leader is not a live broker raises PartitionNotAvailableError (retriable): sending it
+        to the bootstrap broker instead could only fail, or worse."""
         partitions = self._topics.get(topic)
         if len(self._brokers) <= 1 or partitions is None or not 0 <= partition < len(partitions):
             return None
-        address = self._brokers.get(partitions[partition].leader)
+        leader = partitions[partition].leader
+        address = self._brokers.get(leader)
+        if address is None:  # a cluster, and no live broker leads it: nobody else may take it
+            raise PartitionNotAvailableError(f"partition {topic}-{partition} has no live leader "
+                                             f"(leader {leader}, brokers {sorted(self._brokers)})")
         return None if address == self.connection.address else address
+
+    def leader_addresses(self) -> set[BrokerAddress]:
+        """The front-ends of the leaders of every partition known (for closing unused links)."""
+        return {address for partitions in self._topics.values() for p in partitions
+                if (address := self._brokers.get(p.leader)) is not None}
 
     def partition_count(self, topic: str) -> int:
         return len(self.partitions(topic))

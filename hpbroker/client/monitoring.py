@@ -118,9 +118,10 @@ class MonitoringPublisher:
         self._backoff_s = 0.0
         self._warned_s = -_WARN_EVERY_S
 
-    def publish(self, producer: Any, metadata: Any, connection: Any) -> int:
-        """Queue every pending event; returns how many (0 also while the lookup backs off)."""
-        if not self.counts or time.monotonic() < self._retry_at_s:
+    def publish(self, producer: Any, metadata: Any, connection: Any, *, last: bool = False) -> int:
+        """Queue every pending event; returns how many (0 also while the lookup backs off, unless
+        this is the ``last`` publication, the producer's close, which tries at once)."""
+        if not self.counts or (time.monotonic() < self._retry_at_s and not last):
             return 0
         events = self.counts.take()
         queued = 0

@@ -67,6 +67,7 @@ from hpbroker.errors import (
     BrokerNotAvailableError,
     HPBrokerError,
     OffsetOutOfRangeError,
+    PartitionNotAvailableError,
     RequestTimedOutError,
     UnknownServerError,
     UnknownTopicOrPartitionError,
@@ -333,7 +334,7 @@ class Producer(RecordAccumulator):
             wait_s = _CONTROL_TIMEOUT_S * 2
             if deadline is not None:
                 wait_s = min(wait_s, max(0.0, deadline - time.monotonic()))
-            self._sender.call(lambda sender: sender.publish_monitoring(), wait_s)
+            self._sender.call(lambda sender: sender.publish_monitoring(last=True), wait_s)
             target = self.mark_flush()
             with self._progress:
                 while self.unfinished_through(target) and self._thread.is_alive():
@@ -341,6 +342,8 @@ class Producer(RecordAccumulator):
                     if remaining is not None and remaining <= 0:
                         raise TimeoutError("the producer's close timeout ran out")
                     self._progress.wait(remaining)
+            if self._sender.call(lambda sender: sender.unpublished_monitoring(), _CONTROL_TIMEOUT_S):
+                raise ProducerClosedError("some were not stored; the audit will flag their windows")
         except Exception as e:
             logger.warning("[producer %s] closing: the last monitoring events were not published: %s",
                            self.name, e)
@@ -627,7 +630,12 @@ class _Sender:
         acks = 1 if queue.topic == self._audit_topic else self._acks  # events are acknowledged, always
         message = protocol.ProduceRequest(queue.topic, queue.partition, acks, self._broker_timeout_ms,
                                           request.payload)
-        link = self.links.for_partition(self.metadata, queue.topic, queue.partition)
+        try:
+            link = self.links.for_partition(self.metadata, queue.topic, queue.partition)
+        except PartitionNotAvailableError as e:  # no live leader: ask again before the retry
+            self._stale_topics.add(queue.topic)
+            self._retry(request, e, now, uncertain=False)
+            return
         try:
             self._read_monitor()
             if not link.connected and request.attempts:
@@ -743,6 +751,7 @@ class _Sender:
                 raise _GiveUp(UnknownTopicOrPartitionError(
                     f"topic {topic!r} no longer exists on broker {self._address}")) from None
             self._stale_topics.discard(topic)
+            self.links.prune(self.metadata.leader_addresses(), 0 if self._acks else _ACKS_0_CLOSE_LINGER_MS)
             if partition >= count:
                 raise _GiveUp(UnknownTopicOrPartitionError(
                     f"topic {topic!r} now has {count} partitions, no partition {partition}"))
@@ -866,11 +875,15 @@ class _Sender:
         self.links.bootstrap.connected = True
         return count
 
-    def publish_monitoring(self) -> int:
-        """Queue the monitoring events counted since the last publication (hpbroker.client.monitoring)."""
+    def publish_monitoring(self, *, last: bool = False) -> int:
+        """Queue the monitoring events counted since the last publication (hpbroker.client.monitoring);
+        ``last``: the close's, tried even while the audit topic's lookup backs off."""
         if self._monitoring is None:
             return 0
-        return self._monitoring.publish(self._producer, self.metadata, self.connection)
+        return self._monitoring.publish(self._producer, self.metadata, self.connection, last=last)
+
+    def unpublished_monitoring(self) -> bool:
+        return self._monitoring is not None and bool(self._monitoring.counts)
 
 
 class _Found(Exception):  # noqa: N818 - control flow, never leaves this module

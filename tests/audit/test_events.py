@@ -160,3 +160,22 @@ def test_an_unexpected_error_while_publishing_keeps_the_events_and_the_thread():
     publisher._partitions = 1  # the audit topic is known
     assert publisher.publish(_Producer(), None, None) == 1
     assert [e.topic for e in counts.take()] == ["b", "c"]
+
+
+def test_the_close_publishes_even_while_the_lookup_backs_off():
+    from hpbroker.client.monitoring import MonitoringPublisher
+
+    class _Producer:
+        sent = 0
+
+        def send_internal(self, *args):
+            self.sent += 1
+
+    counts = MonitoringCounts("p", "_audit", 1000)
+    counts.add_records("a", 1500, 3)
+    publisher = MonitoringPublisher(counts)
+    publisher._partitions = 1
+    publisher._retry_at_s = float("inf")  # a failed lookup a moment ago
+    producer = _Producer()
+    assert publisher.publish(producer, None, None) == 0
+    assert publisher.publish(producer, None, None, last=True) == 1 and producer.sent == 1
