@@ -145,7 +145,7 @@ else
   if git -C "$SOURCE_DIR" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
     # Tracked files and new ones not ignored: never build outputs (build/, *.egg-info, *.so, *.c).
     (cd "$SOURCE_DIR" && git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' file; do
-      [ -e "$file" ] && printf '%s\0' "$file"; done | tar --null -T - -cf -) | tar -C "$WORK/source" -xf -
+      if [ -e "$file" ]; then printf '%s\0' "$file"; fi; done | tar --null -T - -cf -) | tar -C "$WORK/source" -xf -
   else
     tar -C "$SOURCE_DIR" --exclude=./.git --exclude=./.venv --exclude=./build --exclude=./data \
       --exclude='*.egg-info' --exclude='*.so' -cf - . | tar -C "$WORK/source" -xf -

@@ -7,6 +7,8 @@ Shared by the command line and the Spark jobs (``--from``, ``--to-time``, the da
 from __future__ import annotations
 
 import datetime as dt
+import math
+import re
 
 __all__ = ["iso_ms", "parse_time_ms"]
 
@@ -17,7 +19,7 @@ def parse_time_ms(text: str | int, what: str = "time") -> int:
     if isinstance(text, int):
         return text
     text = str(text).strip()
-    if text.lstrip("-").isdigit():
+    if re.fullmatch(r"-?[0-9]+", text):
         return int(text)
     try:
         moment = dt.datetime.fromisoformat(text)
@@ -25,7 +27,7 @@ def parse_time_ms(text: str | int, what: str = "time") -> int:
         raise ValueError(f"{what} {text!r}: expected ms since the epoch or an ISO 8601 time") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=dt.UTC)
-    return round(moment.timestamp() * 1000)
+    return math.floor(moment.timestamp() * 1000)  # the millisecond it falls in
 
 
 def iso_ms(ms: int) -> str:

@@ -88,8 +88,10 @@ def check_data_dir(data_dir: str, *, force: bool = False, verbose: bool = False,
             report = check_partition(os.path.join(data_dir, name), name=name, ignore_lock=force)
         else:
             report = PartitionReport(name)
-            report.problems.append(Problem(f"{name}/", -1, -1, "missing: topics.json lists the partition but "
-                                           "its directory is gone (the broker would create it empty)"))
+            report.problems.append(Problem(
+                f"{name}/", -1, -1, "missing: topics.json lists the partition but it has no directory: "
+                "removed with whatever it held, or never opened by its worker (a create that timed out); "
+                "the broker creates it empty when it opens it"))
         known = topics.get(topic)
         if known is None:
             report.notes.append(f"topic {topic!r} is not in topics.json")

@@ -114,7 +114,7 @@ class ServiceNotifier:
             self.send(EXTEND_TIMEOUT_USEC=str(int(EXTEND_TIMEOUT_S * 1_000_000)))
         if self._unsent_ready is not None and now >= self._next_ready:
             self._next_ready = now + RETRY_READY_S
-            if self.send(blocking=True, **self._unsent_ready):
+            if self.send(**self._unsent_ready):  # the first, blocking try was ready(): never stall the loop
                 self._unsent_ready = None
                 self._starting = False
         if self.watchdog_interval_s is None or now < self._next_ping:

@@ -125,3 +125,13 @@ def test_an_unusable_bootstrap_address_is_one_clear_line(broker):
     result = subprocess.run([sys.executable, "-m", "hpbroker.cli", "topics", "list", "--bootstrap",
                              "bad host:9092"], capture_output=True, timeout=60)
     assert result.returncode == 1 and result.stderr.count(b"\n") == 1, result.stderr
+
+
+@pytest.mark.parametrize("text", ["--5", "²", "1e3", ""])
+def test_text_that_only_looks_like_a_number_is_refused_by_name(text):
+    with pytest.raises(ValueError, match="--to-time"):
+        parse_time_ms(text, "--to-time")
+
+
+def test_a_time_between_two_milliseconds_falls_in_the_earlier():
+    assert parse_time_ms("2023-11-14T22:13:20.0009") == 1_700_000_000_000
