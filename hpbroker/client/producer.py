@@ -583,6 +583,8 @@ class _Sender:
             self.links.close(0 if self._acks else _ACKS_0_CLOSE_LINGER_MS)
 
     def _in_flight(self) -> list[_Request]:
+        if self.links is None:  # the connections were never opened
+            return []
         return [request for link in self.links for request in link.in_flight.values()]
 
     def _read_monitor(self) -> None:
