@@ -105,6 +105,101 @@ cdef inline int64_t unzigzag(uint64_t v) noexcept nogil:
     return <int64_t>(v >> 1) ^ -<int64_t>(v & 1)
 
 
+cdef inline bint next_uvarint(const unsigned char** pp, const unsigned char* end, uint64_t* out) noexcept nogil:
+    """:func:`read_uvarint` with the one-byte case (nearly every length in a record) inlined;
+    True when a varint was read."""
+    if pp[0] < end and pp[0][0] < 0x80:
+        out[0] = pp[0][0]
+        pp[0] += 1
+        return True
+    return read_uvarint(pp, end, out) == 0
+
+
+# What read_record found wrong with a record (0: nothing); record_error words it.
+cdef enum:
+    RECORD_OK = 0
+    RECORD_BAD_LENGTH = 1          # the length varint, or a length past the records section
+    RECORD_BAD_PREFIX = 2          # timestamp delta, offset delta or key length unreadable
+    RECORD_NEGATIVE_TIMESTAMP = 3
+    RECORD_BAD_OFFSET_DELTA = 4    # not the record's index in the batch
+    RECORD_FIRST_TIMESTAMP = 5     # the first record's delta is not 0
+    RECORD_KEY_OVERRUNS = 6
+    RECORD_VALUE_OVERRUNS = 7
+    RECORD_BAD_HEADER_COUNT = 8
+
+
+cdef struct RecordFields:
+    # One record of a records section (docs/FORMAT.md), as read_record found it.
+    const unsigned char* end       # the record's last byte + 1: where the next record starts
+    int64_t timestamp_delta
+    uint64_t offset_delta
+    uint64_t key_field             # key_length as stored: 0 for a null key, else length + 1
+    const unsigned char* key
+    uint64_t value_field           # value_length as stored, likewise
+    const unsigned char* value
+    uint64_t header_count
+    const unsigned char* headers   # the first header, right after header_count
+
+
+cdef inline int read_record(const unsigned char** cur, const unsigned char* end, int32_t index,
+                            int64_t first_timestamp, RecordFields* r) noexcept nogil:
+    """Read record ``index`` at ``*cur`` up to its headers, checking its framing and prefix
+    against the batch header; ``*cur`` moves to the next record.  RECORD_OK, or what is wrong
+    (:func:`record_error`).  The one walk of record prefixes, for every decoder: the callers
+    read the headers themselves and check that they end at ``r.end``."""
+    cdef uint64_t length, raw
+    cdef const unsigned char* q
+    if not next_uvarint(cur, end, &length) or length > <uint64_t>(end - cur[0]):
+        return RECORD_BAD_LENGTH
+    q = cur[0]
+    r.end = q + length
+    cur[0] = r.end
+    if not (next_uvarint(&q, r.end, &raw) and next_uvarint(&q, r.end, &r.offset_delta)
+            and next_uvarint(&q, r.end, &r.key_field)):
+        return RECORD_BAD_PREFIX
+    r.timestamp_delta = unzigzag(raw)
+    if first_timestamp + r.timestamp_delta < 0:
+        return RECORD_NEGATIVE_TIMESTAMP
+    if r.offset_delta != <uint64_t>index:
+        return RECORD_BAD_OFFSET_DELTA
+    if index == 0 and r.timestamp_delta != 0:
+        return RECORD_FIRST_TIMESTAMP
+    if r.key_field > <uint64_t>(r.end - q) + 1:
+        return RECORD_KEY_OVERRUNS
+    r.key = q
+    if r.key_field:
+        q += r.key_field - 1
+    if not next_uvarint(&q, r.end, &r.value_field) or r.value_field > <uint64_t>(r.end - q) + 1:
+        return RECORD_VALUE_OVERRUNS
+    r.value = q
+    if r.value_field:
+        q += r.value_field - 1
+    if not next_uvarint(&q, r.end, &r.header_count) or r.header_count > <uint64_t>(r.end - q):
+        return RECORD_BAD_HEADER_COUNT
+    r.headers = q
+    return RECORD_OK
+
+
+cdef inline str record_error(int code, int32_t index, int64_t first_timestamp, RecordFields* r):
+    """Why read_record refused record ``index``: "record ..." for framing, "header: ..." where
+    the record disagrees with the batch header."""
+    if code == RECORD_BAD_LENGTH:
+        return f"record {index}: length runs past the end of the records section"
+    if code == RECORD_BAD_PREFIX:
+        return f"record {index}: bad varint in its prefix"
+    if code == RECORD_NEGATIVE_TIMESTAMP:
+        return f"header: record {index} has a negative timestamp {first_timestamp + r.timestamp_delta}"
+    if code == RECORD_BAD_OFFSET_DELTA:
+        return f"header: record {index} has offset_delta {r.offset_delta}"
+    if code == RECORD_FIRST_TIMESTAMP:
+        return f"header: first record's timestamp differs from first_timestamp by {r.timestamp_delta}"
+    if code == RECORD_KEY_OVERRUNS:
+        return f"record {index}: key of {r.key_field - 1} bytes overruns the record"
+    if code == RECORD_VALUE_OVERRUNS:
+        return f"record {index}: value overruns the record"
+    return f"record {index}: bad header count"
+
+
 cdef inline bytes encode_headers(object headers):
     """The ``header_count`` varint and the headers, encoded, from ``[(str key, bytes-like value or
     None), ...]``: each key's varint length and UTF-8 bytes, each value's varint (length + 1, 0 for

@@ -453,62 +453,32 @@ cdef class ColumnBuilder:
         return out
 
 
-cdef inline bint _uvarint(const unsigned char** pp, const unsigned char* end, uint64_t* out) noexcept nogil:
-    """``read_uvarint`` (``_clib.pxd``) with the one-byte case, nearly every length here, inlined."""
-    if pp[0] < end and pp[0][0] < 0x80:
-        out[0] = pp[0][0]
-        pp[0] += 1
-        return True
-    return read_uvarint(pp, end, out) == 0
-
-
 cdef object _walk(const unsigned char* cur, const unsigned char* end, _Header* h, int64_t start_offset,
                   int64_t end_offset, const unsigned char* name, Py_ssize_t name_len, _Out* out,
                   _Binary header_keys, _Binary header_values):
-    """The record walk of ``_core._walk_batch`` (the same checks, the same words), appending the
-    records in ``[start_offset, end_offset)`` to ``out`` instead of building objects.  None, or
-    why the records do not decode."""
+    """The record walk of ``_core._walk_batch`` (the same ``read_record`` of ``_clib.pxd``, the
+    same header checks and words), appending the records in ``[start_offset, end_offset)`` to
+    ``out`` instead of building objects.  None, or why the records do not decode."""
     cdef const unsigned char* rec_end
     cdef const unsigned char* q
     cdef const unsigned char* key_ptr
     cdef const unsigned char* value_ptr
-    cdef uint64_t length, ts_raw, offset_delta, key_len, value_len, header_count
+    cdef uint64_t key_len, value_len, header_count
+    cdef RecordFields r
+    cdef int code
     cdef int64_t ts_delta, max_delta = 0, offset
     cdef int32_t i
     cdef int w = out.wants
     cdef bint keep
     for i in range(h.record_count):
-        if not _uvarint(&cur, end, &length) or length > <uint64_t>(end - cur):
-            return f"record {i}: length runs past the end of the records section"
-        # The fields are read through q while cur already points at the next record: the walk's
-        # only chain from record to record is the length varint.
-        q = cur
-        rec_end = cur + length
-        cur = rec_end
-        if not (_uvarint(&q, rec_end, &ts_raw) and _uvarint(&q, rec_end, &offset_delta)
-                and _uvarint(&q, rec_end, &key_len)):
-            return f"record {i}: bad varint in its prefix"
-        ts_delta = unzigzag(ts_raw)
-        if h.first_timestamp + ts_delta < 0:
-            return f"header: record {i} has a negative timestamp {h.first_timestamp + ts_delta}"
-        if offset_delta != <uint64_t>i:
-            return f"header: record {i} has offset_delta {offset_delta}"
-        if i == 0 and ts_delta != 0:
-            return f"header: first record's timestamp differs from first_timestamp by {ts_delta}"
+        code = read_record(&cur, end, i, h.first_timestamp, &r)
+        if code != RECORD_OK:
+            return record_error(code, i, h.first_timestamp, &r)
+        ts_delta = r.timestamp_delta
         if ts_delta > max_delta:
             max_delta = ts_delta
-        if key_len > <uint64_t>(rec_end - q) + 1:
-            return f"record {i}: key of {key_len - 1} bytes overruns the record"
-        key_ptr = q
-        if key_len:
-            q += key_len - 1
-        if not _uvarint(&q, rec_end, &value_len) or value_len > <uint64_t>(rec_end - q) + 1:
-            return f"record {i}: value overruns the record"
-        value_ptr = q
-        if value_len:
-            q += value_len - 1
-        if not _uvarint(&q, rec_end, &header_count) or header_count > <uint64_t>(rec_end - q):
-            return f"record {i}: bad header count"
+        rec_end, q, header_count = r.end, r.headers, r.header_count
+        key_ptr, key_len, value_ptr, value_len = r.key, r.key_field, r.value, r.value_field
         offset = h.base_offset + i
         keep = start_offset <= offset < end_offset
         if header_count:
@@ -567,7 +537,7 @@ cdef object _headers(const unsigned char** pcur, const unsigned char* rec_end, i
     cdef const unsigned char* cur = pcur[0]
     cdef uint64_t j, hk_len, hv_len
     for j in range(header_count):
-        if not _uvarint(&cur, rec_end, &hk_len) or hk_len > <uint64_t>(rec_end - cur):
+        if not next_uvarint(&cur, rec_end, &hk_len) or hk_len > <uint64_t>(rec_end - cur):
             return f"record {i}: header {j} key overruns the record"
         try:
             (<const char*>cur)[:hk_len].decode("utf-8")
@@ -577,7 +547,7 @@ cdef object _headers(const unsigned char** pcur, const unsigned char* rec_end, i
             keys.grow(&out.header_key, 1, <Py_ssize_t>hk_len)
             _put(&out.header_key, cur, <Py_ssize_t>hk_len, True)
         cur += hk_len
-        if not _uvarint(&cur, rec_end, &hv_len) or hv_len > <uint64_t>(rec_end - cur) + 1:
+        if not next_uvarint(&cur, rec_end, &hv_len) or hv_len > <uint64_t>(rec_end - cur) + 1:
             return f"record {i}: header {j} value overruns the record"
         if out != NULL:
             values.grow(&out.header_value, 1, <Py_ssize_t>(hv_len - 1 if hv_len else 0))

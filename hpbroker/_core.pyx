@@ -366,15 +366,6 @@ cdef object _records_section(const unsigned char* p, Header* h):
     return plain
 
 
-cdef inline bint _next_uvarint(const unsigned char** pp, const unsigned char* end, uint64_t* out) noexcept nogil:
-    """:func:`read_uvarint` (``_clib.pxd``) with the one-byte case (nearly every length here) inlined."""
-    if pp[0] < end and pp[0][0] < 0x80:
-        out[0] = pp[0][0]
-        pp[0] += 1
-        return True
-    return read_uvarint(pp, end, out) == 0
-
-
 cdef bint _records_look_valid(const unsigned char* cur, const unsigned char* end, int32_t count,
                               int64_t min_timestamp_delta, int64_t max_timestamp_delta) noexcept nogil:
     """The check of :func:`_walk_batch` for header-less records, without building anything.
@@ -391,13 +382,13 @@ cdef bint _records_look_valid(const unsigned char* cur, const unsigned char* end
     cdef int32_t i
     cdef bint ok = True
     for i in range(count):
-        if not _next_uvarint(&cur, end, &length) or length > <uint64_t>(end - cur):
+        if not next_uvarint(&cur, end, &length) or length > <uint64_t>(end - cur):
             return False
         q = cur
         rec_end = cur + length
         cur = rec_end
-        ok &= (_next_uvarint(&q, rec_end, &raw) and _next_uvarint(&q, rec_end, &offset_delta)
-               and _next_uvarint(&q, rec_end, &key_len))
+        ok &= (next_uvarint(&q, rec_end, &raw) and next_uvarint(&q, rec_end, &offset_delta)
+               and next_uvarint(&q, rec_end, &key_len))
         ts_delta = unzigzag(raw)
         ok &= offset_delta == <uint64_t>i and (i != 0 or ts_delta == 0) and ts_delta >= min_timestamp_delta
         if ts_delta > max_delta:
@@ -407,12 +398,12 @@ cdef bint _records_look_valid(const unsigned char* cur, const unsigned char* end
             return False
         if key_len:
             q += key_len - 1
-        ok &= _next_uvarint(&q, rec_end, &value_len) and value_len <= <uint64_t>(rec_end - q) + 1
+        ok &= next_uvarint(&q, rec_end, &value_len) and value_len <= <uint64_t>(rec_end - q) + 1
         if not ok:
             return False
         if value_len:
             q += value_len - 1
-        ok &= _next_uvarint(&q, rec_end, &header_count) and header_count == 0 and q == rec_end
+        ok &= next_uvarint(&q, rec_end, &header_count) and header_count == 0 and q == rec_end
     return ok and cur == end and max_delta == max_timestamp_delta
 
 
@@ -427,7 +418,10 @@ cdef object _walk_batch(const unsigned char* p, Header* h, list out, object topi
     cdef const unsigned char* cur
     cdef const unsigned char* end
     cdef const unsigned char* rec_end
-    cdef uint64_t length, ts_raw, offset_delta, key_len, value_len, header_count, hk_len, hv_len
+    cdef const unsigned char* q
+    cdef RecordFields r
+    cdef int code
+    cdef uint64_t hk_len, hv_len
     cdef int64_t ts_delta, max_delta = 0
     cdef int32_t i
     cdef uint64_t j
@@ -451,53 +445,40 @@ cdef object _walk_batch(const unsigned char* p, Header* h, list out, object topi
             return None
     producer = _producer_name(p, h) if out is not None else None
     for i in range(h.record_count):
-        if read_uvarint(&cur, end, &length) < 0 or length > <uint64_t>(end - cur):
-            return f"record {i}: length runs past the end of the records section"
-        rec_end = cur + length
-        if (read_uvarint(&cur, rec_end, &ts_raw) < 0 or read_uvarint(&cur, rec_end, &offset_delta) < 0
-                or read_uvarint(&cur, rec_end, &key_len) < 0):
-            return f"record {i}: bad varint in its prefix"
-        ts_delta = unzigzag(ts_raw)
-        if h.first_timestamp + ts_delta < 0:
-            return f"header: record {i} has a negative timestamp {h.first_timestamp + ts_delta}"
-        if offset_delta != <uint64_t>i:
-            return f"header: record {i} has offset_delta {offset_delta}"
-        if i == 0 and ts_delta != 0:
-            return f"header: first record's timestamp differs from first_timestamp by {ts_delta}"
+        code = read_record(&cur, end, i, h.first_timestamp, &r)
+        if code != RECORD_OK:
+            return record_error(code, i, h.first_timestamp, &r)
+        ts_delta = r.timestamp_delta
         if ts_delta > max_delta:
             max_delta = ts_delta
-        if key_len > <uint64_t>(rec_end - cur) + 1:
-            return f"record {i}: key of {key_len - 1} bytes overruns the record"
-        key = None if key_len == 0 or out is None else PyBytes_FromStringAndSize(<const char*>cur, key_len - 1)
-        if key_len:
-            cur += key_len - 1
-        if read_uvarint(&cur, rec_end, &value_len) < 0 or value_len > <uint64_t>(rec_end - cur) + 1:
-            return f"record {i}: value overruns the record"
-        value = None if value_len == 0 or out is None else PyBytes_FromStringAndSize(<const char*>cur, value_len - 1)
-        if value_len:
-            cur += value_len - 1
-        if read_uvarint(&cur, rec_end, &header_count) < 0 or header_count > <uint64_t>(rec_end - cur):
-            return f"record {i}: bad header count"
+        key = value = None
+        if out is not None:
+            if r.key_field:
+                key = PyBytes_FromStringAndSize(<const char*>r.key, r.key_field - 1)
+            if r.value_field:
+                value = PyBytes_FromStringAndSize(<const char*>r.value, r.value_field - 1)
+        q = r.headers
+        rec_end = r.end
         headers = _EMPTY
-        if header_count:
+        if r.header_count:
             hlist = []
-            for j in range(header_count):
-                if read_uvarint(&cur, rec_end, &hk_len) < 0 or hk_len > <uint64_t>(rec_end - cur):
+            for j in range(r.header_count):
+                if read_uvarint(&q, rec_end, &hk_len) < 0 or hk_len > <uint64_t>(rec_end - q):
                     return f"record {i}: header {j} key overruns the record"
                 try:
-                    hkey = (<const char*>cur)[:hk_len].decode("utf-8")
+                    hkey = (<const char*>q)[:hk_len].decode("utf-8")
                 except UnicodeDecodeError:
                     return f"record {i}: header {j} key is not UTF-8"
-                cur += hk_len
-                if read_uvarint(&cur, rec_end, &hv_len) < 0 or hv_len > <uint64_t>(rec_end - cur) + 1:
+                q += hk_len
+                if read_uvarint(&q, rec_end, &hv_len) < 0 or hv_len > <uint64_t>(rec_end - q) + 1:
                     return f"record {i}: header {j} value overruns the record"
-                hvalue = None if hv_len == 0 else PyBytes_FromStringAndSize(<const char*>cur, hv_len - 1)
+                hvalue = None if hv_len == 0 else PyBytes_FromStringAndSize(<const char*>q, hv_len - 1)
                 if hv_len:
-                    cur += hv_len - 1
+                    q += hv_len - 1
                 hlist.append((hkey, hvalue))
             headers = tuple(hlist)
-        if cur != rec_end:
-            return f"record {i}: {rec_end - cur} unparsed bytes inside the record"
+        if q != rec_end:
+            return f"record {i}: {rec_end - q} unparsed bytes inside the record"
         if out is not None and h.base_offset + i >= min_offset:
             rec = Record.__new__(Record)
             rec.offset = h.base_offset + i
