@@ -4,6 +4,7 @@ Layout (imports point down this list, never up):
 
 - ``hpbroker.errors``   the exception table shared by every layer and the wire protocol
 - ``hpbroker._core``    compiled record-batch core (Cython): build, scan, validate, decode
+- ``hpbroker._columnar`` compiled: record batches decoded into Arrow-shaped column buffers
 - ``hpbroker.records``  the public face of the record format over ``_core``
 - ``hpbroker.io``       storage: segments, indexes and the partition log (no zmq, no kazoo)
 - ``hpbroker.protocol`` the wire protocol, sans I/O: requests and responses to and from bytes
@@ -23,7 +24,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 
-_CLIENT_API = frozenset({"Admin", "Consumer", "ConsumerRecord", "Producer", "RecordMetadata",
+_CLIENT_API = frozenset({"Admin", "Consumer", "ConsumerRecord", "Producer", "RecordColumns", "RecordMetadata",
                          "TopicPartition", "create_message_streams"})
 
 

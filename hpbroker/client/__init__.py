@@ -2,7 +2,7 @@
 
 Public API (also importable from ``hpbroker``): :class:`Producer`, :class:`Consumer`,
 :func:`create_message_streams`, :class:`TopicPartition`, :class:`ConsumerRecord`,
-:class:`RecordMetadata`, :class:`Admin`.
+:class:`RecordMetadata`, :class:`RecordColumns`, :class:`Admin`.
 
 Modules, one responsibility each (imports point down this list):
 
@@ -12,6 +12,8 @@ Modules, one responsibility each (imports point down this list):
 - ``partitioner``   which partition a record goes to: a stable hash of the key, or spread evenly
 - ``_accumulator``  compiled: per-partition batch building behind ``Producer.send``
 - ``producer``      the batching producer: linger, in-flight requests, retries, futures
+- ``columns``       records as numpy columns (a consumer made with ``columns=``), decoded by the
+                    compiled columnar decoder (``hpbroker._columnar``)
 - ``fetcher``       fetches (and ListOffsets) over a worker's TCP data port, pipelined
 - ``consumer``      the pulling consumer
 - ``streams``       message streams: a topic's partitions spread over consumers, one per thread
@@ -20,9 +22,9 @@ Modules, one responsibility each (imports point down this list):
                     only when a consumer is given ``group=``)
 - ``admin``         create, list, describe and delete topics
 
-The client uses the record format (``hpbroker.records``), the protocol (``hpbroker.protocol``)
-and the errors (and, in ``group`` only, ``hpbroker.coord``); it never imports storage
-(``hpbroker.io``) or broker code.
+The client uses the record format (``hpbroker.records``, ``hpbroker._columnar``), the protocol
+(``hpbroker.protocol``) and the errors (and, in ``group`` only, ``hpbroker.coord``); it never
+imports storage (``hpbroker.io``) or broker code.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ _EXPORTS = {
     "Consumer": "hpbroker.client.consumer",
     "ConsumerRecord": "hpbroker.client.consumer",
     "TopicPartition": "hpbroker.client.consumer",
+    "RecordColumns": "hpbroker.client.columns",
     "create_message_streams": "hpbroker.client.streams",
     "Admin": "hpbroker.client.admin",
 }

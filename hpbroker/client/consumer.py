@@ -80,6 +80,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import zmq
 
 from hpbroker import protocol
+from hpbroker.client.columns import RecordColumns, check_columns
 from hpbroker.client.connection import BrokerConnection, parse_bootstrap
 from hpbroker.client.fetcher import CompletedFetch, FetchConfig, ListedOffset, PartitionFetcher
 from hpbroker.client.metadata import ClusterMetadata, MetadataRefreshes
@@ -140,6 +141,11 @@ class ConsumerConfig:
     reconnect_timeout_ms: int = 30_000
     #: ms iteration waits for a record before it ends (StopIteration); None: forever.
     consumer_timeout_ms: int | None = None
+    #: None: ``poll()`` and iteration hand out record objects.  Column names
+    #: (``hpbroker.client.columns.COLUMNS``, e.g. ``("timestamp", "value")``): ``poll()`` hands
+    #: out one :class:`~hpbroker.client.columns.RecordColumns` per partition instead, decoded
+    #: without an object per record (``offset`` is always filled); iteration is refused.
+    columns: tuple[str, ...] | None = None
     #: how fetches ask for records.
     fetch: FetchConfig = field(default_factory=FetchConfig)
 
@@ -156,6 +162,11 @@ class ConsumerConfig:
                                                          and self.consumer_timeout_ms >= 0):
             raise InvalidConfigError(f"consumer_timeout_ms must be None or an integer >= 0, "
                                      f"got {self.consumer_timeout_ms!r}")
+        if self.columns is not None:
+            try:
+                object.__setattr__(self, "columns", check_columns(self.columns))
+            except (TypeError, ValueError) as e:
+                raise InvalidConfigError(f"columns: {e}") from None
 
     def backoff_ms(self, attempts: int) -> int:
         """The wait before the next try after ``attempts`` failed ones (exponential, capped)."""
@@ -187,7 +198,7 @@ class _PartitionState:
         self.reset_to: int | None = None  # with no position: the timestamp to list; None: the policy's
         self.log_start_offset: int | None = None  # with no position and policy "error": listed so far
         self.fetcher: PartitionFetcher | None = None
-        self.ready: list[Record] | None = None  # decoded, not yet handed out
+        self.ready: list[Record] | RecordColumns | None = None  # decoded, not yet handed out
         self.error: HPBrokerError | None = None  # to raise once ``ready`` has been handed out
         self.high_watermark = -1  # as of the last fetch response
         self.failing_since: float | None = None  # start of the current run of failures
@@ -398,12 +409,13 @@ class Consumer:
 
     # --- reading ------------------------------------------------------------------------------
 
-    def poll(self, timeout_ms: int = 0) -> dict[TopicPartition, list[Record]]:
+    def poll(self, timeout_ms: int = 0) -> dict[TopicPartition, list[Record] | RecordColumns]:
         """The records fetched so far, by partition, in offset order; waits up to ``timeout_ms``
         for some when none has arrived.  An empty dict when none came (or on :meth:`wakeup`).
-        Raises a partition's pending error when there are no records to return."""
+        Raises a partition's pending error when there are no records to return.  A consumer
+        made with ``columns=`` returns one RecordColumns per partition instead of a list."""
         self._check_open()
-        out: dict[TopicPartition, list[Record]] = {}
+        out: dict[TopicPartition, list[Record] | RecordColumns] = {}
         if self._iterated is not None:  # records an interrupted iteration did not hand out
             state, _, rest = self._iterated
             left = list(rest)
@@ -427,6 +439,9 @@ class Consumer:
         (``consumer_timeout_ms`` bounds the wait), ends on :meth:`wakeup` or :meth:`close`.
         Breaking out of the loop and iterating again continues where it stopped."""
         self._check_open()
+        if self.config.columns is not None:
+            raise TypeError("this consumer was made with columns=: read it with poll(), which hands "
+                            "out RecordColumns, not records")
         if self._iterator is None:
             self._iteration += 1
             self._iterator = itertools.chain.from_iterable(self._record_lists(self._iteration))
@@ -479,14 +494,17 @@ class Consumer:
                         raise error
             return ready, woken
 
-    def _take(self, state: _PartitionState) -> list[Record] | None:
+    def _take(self, state: _PartitionState) -> list[Record] | RecordColumns | None:
         """Hand out ``state``'s records, moving its position past them; None when they are gone
         (a seek, an assignment or a poll came first) or the partition is no longer assigned."""
         records = state.ready
         if not records or self._states.get(state.tp) is not state:
             return None
         state.ready = None
-        state.position = records[-1].offset + 1
+        if isinstance(records, RecordColumns):
+            state.position = records.next_offset
+        else:
+            state.position = records[-1].offset + 1
         return records
 
     def _run(self, deadline: float) -> bool:
@@ -651,7 +669,7 @@ class Consumer:
                                  f"{tp} is not being served (error {info.error_code}, data port "
                                  f"{info.fetch_port})")
         return PartitionFetcher(tp.topic, tp.partition, info.host, info.fetch_port, self.config.fetch,
-                                self.config.client_id)
+                                self.config.client_id, columns=self.config.columns)
 
     def _receive(self, state: _PartitionState) -> None:
         fetcher = state.fetcher

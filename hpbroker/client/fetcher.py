@@ -38,6 +38,11 @@ offset and byte position, and no next fetch is sent.  A batch whose CRC holds bu
 do not decode ends it the same way; the next fetch, already sent past it, is dropped with the
 connection.
 
+**Columns.**  A fetcher made with ``columns=`` (names checked by
+:func:`hpbroker.client.columns.check_columns`) decodes with the compiled columnar decoder instead
+and returns the records as one :class:`~hpbroker.client.columns.RecordColumns` (no object per
+record); errors end a response the same way.
+
 **Raw batches.**  A fetcher made with ``raw=True`` skips the decoding: each response's checked
 batches (the valid prefix, CRCs checked, the first batch possibly starting before the offset asked
 for) come back as ``CompletedFetch.payload``, a view of the receive buffer that holds until the
@@ -57,6 +62,7 @@ import time
 from dataclasses import dataclass
 
 from hpbroker import protocol
+from hpbroker.client.columns import RecordColumns, new_builder
 from hpbroker.errors import (
     CorruptRecordError,
     HPBrokerError,
@@ -108,11 +114,12 @@ class FetchConfig:
 @dataclass(slots=True)
 class CompletedFetch:
     """One answered fetch: ``records`` from ``fetch_offset`` on (possibly none), then ``error``
-    when the response ended early (a corrupt batch) or was an error response.  A raw fetcher's
-    ``records`` stay empty and ``payload`` holds the checked batches instead."""
+    when the response ended early (a corrupt batch) or was an error response.  A columnar
+    fetcher's ``records`` are one RecordColumns; a raw fetcher's stay empty and ``payload`` holds
+    the checked batches instead."""
 
     fetch_offset: int
-    records: list[Record]
+    records: list[Record] | RecordColumns
     next_offset: int  # where the next fetch starts: after the last valid batch
     high_watermark: int
     log_start_offset: int
@@ -134,7 +141,8 @@ class PartitionFetcher:
     """Fetches one partition over one TCP connection to the data port ``host:port``."""
 
     def __init__(self, topic: str, partition: int, host: str, port: int, config: FetchConfig,
-                 client_id: str = "hpbroker-python", *, raw: bool = False) -> None:
+                 client_id: str = "hpbroker-python", *, raw: bool = False,
+                 columns: tuple[str, ...] | None = None) -> None:
         self.topic = topic
         self.partition = partition
         self.host = host
@@ -142,6 +150,7 @@ class PartitionFetcher:
         self._config = config
         self._client_id = client_id
         self._raw = raw  # hand out the checked batches undecoded (module docstring, "Raw batches")
+        self._builder = None if columns is None else new_builder(columns)  # module docstring, "Columns"
         self._sock: socket.socket | None = None
         self._buffer = bytearray(_HEAD_ROOM_BYTES)  # grown for a whole fetch by the first one
         self._view = memoryview(self._buffer)
@@ -330,6 +339,11 @@ class PartitionFetcher:
         if self._raw:
             return CompletedFetch(fetch_offset, [], next_offset, response.high_watermark,
                                   response.log_start_offset, error, payload[:valid_bytes])
+        if self._builder is not None:
+            columns, next_offset, error = self._decode_columns(payload[:valid_bytes], fetch_offset,
+                                                               next_offset, error)
+            return CompletedFetch(fetch_offset, columns, next_offset, response.high_watermark,
+                                  response.log_start_offset, error)
         try:
             records = decode_records(payload[:valid_bytes], verify_crc=False, topic=self.topic,
                                      partition=self.partition, min_offset=fetch_offset) if valid_bytes else []
@@ -354,6 +368,41 @@ class PartitionFetcher:
                 return records, offset, self._corrupt(offset, position, str(e))
         offset = max(scan.next_offset, fetch_offset)  # (each batch decodes alone: not seen happen)
         return records, offset, self._corrupt(offset, scan.valid_bytes, "the records do not decode")
+
+    def _decode_columns(self, payload: memoryview, fetch_offset: int, next_offset: int,
+                        error: CorruptRecordError | None
+                        ) -> tuple[RecordColumns, int, CorruptRecordError | None]:
+        """The checked prefix's records from ``fetch_offset`` on as columns, the offset to fetch
+        next and the error that ends them (the check's, or a batch that does not decode)."""
+        builder = self._builder
+        assert builder is not None
+        try:
+            end = builder.add(payload, 0, fetch_offset, verify_crc=False)
+        except CorruptRecordError:
+            self.disconnect()  # the next fetch, sent past the batch that does not decode, is dropped
+            builder.take()  # the batches before it are decoded again, one by one
+            return self._columns_until_corrupt(payload, fetch_offset)
+        if end < len(payload):  # the decoder's bound (lz4 inflating a whole response past 1 GiB)
+            self.disconnect()  # the fetch sent from the end of the response is dropped
+            next_offset, error = builder.next_offset, None
+        return RecordColumns(self.topic, self.partition, builder.take()), next_offset, error
+
+    def _columns_until_corrupt(self, payload: memoryview,
+                               fetch_offset: int) -> tuple[RecordColumns, int, CorruptRecordError]:
+        """:meth:`_decode_until_corrupt` for columns."""
+        builder = self._builder
+        assert builder is not None
+        scan = scan_batches(payload)
+        offset, position = max(scan.next_offset, fetch_offset), scan.valid_bytes
+        why = "the records do not decode"
+        for start, size, base_offset in zip(scan.positions, scan.sizes, scan.base_offsets, strict=True):
+            try:
+                builder.add(payload[start:start + size], 0, fetch_offset, verify_crc=False)
+            except CorruptRecordError as e:
+                offset, position, why = max(base_offset, fetch_offset), start, str(e)
+                break
+        columns = RecordColumns(self.topic, self.partition, builder.take())
+        return columns, offset, self._corrupt(offset, position, why)
 
     def _check(self, payload: memoryview, fetch_offset: int) -> tuple[int, int, CorruptRecordError | None]:
         """The payload's valid prefix in bytes, the offset after it, and the error that ends it."""

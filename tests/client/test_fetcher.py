@@ -12,6 +12,8 @@ import time
 import pytest
 
 from hpbroker import protocol
+from hpbroker.client import columns as columns_module
+from hpbroker.client.columns import COLUMNS, RecordColumns
 from hpbroker.client.connection import BrokerAddress, BrokerConnection
 from hpbroker.client.fetcher import FetchConfig, ListedOffset, PartitionFetcher
 from hpbroker.client.metadata import ClusterMetadata
@@ -222,22 +224,30 @@ def _peer_sending(payload: bytes, *, then_close: bool = False) -> tuple[socket.s
     return server, thread
 
 
+def _offsets_and_values(records) -> list[tuple[int, bytes | None]]:
+    """What a fetcher decoded, record objects or columns alike."""
+    if isinstance(records, RecordColumns):
+        return list(zip(records.offsets.tolist(), records.values.to_list(), strict=True))
+    return [(r.offset, r.value) for r in records]
+
+
 def _fetch_response(payload: bytes, correlation_id: int = 1) -> bytes:
     frames = protocol.encode_response(protocol.FetchResponse(high_watermark=99, log_start_offset=0,
                                                              payload=payload), correlation_id)
     return b"".join(bytes(f) for f in protocol.frame_tcp(frames))
 
 
-def test_a_corrupt_batch_ends_the_response_after_the_good_ones():
+@pytest.mark.parametrize("columns", [None, COLUMNS], ids=["records", "columns"])
+def test_a_corrupt_batch_ends_the_response_after_the_good_ones(columns):
     good = _stamped(build_batch([b"a", b"b"]), 5)
     bad = bytearray(_stamped(build_batch([b"c"]), 7))
     bad[-2] ^= 0x01
     server, thread = _peer_sending(_fetch_response(good + bytes(bad)))
-    fetcher = PartitionFetcher("t", 3, "127.0.0.1", server.getsockname()[1], FetchConfig())
+    fetcher = PartitionFetcher("t", 3, "127.0.0.1", server.getsockname()[1], FetchConfig(), columns=columns)
     try:
         fetcher.fetch(6)
         completed = _receive(fetcher)
-        assert [r.offset for r in completed.records] == [6]
+        assert _offsets_and_values(completed.records) == [(6, b"b")]
         assert isinstance(completed.error, CorruptRecordError) and not fetcher.in_flight
         assert (completed.error.topic, completed.error.partition, completed.error.offset) == ("t", 3, 7)
         assert f"t-3 at offset 7 (byte {len(good)} of a fetch response" in str(completed.error)
@@ -256,18 +266,38 @@ def _undecodable(values: list[bytes], base_offset: int) -> bytes:
     return bytes(batch)
 
 
-def test_a_batch_whose_crc_holds_but_whose_records_do_not_decode_ends_the_response():
+@pytest.mark.parametrize("columns", [None, COLUMNS], ids=["records", "columns"])
+def test_a_batch_whose_crc_holds_but_whose_records_do_not_decode_ends_the_response(columns):
     good = _stamped(build_batch([b"a", b"b"]), 5) + _stamped(build_batch([b"c"]), 7)
     server, thread = _peer_sending(_fetch_response(good + _undecodable([b"d"], 8)))
-    fetcher = PartitionFetcher("t", 3, "127.0.0.1", server.getsockname()[1], FetchConfig())
+    fetcher = PartitionFetcher("t", 3, "127.0.0.1", server.getsockname()[1], FetchConfig(), columns=columns)
     try:
         fetcher.fetch(6)
         completed = _receive(fetcher)
-        assert [(r.offset, r.value) for r in completed.records] == [(6, b"b"), (7, b"c")]
+        assert _offsets_and_values(completed.records) == [(6, b"b"), (7, b"c")]
         assert isinstance(completed.error, CorruptRecordError) and completed.next_offset == 8
         assert (completed.error.topic, completed.error.partition, completed.error.offset) == ("t", 3, 8)
         assert f"t-3 at offset 8 (byte {len(good)} of a fetch response" in str(completed.error)
         assert not fetcher.in_flight, "the fetch sent past the bad batch is dropped"
+    finally:
+        fetcher.close()
+        server.close()
+        thread.join(5)
+
+
+def test_a_columnar_fetcher_stopped_by_the_decoders_bound_refetches_from_where_it_stopped(monkeypatch):
+    monkeypatch.setattr(columns_module, "_BUILDER_MAX_RECORDS", 2)  # full after the first batch
+    batches = (_stamped(build_batch([b"a", b"b"]), 0) + _stamped(build_batch([b"c"]), 2)
+               + _stamped(build_batch([b"d"]), 3))
+    server, thread = _peer_sending(_fetch_response(batches))
+    fetcher = PartitionFetcher("t", 0, "127.0.0.1", server.getsockname()[1], FetchConfig(),
+                               columns=("value",))
+    try:
+        fetcher.fetch(0)
+        completed = _receive(fetcher)
+        assert _offsets_and_values(completed.records) == [(0, b"a"), (1, b"b")]
+        assert completed.error is None and completed.next_offset == 2
+        assert not fetcher.in_flight, "the fetch sent from offset 4 is dropped: 2 and 3 were not handed out"
     finally:
         fetcher.close()
         server.close()
