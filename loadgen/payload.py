@@ -14,6 +14,11 @@ The body follows: consecutive slices of a pre-generated blob, either random byte
 or JSON access-log lines (compressible like real logs; each record starts at a line).  A record of
 ``size`` bytes has ``size - 24`` bytes of body, so sizes start at :data:`HEADER_BYTES`.
 
+A chunk of fixed-size records is built as one ``(n, size)`` uint8 array, row ``i`` the value of
+record ``i`` (headers written through a :data:`HEADER_DTYPE` view, bodies copied as whole
+slices of the blob), which ``Producer.send_many`` takes as it is: no Python object per record on
+the way.  Variable sizes give a list of bytes.
+
 Sizes and keys are drawn per chunk (numpy, seeded): sizes fixed, uniform or normal; keys none,
 uniform over K keys or zipf over K keys.
 """
@@ -27,6 +32,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 __all__ = ["HEADER", "HEADER_BYTES", "HEADER_DTYPE", "MAGIC", "KeySpec", "PayloadSource", "SizeSpec",
            "log_lines"]
@@ -199,7 +205,9 @@ class PayloadSource:
     """Builds the values of one producer's chunks: header + body, per the module docstring.
 
     The body of each record is the next slice of a blob (random bytes, or log lines with each
-    record starting at a line); the blob repeats after a few MB.  Single thread."""
+    record starting at a line); the blob repeats after a few MB.  Fixed sizes and variable sizes
+    draw the same slices (same positions, same cursor), built as an array or as bytes.  Single
+    thread."""
 
     def __init__(self, sizes: SizeSpec, payload: str, producer: int, run_id: int, seed: int) -> None:
         if payload not in ("random", "log"):
@@ -220,28 +228,63 @@ class PayloadSource:
         repeats = math.ceil((max_body + 1) / len(base))
         self._base_len = len(base)
         self._blob = base * (1 + repeats)  # a slice from any position below _base_len fits
+        self._blob_array = np.frombuffer(self._blob, np.uint8)
+        self._starts_array = None if self._starts is None else np.array(self._starts, np.int64)
+        self._windows = None  # (size of the body, every slice of the blob of that size as a row)
         self._cursor = 0
         self._pack = HEADER.pack
 
-    def build(self, first_sequence: int, n: int, send_time_ns: int) -> tuple[list[bytes], int]:
-        """The values of records ``first_sequence .. first_sequence + n - 1``, and their bytes."""
+    def build(self, first_sequence: int, n: int, send_time_ns: int) -> tuple[np.ndarray | list[bytes], int]:
+        """The values of records ``first_sequence .. first_sequence + n - 1``, and their bytes: for
+        a fixed size an ``(n, size)`` uint8 array whose row ``i`` is value ``i``, else a list."""
         sizes = self.sizes.draw(self._rng, n)
+        if isinstance(sizes, int):
+            return self._build_rows(first_sequence, n, sizes, send_time_ns), n * sizes
         blob, pack, producer, run_id = self._blob, self._pack, self._producer, self._run_id
         sequences = range(first_sequence, first_sequence + n)
-        if isinstance(sizes, int):
-            body = sizes - HEADER_BYTES
-            positions = self._positions(n, body)
-            values = [pack(MAGIC, producer, run_id, s, send_time_ns) + blob[p:p + body]
-                      for s, p in zip(sequences, positions, strict=True)]
-            return values, n * sizes
         bodies = [size - HEADER_BYTES for size in sizes]
         positions = self._positions(n, bodies)
         values = [pack(MAGIC, producer, run_id, s, send_time_ns) + blob[p:p + b]
                   for s, p, b in zip(sequences, positions, bodies, strict=True)]
         return values, sum(sizes)
 
-    def _positions(self, n: int, bodies: int | list[int]) -> list[int] | range:
-        """Where the next ``n`` bodies start in the blob (each below ``_base_len``)."""
+    def _build_rows(self, first_sequence: int, n: int, size: int, send_time_ns: int) -> np.ndarray:
+        """``n`` values of ``size`` bytes as the rows of one array, with no per-record Python work."""
+        values = np.empty((n, size), np.uint8)
+        header = values[:, :HEADER_BYTES].view(HEADER_DTYPE)[:, 0]  # each row's first 24 bytes
+        header["magic"] = MAGIC_U16
+        header["producer"] = self._producer
+        header["run_id"] = self._run_id
+        header["sequence"] = np.arange(first_sequence, first_sequence + n, dtype=np.uint64)
+        header["send_time_ns"] = send_time_ns
+        bodies = self._bodies(n, size - HEADER_BYTES)
+        if size > HEADER_BYTES:
+            values[:, HEADER_BYTES:] = bodies
+        return values
+
+    def _bodies(self, n: int, body: int) -> np.ndarray:
+        """The next ``n`` bodies of ``body`` bytes, as the rows of an array (a view of the blob when
+        they lie back to back in it); the same slices :meth:`_positions` gives."""
+        blob, cursor = self._blob_array, self._cursor
+        starts = self._starts_array
+        if starts is None:
+            end = cursor + n * body
+            self._cursor = end % self._base_len
+            if end <= len(blob):  # the blob repeats: a run past _base_len reads the same bytes
+                return blob[cursor:end].reshape(n, body)
+            positions = (cursor + np.arange(n, dtype=np.int64) * body) % self._base_len
+        else:  # log lines: one record per line start, cycling
+            self._cursor = (cursor + n) % len(starts)
+            if cursor + n <= len(starts):
+                positions = starts[cursor:cursor + n]
+            else:
+                positions = starts[(cursor + np.arange(n, dtype=np.int64)) % len(starts)]
+        if self._windows is None or self._windows[0] != body:
+            self._windows = body, sliding_window_view(blob, body)  # row p: blob[p:p + body], no copy
+        return self._windows[1][positions]
+
+    def _positions(self, n: int, bodies: list[int]) -> list[int]:
+        """Where the next ``n`` bodies of variable sizes start in the blob (each below ``_base_len``)."""
         base_len, cursor = self._base_len, self._cursor
         if self._starts is not None:  # log lines: one record per line start, cycling
             starts = self._starts
@@ -249,13 +292,5 @@ class PayloadSource:
             if cursor + n <= len(starts):
                 return starts[cursor:cursor + n]
             return [starts[(cursor + k) % len(starts)] for k in range(n)]
-        if isinstance(bodies, int):
-            end = cursor + n * bodies
-            self._cursor = end % base_len
-            if bodies == 0:
-                return [cursor] * n
-            if end <= base_len:
-                return range(cursor, end, bodies)
-            return [(cursor + k * bodies) % base_len for k in range(n)]
         self._cursor = (cursor + sum(bodies)) % base_len
         return [p % base_len for p in accumulate(bodies[:-1], initial=cursor)]

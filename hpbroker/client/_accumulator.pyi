@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 Buffer = bytes | bytearray | memoryview
+RowsBuffer = Any  # an object with the buffer protocol: 2-D, C-contiguous, 1-byte items (numpy uint8)
 Headers = Sequence[tuple[str, Buffer | None]]
 Ready = list[tuple["PartitionQueue", list["Batch"]]]
 
@@ -84,12 +85,16 @@ class RecordAccumulator:
     def send_many(
         self,
         topic: str,
-        values: Sequence[Buffer | None],
+        values: Sequence[Buffer | None] | RowsBuffer,
         keys: Sequence[Buffer | None] | None = None,
         partition: int | None = None,
         timestamp: int | None = None,
     ) -> int:
-        """Append every value, in order, with one timestamp; the number appended."""
+        """Append every value, in order, with one timestamp; the number appended.  ``values``: a
+        sequence of bytes-like objects (or None), or one 2-D C-contiguous buffer of 1-byte items
+        (a numpy uint8 array of shape (n, size), a memoryview cast to it) whose row i is value i,
+        encoded straight from the buffer.  TypeError for a bytes-like object itself (1-D), a
+        non-byte 2-D buffer; ValueError for a non-contiguous one or more than two dimensions."""
     def send_internal(self, topic: str, partition: int, value: Buffer, key: Buffer, callback: Any) -> None:
         """The I/O thread's own record (a monitoring event), also after ``closed``; now as timestamp."""
     def set_partition_count(self, topic: str, count: int) -> None: ...

@@ -8,7 +8,9 @@ Python-level work; the producer's Python code runs once per batch or per request
 
 Who calls what:
 
-- application threads: :meth:`send`, :meth:`send_many` (and the producer's flush/close);
+- application threads: :meth:`send`, :meth:`send_many` (and the producer's flush/close); given
+  a 2-D buffer of bytes, :meth:`send_many` encodes each row in place, holding the buffer for the
+  whole call, so a chunk of fixed-size values costs no Python object per record;
 - the producer's I/O thread: :meth:`drain` (take the batches that are due), :meth:`build_payload`
   (finish them into the bytes of a ProduceRequest), :meth:`finish` (account for completed batches).
 
@@ -20,11 +22,11 @@ Batch) may start a collection whose finalizers and callbacks are Python code, du
 other thread may run.  Hence the rule: **allocate first, then touch**.  A method allocates
 every object it will need before it reads the shared state it is about to change, and from
 that read to the last counter it updates it allocates nothing tracked and calls no Python code.
-So :meth:`send` encodes the headers and makes sure a spare batch (with its waiter list) exists
-before it looks at the partition's open batch, then checks ``closed``, writes the record, adds
-its waiter and counts its bytes in one stretch; a new topic's state is built complete (its
-random first partition drawn: ``os.urandom`` lets the GIL go) before one ``dict.setdefault``
-looks it up and stores it.
+So :meth:`send` encodes the headers, borrows the value's and key's bytes and makes sure a spare
+batch (with its waiter list) exists before it looks at the partition's open batch, then checks
+``closed``, writes the record, adds its waiter and counts its bytes in one stretch; a new
+topic's state is built complete (its random first partition drawn: ``os.urandom`` lets the GIL
+go) before one ``dict.setdefault`` looks it up and stores it.
 
 Batch buffers.  An open batch is one ``malloc``'d buffer: ``header_room`` bytes (the 56-byte fixed
 header and the producer name, written when the batch is finished) followed by its records,
@@ -55,7 +57,8 @@ Invariants:
   before it stops.
 """
 
-from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_CheckBuffer, PyObject_GetBuffer
+from cpython.buffer cimport (PyBUF_RECORDS_RO, PyBUF_SIMPLE, PyBuffer_IsContiguous, PyBuffer_Release,
+                             PyObject_CheckBuffer, PyObject_GetBuffer)
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItem
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
@@ -92,6 +95,8 @@ cdef enum:
     NOGIL_PAYLOAD_BYTES = 256 * 1024
 
 cdef double _INFINITY = float("inf")
+_VALUES_EXPECTED = ("values must be a sequence of bytes-like objects or a 2-D C-contiguous buffer "
+                    "(rows are values)")
 
 
 cdef inline double _monotonic_s() noexcept nogil:
@@ -185,6 +190,56 @@ cdef inline int _borrow(object obj, Py_buffer* view, const unsigned char** ptr, 
     ptr[0] = <const unsigned char*>view.buf
     size[0] = view.len
     return 1
+
+
+cdef list _key_list(object keys, Py_ssize_t n):
+    """The keys of :meth:`RecordAccumulator.send_many` as a list (None: no keys), one per value."""
+    cdef list key_list
+    if keys is None:
+        return None
+    key_list = keys if type(keys) is list else list(keys)
+    if PyList_GET_SIZE(key_list) != n:
+        raise ValueError(f"{PyList_GET_SIZE(key_list)} keys for {n} values")
+    return key_list
+
+
+cdef int _rows_buffer(object values, Py_buffer* view) except -1:
+    """1 when ``values`` is a 2-D C-contiguous buffer of bytes, held in ``view`` (the caller releases
+    it); 0 when it is to be read as a sequence of values.  A bytes-like object itself (a buffer of
+    at most one dimension with 1-byte items) is neither: as a sequence it would give ints.  A
+    buffer of other items (a numpy array of objects or of fixed-size bytes) is a sequence."""
+    cdef Py_ssize_t ndim, itemsize
+    if type(values) is list or type(values) is tuple:
+        return 0
+    if isinstance(values, str):
+        raise TypeError(f"{_VALUES_EXPECTED}, not str")
+    if not PyObject_CheckBuffer(values):
+        return 0
+    try:
+        PyObject_GetBuffer(values, view, PyBUF_RECORDS_RO)
+    except (BufferError, TypeError, ValueError):
+        return 0  # it cannot describe its items (format, shape, strides): read it as a sequence
+    ndim, itemsize = view.ndim, view.itemsize
+    if ndim == 2 and itemsize == 1 and PyBuffer_IsContiguous(view, b"C"):
+        return 1
+    try:
+        if ndim <= 1:
+            if itemsize == 1:
+                raise TypeError(f"{_VALUES_EXPECTED}, not {type(values).__name__}")
+            return 0
+        if ndim > 2:
+            shape = tuple([view.shape[i] for i in range(ndim)])
+            raise ValueError(f"values: a buffer of {ndim} dimensions (shape {shape}); a 2-D buffer, one row "
+                             f"per value, expected")
+        if itemsize != 1:
+            fmt = "B" if view.format == NULL else (<bytes>view.format).decode("ascii", "replace")
+            raise TypeError(f"values: a 2-D buffer of {itemsize}-byte items (format {fmt!r}); rows of bytes "
+                            f"(1-byte items, such as numpy uint8) expected")
+        raise ValueError(f"values: the 2-D buffer of shape ({view.shape[0]}, {view.shape[1]}) is not "
+                         f"C-contiguous (strides ({view.strides[0]}, {view.strides[1]})); its rows must lie "
+                         f"one after another (numpy.ascontiguousarray makes such a copy)")
+    finally:
+        PyBuffer_Release(view)
 
 
 cdef struct _Finish:
@@ -482,32 +537,28 @@ cdef class RecordAccumulator:
                      partition is None and key is None and self._partitioner_kind == PARTITIONER_STICKY, False)
 
     def send_many(self, topic, values, keys=None, partition=None, timestamp=None):
-        """Append every value of ``values`` (a list or other sequence), in order; returns the count.
-        ``keys``: None or one key per value.  One timestamp (now, unless given) for them all."""
-        cdef PyObject* found
+        """Append every value of ``values``, in order; returns the count.  ``values``: a list or
+        other sequence of bytes-like objects (or None), or one 2-D C-contiguous buffer of bytes
+        (a numpy uint8 array of shape (n, size), a memoryview cast to that shape) whose row i is
+        the value of record i: its records are encoded straight from the buffer, which is held
+        until the call returns.  ``keys``: None or one key per value.  One timestamp (now,
+        unless given) for them all."""
+        cdef Py_buffer rows
+        cdef list vals
+        cdef list key_list
         cdef TopicState t
         cdef int64_t ts
         cdef Py_ssize_t i, n, p = -1
-        cdef list vals = values if type(values) is list else list(values)
-        cdef list key_list = None
         cdef bint sticky = partition is None and self._partitioner_kind == PARTITIONER_STICKY
+        if _rows_buffer(values, &rows):
+            try:
+                return self._send_rows(topic, &rows, keys, partition, timestamp, sticky)
+            finally:
+                PyBuffer_Release(&rows)
+        vals = values if type(values) is list else list(values)
         n = PyList_GET_SIZE(vals)
-        if keys is not None:
-            key_list = keys if type(keys) is list else list(keys)
-            if PyList_GET_SIZE(key_list) != n:
-                raise ValueError(f"{PyList_GET_SIZE(key_list)} keys for {n} values")
-        if self.closed:
-            self._raise_closed()
-        found = PyDict_GetItem(self._topics, topic)
-        t = self._new_topic(topic) if found == NULL else <TopicState>found
-        if timestamp is None:
-            ts = now_ms()
-        else:
-            ts = timestamp if PyLong_CheckExact(timestamp) else _as_timestamp(timestamp)
-        if ts < 0:
-            raise ValueError(f"timestamp {ts} is negative: milliseconds since the epoch expected")
-        if partition is not None:
-            p = t.check_partition(partition)
+        key_list = _key_list(keys, n)
+        t = self._many_target(topic, partition, timestamp, &ts, &p)
         for i in range(n):
             if self.buffered_bytes >= self.buffer_bytes:
                 self._wait_for_room()
@@ -515,6 +566,47 @@ cdef class RecordAccumulator:
             self._append(<PartitionQueue>PyList_GET_ITEM(t.partitions, self._choose(t, key) if p < 0 else p),
                          <object>PyList_GET_ITEM(vals, i), key, ts, None, None, sticky and key is None, False)
         return n
+
+    cdef Py_ssize_t _send_rows(self, object topic, Py_buffer* rows, object keys, object partition,
+                               object timestamp, bint sticky) except -1:
+        """:meth:`send_many` of a held 2-D buffer: row ``i`` is the value of record ``i``, appended
+        from its place in the buffer (no Python object per record)."""
+        cdef const unsigned char* row = <const unsigned char*>rows.buf
+        cdef Py_ssize_t n = rows.shape[0], size = rows.shape[1]
+        cdef Py_ssize_t i, p = -1
+        cdef int64_t ts
+        cdef PartitionQueue q
+        cdef list key_list = _key_list(keys, n)
+        cdef TopicState t = self._many_target(topic, partition, timestamp, &ts, &p)
+        for i in range(n):
+            if self.buffered_bytes >= self.buffer_bytes:
+                self._wait_for_room()
+            key = None if key_list is None else <object>PyList_GET_ITEM(key_list, i)
+            q = <PartitionQueue>PyList_GET_ITEM(t.partitions, self._choose(t, key) if p < 0 else p)
+            self._append_value(q, row, size, <uint64_t>size + 1, key, ts, NULL, 0, None,
+                               sticky and key is None, False)
+            row += size
+        return n
+
+    cdef TopicState _many_target(self, object topic, object partition, object timestamp, int64_t* ts,
+                                 Py_ssize_t* p):
+        """What every record of one :meth:`send_many` shares: its topic's state, the timestamp
+        (``ts``) and the partition if given (``p``, else left at -1)."""
+        cdef PyObject* found
+        cdef TopicState t
+        if self.closed:
+            self._raise_closed()
+        found = PyDict_GetItem(self._topics, topic)
+        t = self._new_topic(topic) if found == NULL else <TopicState>found
+        if timestamp is None:
+            ts[0] = now_ms()
+        else:
+            ts[0] = timestamp if PyLong_CheckExact(timestamp) else _as_timestamp(timestamp)
+        if ts[0] < 0:
+            raise ValueError(f"timestamp {ts[0]} is negative: milliseconds since the epoch expected")
+        if partition is not None:
+            p[0] = t.check_partition(partition)
+        return t
 
     def send_internal(self, str topic, Py_ssize_t partition, value, key, callback):
         """The producer I/O thread's own records (monitoring events): appended to ``partition``
@@ -588,38 +680,62 @@ cdef class RecordAccumulator:
 
     cdef int _append(self, PartitionQueue q, object value, object key, int64_t ts, object headers,
                      object waiter, bint sticky, bint internal) except -1:
-        """Encode one record at the end of ``q``'s open batch, closing it first if it is full.
-        ``sticky``: the sticky rule chose ``q``; if the batch is full the record follows the rule
-        to the next partition instead of opening the next batch here.  ``internal``: a record of
-        the I/O thread's own (:meth:`send_internal`), appended even once ``closed`` is set.
-
-        Allocate first, then touch (module docstring): the encoded headers and the spare batch
-        (with its waiter list) exist before ``closed`` and the open batch are looked at; from
-        there to the last counter nothing lets the GIL go, so the I/O thread never sees the
-        record half added, and no record is added once the producer is closed."""
-        cdef Py_buffer vbuf, kbuf
+        """:meth:`_append_value` of a value given as an object (bytes-like or None) and headers
+        as pairs: encodes the headers and borrows the value's bytes for the time of the append."""
+        cdef Py_buffer vbuf
         cdef const unsigned char* vptr = NULL
-        cdef const unsigned char* kptr = NULL
-        cdef Py_ssize_t vlen = 0, klen = 0, hlen = 0, body, total
-        cdef uint64_t vfield = 0, kfield = 0
-        cdef int vrel = 0, krel = 0
-        cdef int64_t delta
+        cdef const char* hptr = NULL
+        cdef Py_ssize_t vlen = 0, hlen = 0
+        cdef int vrel = 0
         cdef bytes encoded_headers = None
-        cdef Batch b
         if headers:
             encoded_headers = encode_headers(headers)
             hlen = PyBytes_GET_SIZE(encoded_headers)
-        while self._spare is None:  # the batch _open takes, if it must open one
-            self._spare = _new_batch()
-        if self.closed and not internal:
+            hptr = PyBytes_AS_STRING(encoded_headers)
+        if self.closed and not internal:  # before any complaint about the value (and again at the end)
             self._raise_closed()
+        if value is None:
+            return self._append_value(q, NULL, 0, 0, key, ts, hptr, hlen, waiter, sticky, internal)
+        vrel = _borrow(value, &vbuf, &vptr, &vlen, "value")
         try:
-            if value is not None:
-                vrel = _borrow(value, &vbuf, &vptr, &vlen, "value")
-                vfield = <uint64_t>vlen + 1
-            if key is not None:
-                krel = _borrow(key, &kbuf, &kptr, &klen, "key")
-                kfield = <uint64_t>klen + 1
+            self._append_value(q, vptr, vlen, <uint64_t>vlen + 1, key, ts, hptr, hlen, waiter, sticky,
+                               internal)
+        finally:
+            if vrel:
+                PyBuffer_Release(&vbuf)
+        return 0
+
+    cdef int _append_value(self, PartitionQueue q, const unsigned char* vptr, Py_ssize_t vlen,
+                           uint64_t vfield, object key, int64_t ts, const char* headers, Py_ssize_t hlen,
+                           object waiter, bint sticky, bint internal) except -1:
+        """Encode one record at the end of ``q``'s open batch, closing it first if it is full.
+        The value is ``vlen`` bytes at ``vptr`` (``vfield``: 0 for a null value, else ``vlen + 1``),
+        which the caller keeps valid (a borrowed buffer) until this returns; ``headers``: ``hlen``
+        bytes already encoded (FORMAT.md), or none.  ``sticky``: the sticky rule chose ``q``; if
+        the batch is full the record follows the rule to the next partition instead of opening
+        the next batch here.  ``internal``: a record of the I/O thread's own
+        (:meth:`send_internal`), appended even once ``closed`` is set.
+
+        Allocate first, then touch (module docstring): the caller's objects (encoded headers,
+        borrowed value), the key's buffer and the spare batch (with its waiter list) exist before
+        ``closed`` and the open batch are looked at; from there to the last counter nothing lets
+        the GIL go, so the I/O thread never sees the record half added, and no record is added
+        once the producer is closed."""
+        cdef Py_buffer kbuf
+        cdef const unsigned char* kptr = NULL
+        cdef Py_ssize_t klen = 0, body, total
+        cdef uint64_t kfield = 0
+        cdef int krel = 0
+        cdef int64_t delta
+        cdef Batch b
+        if key is not None:
+            krel = _borrow(key, &kbuf, &kptr, &klen, "key")
+            kfield = <uint64_t>klen + 1
+        try:
+            while self._spare is None:  # the batch _open takes, if it must open one
+                self._spare = _new_batch()
+            if self.closed and not internal:
+                self._raise_closed()
             if vlen + klen + hlen + RECORD_OVERHEAD_MAX > self.batch_bytes - self.header_room:
                 self._check_record_fits(vlen, klen, hlen, vfield, kfield)
             b = q.open
@@ -642,7 +758,7 @@ cdef class RecordAccumulator:
             if b.length + total > b.capacity:
                 self._grow(b, b.length + total)
             _write_record(b.buf + b.length, body, delta, b.record_count, kfield, kptr, klen, vfield, vptr, vlen,
-                          PyBytes_AS_STRING(encoded_headers) if hlen else NULL, hlen)
+                          headers, hlen)
             if waiter is not None:
                 b.add_waiter(b.record_count, ts, waiter)
             b.length += total
@@ -653,8 +769,6 @@ cdef class RecordAccumulator:
                 b.min_timestamp = ts
             self.buffered_bytes += total
         finally:
-            if vrel:
-                PyBuffer_Release(&vbuf)
             if krel:
                 PyBuffer_Release(&kbuf)
         return 0

@@ -217,8 +217,14 @@ class Producer(RecordAccumulator):
     happened while it waited); and after ``max_block_ms`` BrokerNotAvailableError (no metadata
     for a new topic) or TimeoutError (no buffer room).
 
-    ``send_many(topic, values, keys=None, partition=None, timestamp=None)`` appends a sequence
-    of values in one call (one timestamp for all) and returns how many.
+    ``send_many(topic, values, keys=None, partition=None, timestamp=None)`` appends many values
+    in one call (one timestamp for all) and returns how many.  ``values`` is a sequence of
+    bytes-like objects (or None), or one 2-D C-contiguous buffer of bytes, such as a numpy
+    ``uint8`` array of shape ``(n, size)`` or a memoryview cast to it: row ``i`` is the value of
+    record ``i``, encoded straight from the buffer with no Python object per record (the buffer
+    is held, so cannot be resized, until the call returns).  A bytes-like object itself is
+    refused (TypeError), as are a buffer of other items (TypeError) and one that is not
+    C-contiguous or has more than two dimensions (ValueError).
     """
 
     def __init__(self, bootstrap: str | Sequence[str], config: ProducerConfig | None = None,

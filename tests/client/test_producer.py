@@ -10,6 +10,7 @@ import threading
 import time
 from concurrent.futures import wait
 
+import numpy as np
 import pytest
 
 from hpbroker import protocol
@@ -222,6 +223,29 @@ def test_send_many_appends_in_order_with_keys(bootstrap, connection, topic_name)
                 assert partition_for_key(record.key, 3) == partition
     assert [r.value for r in stored[1] if r.key is None] == [b"p1-%d" % i for i in range(10)]
     assert sum(map(len, stored.values())) == 310
+
+
+def test_send_many_of_a_2d_array_stores_row_i_as_record_i(bootstrap, connection, topic_name):
+    """A numpy uint8 array of shape (n, size) as ``values``: what the broker stores is what the
+    same rows as a list give, keyed rows in their key's partition, in order; a buffer this
+    small makes send_many wait for room (GIL let go) many times on the way."""
+    create_topic(connection, topic_name, 3)
+    rows = np.random.default_rng(0).integers(0, 256, (2000, 100), dtype=np.uint8)
+    keys = [b"k%d" % (i % 5) for i in range(2000)]
+    data = bytearray(rows[:50].tobytes())
+    with Producer(bootstrap, batch_bytes=1024, buffer_bytes=4096) as producer:
+        assert producer.send_many(topic_name, rows, keys=keys) == 2000
+        view = memoryview(data).cast("B", (50, 100))
+        assert producer.send_many(topic_name, view, partition=1) == 50
+        view.release()
+        data.append(0)  # resizable again: send_many let the buffer go
+    stored = {p: read_partition(connection, topic_name, p) for p in range(3)}
+    for partition, records in stored.items():
+        expected = [(key, row.tobytes()) for key, row in zip(keys, rows, strict=True)
+                    if partition_for_key(key, 3) == partition]
+        assert [(r.key, r.value) for r in records if r.key is not None] == expected
+    assert [r.value for r in stored[1] if r.key is None] == [row.tobytes() for row in rows[:50]]
+    assert sum(map(len, stored.values())) == 2050
 
 
 def test_linger_sends_without_a_flush(bootstrap, connection, topic_name):

@@ -3,12 +3,14 @@ FORMAT.md, batches respect batch_bytes, linger, muting and flushes, and bytes ar
 
 from __future__ import annotations
 
+import os
 import time
 
+import numpy as np
 import pytest
 
 from hpbroker.client._accumulator import RecordAccumulator
-from hpbroker.errors import RecordTooLargeError
+from hpbroker.errors import RecordTooLargeError, UnknownTopicOrPartitionError
 from hpbroker.records import CODEC_LZ4, CODEC_NONE, decode_records, read_header, validate_batches
 
 
@@ -134,6 +136,187 @@ def test_send_many_with_one_timestamp_and_keys():
     assert sorted(r.value for r in records) == [b"a", b"b", b"c"] and {r.timestamp for r in records} == {42}
     with pytest.raises(ValueError, match="2 keys for 3 values"):
         accumulator.send_many("t", [b"a", b"b", b"c"], keys=[b"x", b"y"])
+
+
+def built_records(accumulator: RecordAccumulator) -> dict[int, tuple[list, list, list]]:
+    """Per partition: ``(key, value, timestamp, offset)`` of each record the accumulator built, and
+    its batches' record counts and base sequences."""
+    built = {}
+    for queue, batches in drain_all(accumulator):
+        records = decode_records(accumulator.build_payload(batches))
+        built[queue.partition] = ([(r.key, r.value, r.timestamp, r.offset) for r in records],
+                                  [b.record_count for b in batches], [b.base_sequence for b in batches])
+    return built
+
+
+def byte_rows(count: int, size: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (count, size), dtype=np.uint8)
+
+
+def rows_in_bytearray(rows: np.ndarray) -> tuple[bytearray, memoryview]:
+    """The rows copied into a bytearray, and a memoryview of it cast to the rows' shape."""
+    data = bytearray(rows.tobytes())
+    return data, memoryview(data).cast("B", rows.shape)
+
+
+def can_resize(data: bytearray) -> bool:
+    """Whether no buffer of ``data`` is exported: resizing a bytearray that has one raises BufferError.
+    (A memoryview of it is one: release that first.)"""
+    try:
+        data.append(0)
+    except BufferError:
+        return False
+    del data[-1]
+    return True
+
+
+@pytest.mark.parametrize("kind", ["ndarray", "memoryview"])
+@pytest.mark.parametrize("with_keys", [False, True])
+@pytest.mark.parametrize("partition", [None, 2])
+def test_send_many_of_a_2d_buffer_builds_the_same_batches_as_a_list(monkeypatch, kind, with_keys, partition):
+    """Row i is record i: the batches (partitions chosen by the sticky rule or the keys, batch
+    boundaries, records, sequences) are those a list of the same values gives."""
+    monkeypatch.setattr(os, "urandom", bytes)  # the same first sticky partition for every accumulator
+    rows = byte_rows(700, 37)
+    if kind == "ndarray":
+        given = rows
+    else:
+        _, given = rows_in_bytearray(rows)
+    keys = [None if i % 7 == 0 else b"key-%d" % (i % 13) for i in range(700)] if with_keys else None
+    results = []
+    for values in (given, [row.tobytes() for row in rows]):
+        accumulator = FixedTopics(4, batch_bytes=2048)
+        assert accumulator.send_many("t", values, keys, partition=partition, timestamp=1_700_000_000) == 700
+        assert accumulator.send_many("t", values[:5], None if keys is None else keys[:5], partition=partition,
+                                     timestamp=1_700_000_001) == 5
+        results.append((built_records(accumulator), accumulator.buffered_bytes))
+    (from_rows, buffered), (from_list, _) = results
+    assert from_rows == from_list and buffered > 0
+    values = sorted(value for records, _, _ in from_rows.values() for _, value, _, _ in records)
+    assert values == sorted([row.tobytes() for row in rows] + [row.tobytes() for row in rows[:5]])
+    assert sum(len(counts) for _, counts, _ in from_rows.values()) > 10
+    if partition is not None:
+        assert set(from_rows) == {partition}
+    elif not with_keys:
+        assert len(from_rows) == 4  # sticky: full batches move the records on
+
+
+def test_send_many_of_a_2d_buffer_without_rows_or_with_empty_rows():
+    accumulator = FixedTopics()
+    assert accumulator.send_many("t", np.zeros((0, 10), np.uint8)) == 0
+    assert accumulator.buffered_bytes == 0 and accumulator.unfinished_batches == 0
+    assert accumulator.send_many("t", np.zeros((3, 0), np.uint8), timestamp=5) == 3
+    [(records, _, _)] = built_records(accumulator).values()
+    assert [(value, timestamp) for _, value, timestamp, _ in records] == [(b"", 5)] * 3  # empty, not null
+
+
+@pytest.mark.parametrize("values", [b"abc", bytearray(b"abc"), memoryview(b"abc"), "abc",
+                                    np.arange(3, dtype=np.uint8), np.zeros((), np.uint8)],
+                         ids=["bytes", "bytearray", "memoryview", "str", "ndarray-1d", "ndarray-0d"])
+def test_send_many_refuses_a_bytes_like_object_itself(values):
+    accumulator = FixedTopics()
+    name = type(values).__name__
+    with pytest.raises(TypeError, match=r"^values must be a sequence of bytes-like objects or a 2-D "
+                                        rf"C-contiguous buffer \(rows are values\), not {name}$"):
+        accumulator.send_many("t", values)
+    assert accumulator.buffered_bytes == 0 and accumulator.unfinished_batches == 0
+
+
+@pytest.mark.parametrize(("values", "error", "message"), [
+    (np.zeros((4, 3, 2), np.uint8), ValueError, r"a buffer of 3 dimensions \(shape \(4, 3, 2\)\)"),
+    (np.zeros((4, 3), np.int32), TypeError, r"a 2-D buffer of 4-byte items \(format 'i'\)"),
+    (np.zeros((4, 6), np.uint8)[:, ::2], ValueError, r"\(4, 3\) is not C-contiguous \(strides \(6, 2\)\)"),
+    (np.zeros((4, 6), np.uint8).T, ValueError, r"shape \(6, 4\) is not C-contiguous"),
+    (np.zeros((8, 6), np.uint8)[::2], ValueError, r"shape \(4, 6\) is not C-contiguous"),
+], ids=["3-d", "int32", "column-slice", "transposed", "every-other-row"])
+def test_send_many_refuses_a_buffer_that_is_not_rows_of_bytes(values, error, message):
+    accumulator = FixedTopics()
+    with pytest.raises(error, match=message):
+        accumulator.send_many("t", values)
+    assert accumulator.buffered_bytes == 0 and accumulator.unfinished_batches == 0
+
+
+def test_send_many_still_reads_an_array_of_objects_as_a_sequence():
+    accumulator = FixedTopics()
+    assert accumulator.send_many("t", np.array([b"ab", None, b"c"], dtype=object), timestamp=1) == 3
+    [(records, _, _)] = built_records(accumulator).values()
+    assert [value for _, value, _, _ in records] == [b"ab", None, b"c"]
+
+
+def test_send_many_of_a_2d_buffer_refuses_what_a_list_refuses_and_releases_it():
+    data, rows = rows_in_bytearray(byte_rows(3, 1000))
+    accumulator = FixedTopics(batch_bytes=1024)
+    with pytest.raises(ValueError, match="2 keys for 3 values"):
+        accumulator.send_many("t", rows, keys=[b"x", b"y"])
+    with pytest.raises(RecordTooLargeError, match="a 1000-byte value .* over batch_bytes 1024"):
+        accumulator.send_many("t", rows)
+    with pytest.raises(TypeError, match="timestamp must be an int"):
+        accumulator.send_many("t", rows, timestamp=1.5)
+    with pytest.raises(UnknownTopicOrPartitionError):
+        accumulator.send_many("t", rows, partition=1)
+    assert accumulator.buffered_bytes == 0 and accumulator.unfinished_batches == 0
+    accumulator.close_for_sends()
+    with pytest.raises(RuntimeError, match="closed"):
+        accumulator.send_many("t", rows)
+    rows.release()  # would raise BufferError if send_many still held a view of it
+    assert can_resize(data)
+
+
+def test_a_2d_buffer_is_released_when_a_key_fails_midway():
+    """Rows before the bad key are appended (as from a list); the buffer is let go all the same."""
+    source = byte_rows(10, 20)
+    data, rows = rows_in_bytearray(source)
+    keys = [b"k%d" % i for i in range(10)]
+    keys[4] = "k4"
+    accumulator = FixedTopics()
+    with pytest.raises(TypeError, match="record keys must be bytes-like or None, not str"):
+        accumulator.send_many("t", rows, keys, timestamp=1)
+    [(records, _, _)] = built_records(accumulator).values()
+    assert [(k, v) for k, v, _, _ in records] == [(keys[i], source[i].tobytes()) for i in range(4)]
+    rows.release()
+    assert can_resize(data)
+
+
+def test_a_2d_buffer_stays_held_while_send_many_waits_for_room():
+    """The producer's wait for room lets the GIL go: meanwhile the buffer must stay exported (a
+    bytearray under it cannot be resized), then be released, also when the wait gives up."""
+    data, rows = rows_in_bytearray(byte_rows(200, 100))
+    seen = []
+
+    def exported(view: memoryview) -> bool:
+        try:
+            view.release()
+        except BufferError:  # "memoryview has 1 exported buffer"
+            return True
+        return False
+
+    class Waiting(FixedTopics):
+        give_up_after = None
+
+        def _wait_for_room(self) -> None:
+            seen.append(exported(rows))
+            if len(seen) == self.give_up_after:
+                raise TimeoutError("no room")
+            for _, batches in drain_all(self):
+                self.finish(batches)
+
+    accumulator = Waiting(batch_bytes=1024, buffer_bytes=1024, linger_ms=0)
+    assert accumulator.send_many("t", rows) == 200
+    assert len(seen) > 10 and all(seen)
+    accumulator.give_up_after = len(seen) + 2
+    with pytest.raises(TimeoutError):
+        accumulator.send_many("t", rows)
+    rows.release()
+    assert can_resize(data)
+
+
+def test_send_takes_one_row_of_a_2d_array():
+    rows = byte_rows(3, 50)
+    accumulator = FixedTopics()
+    accumulator.send("t", rows[2], timestamp=1)
+    accumulator.send("t", memoryview(rows[1]), timestamp=1)
+    [(records, _, _)] = built_records(accumulator).values()
+    assert [value for _, value, _, _ in records] == [rows[2].tobytes(), rows[1].tobytes()]
 
 
 def test_threads_sending_first_to_one_topic_share_one_topic_state(monkeypatch):

@@ -25,11 +25,12 @@ def bootstrap(tmp_path_factory):
         assert process.stop() == 0, process.log()
 
 
-def test_e2e_run_consumes_exactly_what_it_sent(bootstrap, tmp_path):
+@pytest.mark.parametrize("record_size", ["uniform:24:200", "150"])  # lists of values; one array per chunk
+def test_e2e_run_consumes_exactly_what_it_sent(bootstrap, tmp_path, record_size):
     truth_path = tmp_path / "truth.json"
-    config = LoadConfig(workload="e2e", bootstrap=bootstrap, topic="e2e", create_topic=True, partitions=3,
-                        producers=2, consumers=2, records=30_000,
-                        record_size=SizeSpec.parse("uniform:24:200"), payload="log",
+    config = LoadConfig(workload="e2e", bootstrap=bootstrap, topic=f"e2e-{record_size.replace(':', '-')}",
+                        create_topic=True, partitions=3, producers=2, consumers=2, records=30_000,
+                        record_size=SizeSpec.parse(record_size), payload="log",
                         keys=KeySpec.parse("uniform:50"), compression="lz4", linger_ms=1,
                         chunk_records=500, interval_s=0.25, window_ms=1000, truth_path=str(truth_path),
                         report_path=str(tmp_path / "report.json"), plot_path=str(tmp_path / "plot.svg"),
@@ -50,7 +51,7 @@ def test_e2e_run_consumes_exactly_what_it_sent(bootstrap, tmp_path):
     for producer in truth["producers"]:
         windows = [w for w in truth["windows"] if w["producer"] == producer["producer"]]
         assert sum(w["records"] for w in windows) == producer["records"] == 15_000
-        assert all(w["window_start_ms"] % 1000 == 0 and w["topic"] == "e2e" for w in windows)
+        assert all(w["window_start_ms"] % 1000 == 0 and w["topic"] == config.topic for w in windows)
     assert json.loads((tmp_path / "report.json").read_text())["run_id"] == report["run_id"]
     assert (tmp_path / "plot.svg").read_text().startswith("<svg")
 
