@@ -10,6 +10,8 @@
   (a subclass that knows the topic), to show what one call costs: 1 / records per second.
 - ``send(..., callback=f)`` and ``send_future()`` alone: the same, asking for a delivery report
   per record (a shared callback costs a tuple; a ``concurrent.futures.Future`` costs its creation).
+- ``send_many()`` alone, in chunks of 1,000 values (as loadgen sends): from a list of bytes, and
+  from one 2-D numpy array whose rows are the values (no Python object per record).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 
+import numpy as np
 import pytest
 
 from bench.brokers import running_broker
@@ -133,6 +136,23 @@ def test_producer_send_with_callback_alone(benchmark, accumulator, value):
     def one_round():
         for _ in range(MICRO_RECORDS):
             accumulator.send(TOPIC, value, callback=delivered)
+
+    benchmark.pedantic(one_round, setup=release, rounds=20, warmup_rounds=2)
+    throughput(benchmark, records=MICRO_RECORDS, nbytes=MICRO_RECORDS * VALUE_BYTES)
+
+
+CHUNK = 1_000
+
+
+@pytest.mark.parametrize("form", ["list", "2-D array"])
+def test_producer_send_many_alone(benchmark, accumulator, value, form):
+    accumulator, release = accumulator
+    rows = np.frombuffer(value * CHUNK, dtype=np.uint8).reshape(CHUNK, VALUE_BYTES)
+    chunk = [bytes(row) for row in rows] if form == "list" else rows
+
+    def one_round():
+        for _ in range(MICRO_RECORDS // CHUNK):
+            accumulator.send_many(TOPIC, chunk)
 
     benchmark.pedantic(one_round, setup=release, rounds=20, warmup_rounds=2)
     throughput(benchmark, records=MICRO_RECORDS, nbytes=MICRO_RECORDS * VALUE_BYTES)
