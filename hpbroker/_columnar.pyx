@@ -224,8 +224,8 @@ cdef class ColumnBuilder:
 
     ``columns`` names the columns to fill (:data:`COLUMNS`; all by default): a column left out
     costs nothing.  :meth:`add` stops at a batch boundary once ``max_records`` records or
-    ``max_bytes`` bytes of keys, values and headers are held, so a caller takes them in bounded
-    pieces (and Arrow's 32-bit offsets never overflow).  Single thread.
+    ``max_bytes`` bytes of producer names, keys, values and headers are held, so a caller takes
+    them in bounded pieces (and Arrow's 32-bit offsets never overflow).  Single thread.
     """
 
     cdef int wants
@@ -266,9 +266,10 @@ cdef class ColumnBuilder:
 
     @property
     def data_bytes(self):
-        """Bytes of keys, values and headers held (what ``max_bytes`` bounds)."""
-        return (self.keys.data.used + self.values.data.used + self.header_keys.data.used
-                + self.header_values.data.used)
+        """Bytes of producer names, keys, values and headers held (what ``max_bytes`` bounds, so
+        no column's 32-bit offsets overflow)."""
+        return (self.producers.data.used + self.keys.data.used + self.values.data.used
+                + self.header_keys.data.used + self.header_values.data.used)
 
     @property
     def full(self):

@@ -93,8 +93,8 @@ class RecordAccumulator:
         """Append every value, in order, with one timestamp; the number appended.  ``values``: a
         sequence of bytes-like objects (or None), or one 2-D C-contiguous buffer of 1-byte items
         (a numpy uint8 array of shape (n, size), a memoryview cast to it) whose row i is value i,
-        encoded straight from the buffer.  TypeError for a bytes-like object itself (1-D), a
-        non-byte 2-D buffer; ValueError for a non-contiguous one or more than two dimensions."""
+        encoded straight from the buffer.  Any other buffer is read as a sequence of values;
+        TypeError for a bytes-like object itself (one dimension of plain bytes)."""
     def send_internal(self, topic: str, partition: int, value: Buffer, key: Buffer, callback: Any) -> None:
         """The I/O thread's own record (a monitoring event), also after ``closed``; now as timestamp."""
     def set_partition_count(self, topic: str, count: int) -> None: ...

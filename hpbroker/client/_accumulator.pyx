@@ -204,11 +204,12 @@ cdef list _key_list(object keys, Py_ssize_t n):
 
 
 cdef int _rows_buffer(object values, Py_buffer* view) except -1:
-    """1 when ``values`` is a 2-D C-contiguous buffer of bytes, held in ``view`` (the caller releases
-    it); 0 when it is to be read as a sequence of values.  A bytes-like object itself (a buffer of
-    at most one dimension with 1-byte items) is neither: as a sequence it would give ints.  A
-    buffer of other items (a numpy array of objects or of fixed-size bytes) is a sequence."""
-    cdef Py_ssize_t ndim, itemsize
+    """1 when ``values`` is a 2-D C-contiguous buffer of 1-byte items, held in ``view`` (the
+    caller releases it); 0 when it is to be read as a sequence of values, as any other buffer is
+    (rows that are not back to back, items wider than a byte, numpy arrays of objects or of
+    fixed-size bytes).  A bytes-like object itself (at most one dimension of plain bytes:
+    ``bytes``, ``bytearray``, a memoryview or array of unsigned bytes) is neither: as a sequence it
+    would give ints."""
     if type(values) is list or type(values) is tuple:
         return 0
     if isinstance(values, str):
@@ -219,25 +220,13 @@ cdef int _rows_buffer(object values, Py_buffer* view) except -1:
         PyObject_GetBuffer(values, view, PyBUF_RECORDS_RO)
     except (BufferError, TypeError, ValueError):
         return 0  # it cannot describe its items (format, shape, strides): read it as a sequence
-    ndim, itemsize = view.ndim, view.itemsize
-    if ndim == 2 and itemsize == 1 and PyBuffer_IsContiguous(view, b"C"):
+    if view.ndim == 2 and view.itemsize == 1 and PyBuffer_IsContiguous(view, b"C"):
         return 1
     try:
-        if ndim <= 1:
-            if itemsize == 1:
-                raise TypeError(f"{_VALUES_EXPECTED}, not {type(values).__name__}")
-            return 0
-        if ndim > 2:
-            shape = tuple([view.shape[i] for i in range(ndim)])
-            raise ValueError(f"values: a buffer of {ndim} dimensions (shape {shape}); a 2-D buffer, one row "
-                             f"per value, expected")
-        if itemsize != 1:
-            fmt = "B" if view.format == NULL else (<bytes>view.format).decode("ascii", "replace")
-            raise TypeError(f"values: a 2-D buffer of {itemsize}-byte items (format {fmt!r}); rows of bytes "
-                            f"(1-byte items, such as numpy uint8) expected")
-        raise ValueError(f"values: the 2-D buffer of shape ({view.shape[0]}, {view.shape[1]}) is not "
-                         f"C-contiguous (strides ({view.strides[0]}, {view.strides[1]})); its rows must lie "
-                         f"one after another (numpy.ascontiguousarray makes such a copy)")
+        if view.ndim <= 1 and view.itemsize == 1 and (view.format == NULL
+                                                      or <bytes>view.format in (b"B", b"b", b"c")):
+            raise TypeError(f"{_VALUES_EXPECTED}, not {type(values).__name__}")
+        return 0
     finally:
         PyBuffer_Release(view)
 

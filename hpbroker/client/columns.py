@@ -23,8 +23,9 @@ attribute       what
 
 A :class:`BinaryColumn` is ``offsets`` (int32[n + 1]: item *i* is ``data[offsets[i]:offsets[i +
 1]]``), ``data`` (uint8) and a validity bitmap (bit *i* set: item *i* is not null).  A column not
-asked for is None.  Every array is a view of buffers that belong to this object alone: nothing
-else writes them, and they live as long as any view of them does.
+asked for is None.  Every array is a read-only view of buffers that belong to this object alone:
+nothing else writes them, and they live as long as any view of them does (``array.copy()`` gives
+one to write).
 
 Nothing here loops over records in Python except the per-item conveniences (``column[i]``,
 ``to_list()``), which are for tests and small results.
@@ -77,8 +78,8 @@ class BinaryColumn:
 
     def __init__(self, offsets: bytearray, data: bytearray, validity: bytearray | None = None,
                  null_count: int = 0, *, text: bool = False) -> None:
-        self.offsets: np.ndarray = np.frombuffer(offsets, dtype="<i4")  # n + 1
-        self.data: np.ndarray = np.frombuffer(data, dtype=np.uint8)
+        self.offsets: np.ndarray = _read_only(offsets, "<i4")  # n + 1
+        self.data: np.ndarray = _read_only(data, np.uint8)
         self._validity = validity
         self.null_count = null_count
         self._text = text
@@ -125,7 +126,7 @@ class HeadersColumn:
     __slots__ = ("keys", "offsets", "values")
 
     def __init__(self, offsets: bytearray, keys: BinaryColumn, values: BinaryColumn) -> None:
-        self.offsets: np.ndarray = np.frombuffer(offsets, dtype="<i4")
+        self.offsets: np.ndarray = _read_only(offsets, "<i4")
         self.keys = keys
         self.values = values
 
@@ -155,8 +156,8 @@ class RecordColumns:
         """Wrap what ``ColumnBuilder.take()`` returned (its buffers become this object's)."""
         self.topic = topic
         self.partition = partition
-        self.offsets: np.ndarray = np.frombuffer(taken["offset"], dtype="<i8")
-        self.timestamps: np.ndarray | None = (np.frombuffer(taken["timestamp"], dtype="<i8")
+        self.offsets: np.ndarray = _read_only(taken["offset"], "<i8")
+        self.timestamps: np.ndarray | None = (_read_only(taken["timestamp"], "<i8")
                                               if "timestamp" in taken else None)
         self.producers = _binary(taken, "producer", text=True)
         self.keys = _binary(taken, "key")
@@ -179,6 +180,12 @@ class RecordColumns:
         if not len(self):
             raise ValueError("no records")
         return int(self.offsets[-1]) + 1
+
+
+def _read_only(buffer: bytearray, dtype: Any) -> np.ndarray:
+    array = np.frombuffer(buffer, dtype=dtype)
+    array.flags.writeable = False
+    return array
 
 
 def _binary(taken: dict[str, Any], name: str, *, text: bool = False) -> BinaryColumn | None:

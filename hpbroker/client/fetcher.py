@@ -396,7 +396,7 @@ class PartitionFetcher:
         offset, position = max(scan.next_offset, fetch_offset), scan.valid_bytes
         why = "the records do not decode"
         for start, size, base_offset in zip(scan.positions, scan.sizes, scan.base_offsets, strict=True):
-            try:
+            try:  # (never stopped by the decoder's bound: the first pass reached the bad batch)
                 builder.add(payload[start:start + size], 0, fetch_offset, verify_crc=False)
             except CorruptRecordError as e:
                 offset, position, why = max(base_offset, fetch_offset), start, str(e)

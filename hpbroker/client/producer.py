@@ -222,9 +222,9 @@ class Producer(RecordAccumulator):
     bytes-like objects (or None), or one 2-D C-contiguous buffer of bytes, such as a numpy
     ``uint8`` array of shape ``(n, size)`` or a memoryview cast to it: row ``i`` is the value of
     record ``i``, encoded straight from the buffer with no Python object per record (the buffer
-    is held, so cannot be resized, until the call returns).  A bytes-like object itself is
-    refused (TypeError), as are a buffer of other items (TypeError) and one that is not
-    C-contiguous or has more than two dimensions (ValueError).
+    is held, so cannot be resized, until the call returns).  Any other buffer is read as a
+    sequence of values; a bytes-like object itself (one dimension of plain bytes) is refused
+    (TypeError).
     """
 
     def __init__(self, bootstrap: str | Sequence[str], config: ProducerConfig | None = None,

@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from types import TracebackType
 
 from hpbroker.client.consumer import Consumer, TopicPartition
+from hpbroker.errors import InvalidConfigError
 from hpbroker.records import Record
 
 __all__ = ["MessageStream", "create_message_streams"]
@@ -54,6 +55,9 @@ def create_message_streams(bootstrap: str | Sequence[str], topic: str, n: int,
     ``settings`` are the Consumer's (``auto_offset_reset="earliest"`` to read from the start)."""
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be an integer >= 1, got {n!r}")
+    if settings.get("columns") is not None:
+        raise InvalidConfigError("message streams are iterated record by record; columns= is for a "
+                                 "Consumer read with poll()")
     streams: list[MessageStream] = []
     try:
         for index in range(n):

@@ -16,8 +16,9 @@ Processes and sockets::
   lock).
 - A **worker** (``hpbroker.workers.worker``) owns the partitions of its slot: it opens (and so
   recovers) their logs before it reports ready, appends and flushes with a flusher thread
-  (group commit), answers produce requests once their records are flushed, serves fetches over
-  ZeroMQ and on its TCP data port (``os.sendfile`` from the segment files), and parks fetches at
+  (group commit; one without fdatasync on the event loop when nothing else is being written),
+  answers produce requests once their records are flushed, serves fetches over ZeroMQ and on its
+  TCP data port (``os.sendfile`` from the segment files), and parks fetches at
   the log end until new records are flushed or their wait runs out (long polling).
 
 Arbiter and workers speak over the backend socket with the small framing of

@@ -8,7 +8,8 @@ A :class:`Partition` is one :class:`~hpbroker.io.PartitionLog` opened with
   and run by the worker's one :class:`Flusher` (a native writer thread), at most
   :data:`MAX_FLUSHES_IN_FLIGHT` per log, applied in the order they were begun.  A commit without
   fdatasync (``flush_fsync`` off) that has no other in flight before it is written on the loop
-  itself, at once: a ``writev`` into the page cache costs less than the two thread hand-offs;
+  itself, at once: a ``writev`` into the page cache costs less than the two thread hand-offs
+  (the price: while the kernel throttles a writer of too many dirty pages, the loop waits too);
 - *produce waiters*: acks=1 produce requests, answered once the high watermark passes their last
   offset.  They are answered in request order (an error decided at once, e.g. a corrupt batch,
   waits behind the earlier requests of the same partition), so a producer that pipelines sees its
@@ -86,7 +87,8 @@ def partition_directory(data_dir: str, topic: str, partition: int) -> str:
 class Flusher:
     """The worker's one flusher: a native :class:`~hpbroker.io._writer.WriterThread` running the
     group commits (one ``writev`` and an ``fdatasync`` each, without the GIL) in the order they
-    are submitted, off the event loop.
+    are submitted, off the event loop.  A commit without fdatasync that has none in flight
+    before it never comes here: :meth:`Partition.flush_if_due` writes it on the loop.
 
     When a job is done the thread writes a byte to the loop's wake-up fd (once per turn of the
     loop, however many jobs finish); the loop then collects, with :meth:`take_done`, the

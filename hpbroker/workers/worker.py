@@ -19,8 +19,10 @@ polling: with nothing to do the worker sleeps until a request, a flush or a dead
 Group commit (``hpbroker.workers.partitions``): appends happen on the loop; when a log's
 ``flush_due()`` says so the loop begins a flush job and the one flusher thread writes and
 fdatasyncs it; when the thread wakes the loop, the loop applies the finished jobs in order and
-answers the produce requests and long polls they made answerable.  A produce is acknowledged
-only after the flush that wrote its records, so an acknowledged record is never lost.
+answers the produce requests and long polls they made answerable.  A job without fdatasync
+(``flush_fsync`` off) with none in flight before it is written on the loop itself, at once.  A
+produce is acknowledged only after the flush that wrote its records, so an acknowledged record is
+never lost.
 
 Measurements (``hpbroker.workers.stats``): requests, errors, latencies, flush times and each
 partition's counters are plain numbers on the loop; with ``metrics_port`` set, every heartbeat

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from hpbroker import Consumer, RecordColumns, TopicPartition, protocol
+from hpbroker import Consumer, RecordColumns, TopicPartition, create_message_streams, protocol
 from hpbroker.client.columns import COLUMNS, BinaryColumn, check_columns
 from hpbroker.client.connection import BrokerConnection
 from hpbroker.errors import InvalidConfigError
@@ -82,6 +82,10 @@ def test_only_the_columns_asked_for_are_decoded_and_a_seek_into_a_batch_starts_t
         assert consumer.position(tp) == 15
     assert all(p.timestamps is None and p.keys is None and p.producers is None and p.headers is None
                for p in parts)
+    with pytest.raises(ValueError, match="read-only"):
+        parts[0].offsets[0] = 99
+    with pytest.raises(ValueError, match="read-only"):
+        parts[0].values.data[0] = 0
     assert np.concatenate([p.offsets for p in parts]).tolist() == list(range(7, 15))
     assert sum((p.values.to_list() for p in parts), []) == [b"v7", b"v8", b"v9", *(b"w%d" % i
                                                                                   for i in range(5))]
@@ -99,6 +103,8 @@ def test_a_columnar_consumer_refuses_iteration_and_bad_column_names(bootstrap):
         Consumer(bootstrap, columns="value")
     with pytest.raises(InvalidConfigError, match="columns is empty"):
         Consumer(bootstrap, columns=())
+    with pytest.raises(InvalidConfigError, match="message streams are iterated record by record"):
+        create_message_streams(bootstrap, "any", 2, columns=("value",))
 
 
 def test_check_columns_orders_by_schema_and_adds_the_offset():

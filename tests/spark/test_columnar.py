@@ -135,6 +135,15 @@ def test_the_builder_stops_at_a_batch_boundary_once_full():
     assert builder.add(buf, position) == len(buf) and builder.count == 3 and builder.next_offset == 9
 
 
+def test_producer_names_count_toward_the_byte_bound():
+    """Empty values under a long producer name: only the name's bytes can fill the builder."""
+    name = "p" * 200
+    buf = _log([([b""] * 10, {"producer": name}), ([b""] * 10, {"producer": name})])
+    builder = ColumnBuilder(["producer"], max_bytes=1000)
+    assert builder.add(buf) == len(_stamped(build_batch([b""] * 10, producer=name), 0))
+    assert builder.count == 10 and builder.data_bytes == 10 * len(name) and builder.full
+
+
 def test_a_corrupt_batch_is_refused_naming_its_position_and_base_offset():
     good = _stamped(build_batch([b"a", b"b"]), 5)
     bad = bytearray(_stamped(build_batch([b"c"]), 7))
