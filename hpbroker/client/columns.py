@@ -6,7 +6,7 @@ of :data:`COLUMNS`) decodes each fetch response with the compiled columnar decod
 returns one :class:`RecordColumns` per partition: the records of the response as numpy arrays
 over a few buffers, built without a Python object per record.  That is the fast path for
 applications that process records in bulk (counting, parsing fixed-layout values, handing them to
-numpy, pandas or Arrow); ``record objects`` (the default) stay the convenient one.
+numpy, pandas or Arrow); record objects (the default) stay the convenient one.
 
 Layout (Apache Arrow's, little-endian; ``n`` records):
 
