@@ -7,10 +7,12 @@ import re
 import struct
 from pathlib import Path
 
+import doc_tables
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hpbroker import errors
 from hpbroker import protocol as p
 from hpbroker.errors import InvalidRequestError, UnsupportedVersionError
 from hpbroker.records import build_batch
@@ -199,3 +201,28 @@ def test_garbage_tcp_streams_only_ever_raise_protocol_errors(data):
                 p.decode_request(message)
     except InvalidRequestError:
         pass
+
+
+def test_the_documents_worked_example_is_the_encoders_bytes():
+    request_head, response = doc_tables.hex_dumps("PROTOCOL.md", "## Worked example")
+    frames = p.encode_request(p.ProduceRequest("orders", 3, acks=1, timeout_ms=30_000, payload=b"b" * 68), 7,
+                              "cli")
+    assert request_head == bytes(frames[0])
+    assert "`" + bytes(p.frame_tcp(frames)[0]).hex(" ") + "`" in doc_tables.section("PROTOCOL.md",
+                                                                                   "## Worked example")
+    assert response == bytes(p.encode_response(p.ProduceResponse(base_offset=1234, log_start_offset=0), 7)[0])
+
+
+def test_the_api_key_table_names_every_request_and_response():
+    rows = [tuple(row[:3]) for row in doc_tables.table_rows("PROTOCOL.md", "### API keys")]
+    assert rows == [(str(key), p.REQUEST_TYPES[key].__name__, p.RESPONSE_TYPES[key].__name__)
+                    for key in sorted(p.REQUEST_TYPES)]
+
+
+def test_the_error_table_gives_every_codes_name_and_whether_it_is_retriable():
+    classes = sorted((cls for cls in vars(errors).values() if isinstance(cls, type)
+                      and issubclass(cls, errors.HPBrokerError) and cls is not errors.HPBrokerError),
+                     key=lambda cls: cls.code)
+    rows = [tuple(row[:3]) for row in doc_tables.table_rows("PROTOCOL.md", "## Error codes")]
+    assert rows == [("0", "none", ""), *((str(cls.code), cls.__name__, "yes" if cls.retriable else "no")
+                                         for cls in classes)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import struct
 
+import doc_tables
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -400,3 +401,22 @@ def test_a_header_value_that_is_not_bytes_like_is_refused(value):
     builder = BatchBuilder("p")
     with pytest.raises(TypeError, match="values must be bytes-like or None"):
         builder.append(b"v", headers=[("count", value)])
+
+
+def test_the_documents_worked_example_is_the_golden_batch():
+    assert doc_tables.hex_dumps("FORMAT.md", "## Worked example") == [_golden_batch()]
+
+
+def test_the_documents_header_table_decodes_the_golden_batch():
+    """Each fixed field at the position, size and type the table gives reads the known value."""
+    codes = {"u8": "B", "i32": "i", "u32": "I", "i64": "q"}
+    rows = doc_tables.table_rows("FORMAT.md", "## Batch", "position")
+    fixed = {row[2]: (int(row[0]), int(row[1]), row[3]) for row in rows if row[1].isdigit()}
+    batch = _golden_batch()
+    fields = {name: struct.unpack_from("<" + codes[kind], batch, position)[0]
+              for name, (position, size, kind) in fixed.items() if struct.calcsize(codes[kind]) == size}
+    assert fields == {"base_offset": 0, "batch_length": 69, "leader_epoch": 0, "crc": 0xA8BA8D53, "magic": 1,
+                      "attributes": 0, "producer_length": 6, "reserved": 0, "last_offset_delta": 1,
+                      "record_count": 2, "first_timestamp": 1_700_000_000_000,
+                      "max_timestamp": 1_700_000_000_005, "base_sequence": 42}
+    assert max(position + size for position, size, _ in fixed.values()) == HEADER_SIZE

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import struct
+
+import doc_tables
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -179,3 +182,12 @@ def test_the_close_publishes_even_while_the_lookup_backs_off():
     producer = _Producer()
     assert publisher.publish(producer, None, None) == 0
     assert publisher.publish(producer, None, None, last=True) == 1 and producer.sent == 1
+
+
+def test_the_documents_event_table_is_the_encoders_layout():
+    rows = doc_tables.table_rows("AUDIT.md", "## Monitoring events", "position")
+    fixed = [(int(row[0]), int(row[1]), row[3]) for row in rows if row[1].isdigit()]
+    codes = {"u8": "B", "u16": "H", "u32": "I", "u64": "Q", "i64": "q"}
+    assert "<" + "".join(codes[kind] for _, _, kind in fixed) == VALUE_HEADER.format
+    assert [position for position, _, _ in fixed] == [struct.calcsize(VALUE_HEADER.format[:1 + i])
+                                                      for i in range(len(fixed))]
