@@ -11,9 +11,21 @@
    the flags here, then the usual environment and ``--config`` file;
 3. waits until the broker's registration appears in ZooKeeper and prints where everything
    listens;
-4. runs until SIGINT (Ctrl-C) or SIGTERM, or until either child exits; then stops the broker
+4. runs until SIGINT (Ctrl-C) or SIGTERM, or until the broker exits; then stops the broker
    (SIGTERM, SIGKILL after its graceful timeout and a margin) and then ZooKeeper (SIGTERM, then
    SIGKILL), in that order, so the broker leaves the registry cleanly.
+
+**A managed ZooKeeper that dies is started again; the broker keeps serving meanwhile.**  Producing
+and fetching never wait on ZooKeeper (the broker's membership lives on its own thread,
+``hpbroker.coord.member``), so the stack does not stop when its ZooKeeper exits: it logs the exit
+and starts the server again, on the same port and with the same data directory, after
+:data:`RESTART_FIRST_DELAY_S`, doubling the pause after each attempt that does not come to serve
+(the process exits, or does not answer within :data:`RESTART_TIMEOUT_S`) up to
+:data:`RESTART_MAX_DELAY_S`, for as long as the stack runs; the pause goes back to the first one
+once the server has served for :data:`RESTART_STABLE_S`.  ZooKeeper reloads its data, sessions
+included: the broker's session reconnects by itself (or, if it expired, the broker registers in a
+new one), and the stack logs when it sees the broker's registration again.  The main loop never
+waits for any of this: a restart is a state it checks each turn (:class:`_ZooKeeperKeeper`).
 
 The children run in their own process groups, so a Ctrl-C in the terminal reaches the stack only
 and the stack decides the order; each also gets SIGTERM should the stack die
@@ -23,8 +35,8 @@ kills its workers at once.  The broker's log goes to this process's stderr; ZooK
 ``$WATCHDOG_*``: under a service manager they are meant for the stack, not for a broker that
 would take them for its own.
 
-Exit status: 0 after a stop on request; 1 when a part could not start or died; 2 for an invalid
-setting (before anything starts).
+Exit status: 0 after a stop on request; 1 when a part could not start, or the broker died; 2 for
+an invalid setting (before anything starts).
 """
 
 from __future__ import annotations
@@ -41,6 +53,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kazoo.exceptions import KazooException
+from kazoo.interfaces import IAsyncResult
 
 from hpbroker import __version__
 from hpbroker.broker.config import BrokerConfig
@@ -48,21 +61,28 @@ from hpbroker.broker.logging_setup import LOG_FORMATS, setup_logging
 from hpbroker.coord.paths import parse_connect_string
 from hpbroker.coord.registry import BrokerRegistration, BrokerRegistry
 from hpbroker.coord.server import ZooKeeperServer, die_with_parent
-from hpbroker.coord.session import connect
+from hpbroker.coord.session import Session, connect
 from hpbroker.errors import HPBrokerError, InvalidConfigError
 from hpbroker.workers.notify import withhold_service_manager
 
-__all__ = ["EXIT_ERROR", "EXIT_INVALID", "EXIT_OK", "run_stack"]
+__all__ = ["EXIT_ERROR", "EXIT_INVALID", "EXIT_OK", "RESTART_FIRST_DELAY_S", "RESTART_MAX_DELAY_S",
+           "RESTART_STABLE_S", "RESTART_TIMEOUT_S", "run_stack"]
 
 logger = logging.getLogger(__name__)
 
 EXIT_OK = 0  # stopped on request
-EXIT_ERROR = 1  # a part could not start, or died
+EXIT_ERROR = 1  # a part could not start, or the broker died
 EXIT_INVALID = 2  # an invalid setting
 DEFAULT_ZOOKEEPER_PORT = 2181
 _READY_TIMEOUT_S = 60.0  # for the broker to recover its partitions and register
 _STOP_MARGIN_S = 5.0  # beyond the broker's own graceful timeout, before SIGKILL
 _POLL_S = 0.1
+RESTART_FIRST_DELAY_S = 1.0  # from a managed ZooKeeper's exit to the first attempt to start it again
+RESTART_MAX_DELAY_S = 30.0  # longest pause between attempts
+RESTART_TIMEOUT_S = 60.0  # for a started server to serve (it may have a long transaction log to load)
+RESTART_STABLE_S = 60.0  # serving this long puts the pause back to the first one
+_PROBE_EVERY_S = 0.5  # how often a starting server is asked whether it serves
+_REGISTRATION_WARN_S = 30.0  # ZooKeeper back this long without the broker's registration: a warning
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -145,8 +165,11 @@ class _Stack:
         self.flags = flags
         self.signals = signals
         self.server: ZooKeeperServer | None = None
+        self.keeper: _ZooKeeperKeeper | None = None
         self.broker: subprocess.Popen[bytes] | None = None
+        self.session: Session | None = None  # the stack's own, to see the broker's registration
         self.connect_string = args.zookeeper or ""
+        self._awaiting: _AwaitRegistration | None = None
 
     def run(self) -> int:
         status = EXIT_ERROR
@@ -155,6 +178,7 @@ class _Stack:
                 self.server = ZooKeeperServer(Path(self.args.data_dir).absolute() / "zookeeper",
                                               port=self.args.zookeeper_port)
                 self.server.start()
+                self.keeper = _ZooKeeperKeeper(self.server)
                 self.connect_string = self.server.connect_string
             if self.signals.received:
                 return EXIT_OK
@@ -169,6 +193,7 @@ class _Stack:
             logger.error("[stack] %s", e.message)
             return EXIT_ERROR
         finally:
+            self._close_session()
             broker_status = self._stop_broker()
             self._stop_server()
             logger.info("[stack] stopped (broker exit status %s)", broker_status)
@@ -195,25 +220,27 @@ class _Stack:
         assert self.broker is not None
         deadline = time.monotonic() + _READY_TIMEOUT_S
         timeout_s = self.config.zookeeper_session_timeout_ms / 1000
-        with connect(self.connect_string, session_timeout_s=timeout_s, name="stack") as session:
-            registry = BrokerRegistry(session)
-            while not self.signals.received:
-                try:
-                    registration = registry.get(self.config.broker_id)
-                except KazooException as e:  # connection trouble: the session reconnects
-                    logger.warning("[stack] reading the broker's registration: %r", e)
-                    registration = None
-                if registration is not None:
-                    return registration
-                if self.broker.poll() is not None:
-                    logger.error("[stack] the broker exited with status %d before registering",
-                                 self.broker.returncode)
-                    return None
-                if time.monotonic() > deadline:
-                    logger.error("[stack] the broker did not register in ZooKeeper within %g s",
-                                 _READY_TIMEOUT_S)
-                    return None
-                time.sleep(_POLL_S)
+        self.session = connect(self.connect_string, session_timeout_s=timeout_s, name="stack")
+        registry = BrokerRegistry(self.session)
+        while not self.signals.received:
+            if self.keeper is not None:
+                self.keeper.tick(time.monotonic())
+            try:
+                registration = registry.get(self.config.broker_id)
+            except KazooException as e:  # connection trouble: the session reconnects
+                logger.warning("[stack] reading the broker's registration: %r", e)
+                registration = None
+            if registration is not None:
+                return registration
+            if self.broker.poll() is not None:
+                logger.error("[stack] the broker exited with status %d before registering",
+                             self.broker.returncode)
+                return None
+            if time.monotonic() > deadline:
+                logger.error("[stack] the broker did not register in ZooKeeper within %g s",
+                             _READY_TIMEOUT_S)
+                return None
+            time.sleep(_POLL_S)
         return None
 
     def _announce(self, registration: BrokerRegistration) -> None:
@@ -239,21 +266,28 @@ class _Stack:
     # --- running and stopping -------------------------------------------------------------------
 
     def _watch(self) -> int:
-        """Until a signal (EXIT_OK) or a child's exit (EXIT_ERROR, or the broker's own status)."""
+        """Until a signal (EXIT_OK) or the broker's exit (its own status, or EXIT_ERROR); a
+        managed ZooKeeper that exits is started again (module docstring)."""
         assert self.broker is not None
         while not self.signals.received:
             if self.broker.poll() is not None:
                 logger.error("[stack] the broker exited by itself with status %d", self.broker.returncode)
                 return self.broker.returncode or EXIT_ERROR
-            if self.server is not None and self.server.process is not None \
-                    and self.server.process.poll() is not None:
-                logger.error("[stack] ZooKeeper exited by itself with status %d",
-                             self.server.process.returncode)
-                return EXIT_ERROR
+            now = time.monotonic()
+            if self.keeper is not None and self.keeper.tick(now) and self.session is not None:
+                self._awaiting = _AwaitRegistration(self.session, BrokerRegistry(self.session),
+                                                    self.config.broker_id, now)
+            if self._awaiting is not None and self._awaiting.check(now):
+                self._awaiting = None
             time.sleep(_POLL_S)
         logger.info("[stack] %s: stopping the broker, then ZooKeeper",
                     signal.Signals(self.signals.received[0]).name)
         return EXIT_OK
+
+    def _close_session(self) -> None:
+        session, self.session = self.session, None
+        if session is not None:
+            session.close()
 
     def _stop_broker(self) -> int | None:
         broker, self.broker = self.broker, None
@@ -279,6 +313,128 @@ class _Stack:
         server, self.server = self.server, None
         if server is not None:
             server.stop()
+
+
+class _ZooKeeperKeeper:
+    """Starts the managed ZooKeeper again whenever it exits (module docstring).  Only the stack's
+    main loop calls it, through :meth:`tick`, which never waits longer than one ``srvr`` probe.
+
+    States: *serving* (``down_since`` is None and no attempt is under way), *down* (waiting
+    until ``next_attempt_at``) and *starting* (``starting_until`` is set: a launched process
+    that does not serve yet).  ``server.process`` is always the latest process, so stopping the
+    stack stops whichever one runs."""
+
+    def __init__(self, server: ZooKeeperServer) -> None:
+        self.server = server
+        self.delay_s = RESTART_FIRST_DELAY_S
+        self.serving_since = time.monotonic()
+        self.down_since: float | None = None
+        self.next_attempt_at = 0.0
+        self.starting_until: float | None = None
+        self.next_probe_at = 0.0
+        self.attempts = 0  # since the last exit
+        self.restarts = 0  # times it came back
+
+    def tick(self, now: float) -> bool:
+        """Advance the state; True on the turn the server serves again after an exit."""
+        process = self.server.process
+        if self.down_since is None:
+            if process is not None and process.poll() is None:
+                if now - self.serving_since >= RESTART_STABLE_S:
+                    self.delay_s = RESTART_FIRST_DELAY_S
+                return False
+            self.down_since, self.attempts = now, 0
+            self.next_attempt_at = now + self.delay_s
+            status = None if process is None else process.returncode
+            logger.error("[stack] ZooKeeper pid %s on %s exited by itself (%s); the broker keeps serving "
+                         "produce and fetch; starting ZooKeeper again in %g s, with the same data in %s",
+                         None if process is None else process.pid, self.server.connect_string,
+                         _describe_status(status), self.delay_s, self.server.directory)
+            return False
+        if self.starting_until is None:
+            if now >= self.next_attempt_at:
+                self._launch(now)
+            return False
+        assert process is not None
+        if process.poll() is not None:
+            self._failed(now, f"it exited ({_describe_status(process.returncode)})")
+        elif now >= self.next_probe_at:
+            self.next_probe_at = now + _PROBE_EVERY_S
+            if self.server.serving():
+                down_s = now - self.down_since
+                self.down_since = self.starting_until = None
+                self.serving_since = now
+                self.restarts += 1
+                logger.warning("[stack] ZooKeeper serves again on %s, pid %d, after %.1f s down "
+                               "(attempt %d; restart %d of this stack)", self.server.connect_string,
+                               process.pid, down_s, self.attempts, self.restarts)
+                return True
+            if now >= self.starting_until:
+                self.server.stop(timeout_s=2.0)
+                self._failed(now, f"it did not serve within {RESTART_TIMEOUT_S:g} s")
+        return False
+
+    def _launch(self, now: float) -> None:
+        self.attempts += 1
+        try:
+            self.server.launch()
+        except HPBrokerError as e:
+            self._failed(now, e.message)
+            return
+        self.starting_until = now + RESTART_TIMEOUT_S
+        self.next_probe_at = now + _PROBE_EVERY_S
+        logger.info("[stack] starting ZooKeeper again on %s (attempt %d), pid %d", self.server.connect_string,
+                    self.attempts, self.server.pid)
+
+    def _failed(self, now: float, why: str) -> None:
+        self.starting_until = None
+        self.delay_s = min(self.delay_s * 2, RESTART_MAX_DELAY_S)
+        self.next_attempt_at = now + self.delay_s
+        logger.error("[stack] ZooKeeper attempt %d to start again failed: %s; next attempt in %g s; its log "
+                     "(%s) ends:\n%s", self.attempts, why, self.delay_s, self.server.log_path,
+                     self.server.log_tail(5))
+
+
+class _AwaitRegistration:
+    """After ZooKeeper came back: looks (without waiting) for the broker's registration, and logs
+    once it is there again, or a warning while it is not."""
+
+    def __init__(self, session: Session, registry: BrokerRegistry, broker_id: int, since: float) -> None:
+        self.session = session
+        self.path = registry.paths.broker(broker_id)
+        self.broker_id = broker_id
+        self.since = since
+        self.pending: IAsyncResult | None = None
+        self.next_look_at = since
+        self.warned = False
+
+    def check(self, now: float) -> bool:
+        """True once the registration has been seen."""
+        if self.pending is not None and self.pending.ready():
+            if self.pending.successful() and self.pending.value is not None:
+                logger.info("[stack] broker %d is registered in ZooKeeper again (%.1f s after ZooKeeper "
+                            "came back)", self.broker_id, now - self.since)
+                return True
+            self.pending = None
+        if self.pending is None and now >= self.next_look_at:
+            self.next_look_at = now + _PROBE_EVERY_S
+            self.pending = self.session.client.exists_async(self.path)
+        if not self.warned and now - self.since >= _REGISTRATION_WARN_S:
+            self.warned = True
+            logger.warning("[stack] broker %d is not registered in ZooKeeper %g s after ZooKeeper came "
+                           "back (%s)", self.broker_id, _REGISTRATION_WARN_S, self.path)
+        return False
+
+
+def _describe_status(status: int | None) -> str:
+    if status is None:
+        return "status unknown"
+    if status < 0:
+        try:
+            return f"killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"killed by signal {-status}"
+    return f"exit status {status}"
 
 
 if __name__ == "__main__":  # pragma: no cover

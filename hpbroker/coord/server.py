@@ -8,6 +8,12 @@ configuration names no other server) and returns once a ZooKeeper client has con
 server binds 127.0.0.1 only, on ``port`` or, with 0, on a free port.  :meth:`~ZooKeeperServer.stop`
 sends SIGTERM, waits up to a deadline, then SIGKILL.
 
+For a supervisor that must not block (the local stack, ``hpbroker.stack``): once started, a server
+that died is started again by :meth:`~ZooKeeperServer.launch`, on the same port and with the same
+data (ZooKeeper reloads its snapshot and transaction log, sessions included, so clients that
+reconnect within their session timeout keep their sessions and ephemeral nodes), which returns at
+once; :meth:`~ZooKeeperServer.serving` then probes it with ZooKeeper's ``srvr`` command.
+
 Where ZooKeeper comes from: ``$ZOOKEEPER_HOME`` when set (an Apache release: ``lib/*.jar`` and
 ``conf/`` for its logging configuration), else Debian's ``zookeeper`` package
 (``/usr/share/java/zookeeper.jar``, whose manifest names its dependencies, plus
@@ -173,6 +179,37 @@ class ZooKeeperServer:
                         or attempt == 2:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def launch(self) -> None:
+        """Start the process again, on the port it had, and return at once without waiting for
+        it to serve (module docstring).  CoordinationError when it is still running, or when java
+        or ZooKeeper is missing."""
+        if self.process is not None and self.process.poll() is None:
+            raise CoordinationError(f"ZooKeeper at {self.connect_string} is still running (pid {self.pid})")
+        self.process = None
+        java, classpath = find_java(), zookeeper_classpath()
+        (self.directory / _DATA_NAME).mkdir(parents=True, exist_ok=True)
+        self._write_config()
+        self._spawn(java, classpath)
+
+    def serving(self, timeout_s: float = 0.5) -> bool:
+        """Whether the process runs and answers ``srvr`` as a server that serves requests (one
+        probe, at most about ``timeout_s`` for the connection and as much for each read)."""
+        if self.process is None or self.process.poll() is not None:
+            return False
+        reply = b""
+        try:
+            with socket.create_connection((self.host, self.port), timeout=timeout_s) as probe:
+                probe.sendall(b"srvr")
+                while chunk := probe.recv(4096):
+                    reply += chunk
+        except OSError:
+            return False
+        return b"Mode: " in reply  # a server still loading its data answers "not currently serving"
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last ``lines`` lines of the server's log (``(no log)`` when it cannot be read)."""
+        return self._log_tail(lines)
 
     def stop(self, timeout_s: float = 10.0) -> int | None:
         """SIGTERM, then SIGKILL after ``timeout_s``; the exit status (None if never started)."""

@@ -1,21 +1,28 @@
 """The local stack (``hpbroker up``) as a real process tree: a managed ZooKeeper and a broker,
-both answering, both gone after SIGTERM; and the managed server on its own."""
+both answering, both gone after SIGTERM; a managed ZooKeeper killed and started again while the
+broker keeps serving; and the managed server on its own."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 from harness import BrokerProcess, Client, free_ports, pid_alive, wait_until
 
-from hpbroker import protocol
+from hpbroker import Consumer, TopicPartition, protocol
+from hpbroker.client.connection import BrokerAddress, BrokerConnection
 from hpbroker.coord.registry import BrokerRegistry, TopicRegistration, TopicRegistry
 from hpbroker.coord.server import ZooKeeperServer
 from hpbroker.coord.session import connect
+from hpbroker.records import build_batch
 
 pytestmark = pytest.mark.zookeeper
 
@@ -107,3 +114,104 @@ def test_managed_server_keeps_its_data_across_a_restart_and_frees_its_port(tmp_p
     with again, connect(again.connect_string) as session:
         assert TopicRegistry(session).names() == ["orders"]
     wait_until(lambda: again.process is None, 1)
+
+
+class PortHolder:
+    """Holds a loopback port with a listening socket that closes every connection at once, so a
+    server started on it fails to bind (its clients see the connection dropped)."""
+
+    def __init__(self, port: int, timeout_s: float = 10.0) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT, not a listener
+        wait_until(lambda: self._bind(port), timeout_s, what=f"port {port} free")
+        self.sock.listen(16)
+        self.sock.settimeout(0.1)
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._refuse, daemon=True)
+        self._thread.start()
+
+    def _bind(self, port: int) -> bool:
+        try:
+            self.sock.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+    def _refuse(self) -> None:
+        while not self._closed.is_set():
+            with contextlib.suppress(TimeoutError, OSError):
+                self.sock.accept()[0].close()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(5)
+        self.sock.close()
+
+
+def produce(connection: BrokerConnection, topic: str, values: list[bytes]) -> int:
+    return connection.call(protocol.ProduceRequest(topic, 0, payload=build_batch(values))).base_offset
+
+
+def fetch_all(bootstrap: str, topic: str, count: int) -> list[bytes]:
+    """The first ``count`` values of partition 0, through the data port (fails after 20 s)."""
+    values: list[bytes] = []
+    deadline = time.monotonic() + 20
+    with Consumer(bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=200) as consumer:
+        consumer.assign([TopicPartition(topic, 0)])
+        while len(values) < count:
+            assert time.monotonic() < deadline, f"fetched {len(values)} of {count} records"
+            for records in consumer.poll(timeout_ms=500).values():
+                values.extend(record.value for record in records)
+    return values
+
+
+def test_broker_keeps_serving_while_the_stack_starts_its_killed_zookeeper_again(tmp_path):
+    stack, up = start_stack(tmp_path, "--zookeeper-port", "0")
+    zk_pid, broker_pid, port = int(up["zk_pid"]), int(up["broker_pid"]), int(up["port"])
+    zk_port = int(up["zk"].rpartition(":")[2])
+    bootstrap = f"127.0.0.1:{port}"
+    connection = BrokerConnection(BrokerAddress("127.0.0.1", port))
+    holder = None
+    try:
+        connection.call(protocol.CreateTopicRequest("orders", 1))
+        expected = [f"before-{i}".encode() for i in range(10)]
+        assert produce(connection, "orders", expected) == 0
+
+        os.kill(zk_pid, signal.SIGKILL)
+        # Keep ZooKeeper down for as long as the checks below take: its next start cannot bind.
+        holder = PortHolder(zk_port)
+        stack.wait_for_log(r"ZooKeeper pid \d+ on \S+ exited by itself \(killed by SIGKILL\)", timeout_s=10)
+        stack.wait_for_log(r"ZooKeeper attempt 1 to start again failed", timeout_s=60)
+        for round_ in range(5):  # produce and fetch while no ZooKeeper serves
+            batch = [f"down-{round_}-{i}".encode() for i in range(10)]
+            assert produce(connection, "orders", batch) == len(expected)
+            expected += batch
+            assert fetch_all(bootstrap, "orders", len(expected)) == expected
+        assert metadata_answers(port)
+        connection.call(protocol.CreateTopicRequest("created-while-down", 1))  # published later
+        assert produce(connection, "created-while-down", [b"x"]) == 0
+        assert stack.process.poll() is None and pid_alive(broker_pid)
+        holder.close()
+        holder = None
+
+        stack.wait_for_log(rf"ZooKeeper serves again on 127\.0\.0\.1:{zk_port}, pid \d+", timeout_s=90)
+        stack.wait_for_log(r"broker 0 is registered in ZooKeeper again", timeout_s=30)
+        new_pid = int(re.search(r"ZooKeeper serves again on \S+, pid (\d+)", stack.log())[1])
+        assert new_pid != zk_pid and pid_alive(new_pid)
+        with connect(up["zk"]) as session:
+            assert BrokerRegistry(session).get(0).port == port
+            # The same data (the topic is still there), and the topic created meanwhile published.
+            wait_until(lambda: TopicRegistry(session).names() == ["created-while-down", "orders"], 30)
+        batch = [f"after-{i}".encode() for i in range(10)]
+        assert produce(connection, "orders", batch) == len(expected)
+        assert fetch_all(bootstrap, "orders", len(expected) + 10) == expected + batch
+        assert pid_alive(broker_pid)
+
+        stack.process.send_signal(signal.SIGTERM)
+        assert stack.wait_exit(30) == 0, stack.log()
+        assert not pid_alive(new_pid) and not pid_alive(broker_pid)
+    finally:
+        if holder is not None:
+            holder.close()
+        connection.close()
+        stack.stop()
