@@ -30,6 +30,7 @@ code  class                            retriable  meaning
 15    PartitionNotAvailableError       yes        the partition's worker is starting or restarting
 16    BrokerNotAvailableError          yes        client side: the broker cannot be reached (never sent)
 17    CoordinationError                yes        ZooKeeper cannot be reached, or a registration there failed
+18    DamagedRangeError                no         the offset is in a damaged range; says where reading resumes
 ====  ===============================  =========  =====================================================
 """
 
@@ -40,6 +41,7 @@ __all__ = [
     "BrokerNotAvailableError",
     "CoordinationError",
     "CorruptRecordError",
+    "DamagedRangeError",
     "HPBrokerError",
     "InvalidConfigError",
     "InvalidPartitionsError",
@@ -179,6 +181,26 @@ class CoordinationError(HPBrokerError):
     retriable = True
 
 
+class DamagedRangeError(CorruptRecordError):
+    """A read reached offsets the broker knows to be unreadable: stored bytes that failed their
+    checks when the log was opened or read (a damaged range), or a segment missing from the
+    middle of the log (a gap).  Acknowledged records may have been there; they cannot be served.
+
+    ``first_offset`` is where the damaged range starts (-1 when unknown), ``next_offset`` the first
+    offset after it, where reading can go on: a consumer may choose to skip to it.  It is a
+    CorruptRecordError, so code that stops on corrupt data stops on it too, but it is not
+    retriable: the same read gets the same answer until the range is deleted by retention.
+    """
+
+    code = 18
+    retriable = False
+
+    def __init__(self, message: str = "", first_offset: int = -1, next_offset: int = -1) -> None:
+        super().__init__(message)
+        self.first_offset = first_offset
+        self.next_offset = next_offset
+
+
 ERRORS_BY_CODE: dict[int, type[HPBrokerError]] = {
     cls.code: cls
     for cls in (
@@ -199,6 +221,7 @@ ERRORS_BY_CODE: dict[int, type[HPBrokerError]] = {
         PartitionNotAvailableError,
         BrokerNotAvailableError,
         CoordinationError,
+        DamagedRangeError,
     )
 }
 

@@ -77,6 +77,8 @@ DATA_PORT_MAX_REQUEST_BYTES = 256 << 10
 # ListOffsets timestamps with a special meaning.
 LATEST_TIMESTAMP = -1  # the high watermark: the offset the next flushed record will get
 EARLIEST_TIMESTAMP = -2  # the log start offset
+# The payload of a FetchResponse with error 18 (DamagedRangeError): the offset after the damaged range.
+DAMAGED_RANGE_PAYLOAD = struct.Struct("<q")
 
 
 class ApiKey:
@@ -501,13 +503,20 @@ def encode_response(message: Message, correlation_id: int, error_code: int = 0,
 
 
 def _split(frames: Sequence[bytes | memoryview]) -> tuple[_Reader, memoryview]:
-    if not 1 <= len(frames) <= 2:
+    if not frames:
+        raise InvalidRequestError("a message has 1 or 2 frames, got 0")
+    return _Reader(frames[0]), _payload(frames)
+
+
+def _payload(frames: Sequence[bytes | memoryview]) -> memoryview:
+    """The payload frame of a message (empty when it has none), once its frame count and size
+    are checked; the head's reader is made first, so a request's header can be read before."""
+    if len(frames) > 2:
         raise InvalidRequestError(f"a message has 1 or 2 frames, got {len(frames)}")
     total = sum(memoryview(f).nbytes for f in frames)
     if total > MAX_MESSAGE_BYTES:
         raise InvalidRequestError(f"message of {total} bytes exceeds {MAX_MESSAGE_BYTES}")
-    payload = memoryview(frames[1]).cast("B") if len(frames) == 2 else memoryview(b"")
-    return _Reader(frames[0]), payload
+    return memoryview(frames[1]).cast("B") if len(frames) == 2 else memoryview(b"")
 
 
 def _finish(reader: _Reader, message_type: type[Message], payload: memoryview) -> Message:
@@ -527,10 +536,14 @@ def _finish(reader: _Reader, message_type: type[Message], payload: memoryview) -
 def decode_request(frames: Sequence[bytes | memoryview]) -> tuple[RequestHeader, Message]:
     """Parse a request from its frames.  When the header parses but the rest does not, the
     InvalidRequestError or UnsupportedVersionError raised carries it as ``.header``, so the broker
-    can still answer with the correlation id; without a header there is nobody to answer."""
-    reader, payload = _split(frames)
+    can still answer with the correlation id; without a header there is nobody to answer.  So a
+    message of more than two frames, or over MAX_MESSAGE_BYTES, whose header parses is answered."""
+    if not frames:
+        raise InvalidRequestError("a message has 1 or 2 frames, got 0")
+    reader = _Reader(frames[0])
     header = _decode_fields(RequestHeader, reader)
     try:
+        payload = _payload(frames)
         message_type = REQUEST_TYPES.get(header.api_key)
         if message_type is None:
             raise UnsupportedVersionError(

@@ -27,7 +27,11 @@ How records flow, per partition::
   bounds).  It also decides where a partition starts when it was never sought.
 - **Errors.**  A fetch error is raised by the next ``poll()`` (or the iteration) that has no
   records to return, once; the following call tries again.  A corrupt batch is raised as
-  CorruptRecordError after the records before it, with topic, partition and offset.
+  CorruptRecordError after the records before it, with topic, partition and offset.  Offsets the
+  broker knows to be unreadable (a *damaged range*: stored bytes that failed their checks, or a
+  missing segment) are raised as DamagedRangeError, which says where reading can go on; with
+  ``skip_damaged_ranges`` the consumer goes on there by itself, logging what it skipped and
+  counting it in :attr:`Consumer.damaged_records_skipped`.
 - **Faults.**  A lost connection is re-opened and the fetch sent again from the position, so a
   broker restart costs at most a re-fetch, never a record.  Failures back off from
   ``retry_backoff_ms`` up to ``retry_backoff_max_ms``; a partition that has failed for
@@ -87,6 +91,7 @@ from hpbroker.client.metadata import ClusterMetadata, MetadataRefreshes
 from hpbroker.errors import (
     BrokerNotAvailableError,
     CorruptRecordError,
+    DamagedRangeError,
     HPBrokerError,
     InvalidConfigError,
     OffsetOutOfRangeError,
@@ -146,6 +151,11 @@ class ConsumerConfig:
     #: out one :class:`~hpbroker.client.columns.RecordColumns` per partition instead, decoded
     #: without an object per record (``offset`` is always filled); iteration is refused.
     columns: tuple[str, ...] | None = None
+    #: what a fetch that reaches a *damaged range* does (stored records the broker found
+    #: unreadable, DamagedRangeError, docs/PROTOCOL.md): False (default) raises the error and
+    #: stays there, so nothing is lost silently; True logs a WARNING naming the offsets and goes
+    #: on after the range, losing those records.
+    skip_damaged_ranges: bool = False
     #: how fetches ask for records.
     fetch: FetchConfig = field(default_factory=FetchConfig)
 
@@ -158,6 +168,9 @@ class ConsumerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value < 2**31:
                 raise InvalidConfigError(f"{name} must be an integer in [1, {2**31 - 1}], got {value!r}")
+        if not isinstance(self.skip_damaged_ranges, bool):
+            raise InvalidConfigError(f"skip_damaged_ranges must be True or False, "
+                                     f"got {self.skip_damaged_ranges!r}")
         if self.consumer_timeout_ms is not None and not (isinstance(self.consumer_timeout_ms, int)
                                                          and self.consumer_timeout_ms >= 0):
             raise InvalidConfigError(f"consumer_timeout_ms must be None or an integer >= 0, "
@@ -241,6 +254,8 @@ class Consumer:
         self._metadata = ClusterMetadata(self._connection, timeout_s=self.config.request_timeout_ms / 1000)
         self._refreshes = MetadataRefreshes(self._metadata, timeout_s=self.config.request_timeout_ms / 1000)
         self._states: dict[TopicPartition, _PartitionState] = {}
+        #: records stepped over in damaged ranges (``skip_damaged_ranges``), since creation.
+        self.damaged_records_skipped = 0
         self._iterator: Iterator[Record] | None = None
         self._iteration = 0  # which _record_lists generator is current
         self._iterated: tuple[_PartitionState, list[Record], Iterator[Record]] | None = None
@@ -741,6 +756,12 @@ class Consumer:
                 logger.info("[%s] offset %d is out of range; resetting to the %s offset %d", state.tp,
                             completed.fetch_offset, policy, offset)
                 state.position = offset if offset >= 0 else None
+        elif (isinstance(error, DamagedRangeError) and self.config.skip_damaged_ranges
+              and error.next_offset > completed.fetch_offset):
+            logger.warning("[%s] skipping offsets [%d, %d): they lie in a damaged range (%s)", state.tp,
+                           completed.fetch_offset, error.next_offset, error.message)
+            self.damaged_records_skipped += error.next_offset - completed.fetch_offset
+            state.position = error.next_offset
         else:
             self._partition_error(state, error)
 

@@ -65,6 +65,7 @@ from hpbroker import protocol
 from hpbroker.client.columns import RecordColumns, new_builder
 from hpbroker.errors import (
     CorruptRecordError,
+    DamagedRangeError,
     HPBrokerError,
     InvalidConfigError,
     InvalidRequestError,
@@ -437,7 +438,13 @@ class PartitionFetcher:
                 f"{where}: offset out of range; the log holds offsets {response.log_start_offset} up to "
                 f"{response.high_watermark} (exclusive) ({header.error_message})",
                 response.log_start_offset, response.high_watermark)
-        error = error_for_code(header.error_code, f"{where}: {header.error_message}")
+        if header.error_code == DamagedRangeError.code:
+            payload = response.payload
+            next_offset = (protocol.DAMAGED_RANGE_PAYLOAD.unpack_from(payload)[0]
+                           if len(payload) == protocol.DAMAGED_RANGE_PAYLOAD.size else -1)
+            error = DamagedRangeError(f"{where}: {header.error_message}", fetch_offset, next_offset)
+        else:
+            error = error_for_code(header.error_code, f"{where}: {header.error_message}")
         if isinstance(error, CorruptRecordError):
             error.topic, error.partition, error.offset = self.topic, self.partition, fetch_offset  # type: ignore[attr-defined]
         return error

@@ -1,15 +1,23 @@
 """Opening a partition directory: clean it, load or recover its segments, in offset order.
 
-The rule (Kafka's): the recovery point says every batch below it reached the disk with its
-indexes.  Segments wholly below the segment that holds the recovery point are *trusted*: their
-indexes are loaded and checked against the log (:meth:`Segment.load`), and rebuilt by a full
-scan if the check fails.  From the segment holding the recovery point on, every segment is
-*recovered*: scanned batch by batch (length, CRC, offsets contiguous), its indexes rebuilt, its
-``.log`` truncated at the first bad byte.  Once a segment is truncated, or a segment does not
-start where its predecessor ends, every later segment is deleted: offsets in a log are
-contiguous, and nothing after a hole can be trusted to follow it.  A trusted segment is never
-truncated: damage found in one (rot in fsynced data, not a torn write) is recorded, its bytes
-and every later segment stay, and reads that reach the damage fail with CorruptRecordError.
+The rule: the recovery point says every batch below it reached the disk with its indexes.
+Segments wholly below the segment that holds the recovery point are *trusted*: their indexes
+are loaded and checked against the log (:meth:`Segment.load`), and rebuilt by a full scan if
+the check fails.  From the segment holding the recovery point on, every segment is *recovered*:
+scanned batch by batch (length, CRC, offsets contiguous), its indexes rebuilt.
+
+Kafka truncates at the first bad byte, since a replica can restore the rest; a lone broker must
+not, so only a *torn tail* is cut: bad bytes that run to the end of the **last** segment and
+start at or past the recovery point (what a crash in the middle of a write leaves).  Everything
+else is corruption of records that reached the disk, and is contained: the damaged bytes stay,
+every valid batch after them stays readable (the scan resynchronises on the next valid batch,
+``hpbroker.io.damage``), and the damaged offsets become a *damaged range*, logged as an ERROR
+naming the file, positions and offsets.  In particular a segment that is not the last one was
+fsynced when its successor began, so it is never cut; a segment missing from the middle of the
+log is a *gap* (a damaged range without bytes), and no later segment is deleted.  The log end
+never moves below the recovery point: when the last segment ends before it, or ends in damage
+below it, appends go to a new segment starting at the recovery point, so no offset that was
+acknowledged and reached the disk is ever handed out again.
 
 Clean shutdown (Kafka's ``.kafka_cleanshutdown``, per partition directory here): when the open
 found a ``clean-shutdown`` marker (``hpbroker.io.checkpoint``) holding the same offset as the
@@ -32,8 +40,10 @@ from __future__ import annotations
 import bisect
 import logging
 import os
+from dataclasses import dataclass
 
 from hpbroker.io.config import LogConfig
+from hpbroker.io.damage import DamagedRange
 from hpbroker.io.files import (
     DELETED_SUFFIX,
     INDEX_SUFFIX,
@@ -48,76 +58,99 @@ from hpbroker.io.files import (
 from hpbroker.io.index import IndexCorruptError
 from hpbroker.io.segment import Segment
 
-__all__ = ["load_segments"]
+__all__ = ["LoadedSegments", "load_segments"]
 
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class LoadedSegments:
+    """What :func:`load_segments` found: the ``segments`` in offset order (the last one takes
+    appends) and the ``gaps`` between them, offsets no segment holds, as damaged ranges."""
+
+    segments: list[Segment]
+    gaps: list[DamagedRange]
+
+
 def load_segments(directory: str, config: LogConfig, recovery_point: int, *, now_ms: int,
-                  log_name: str, clean_shutdown: bool = False) -> list[Segment]:
+                  log_name: str, clean_shutdown: bool = False) -> LoadedSegments:
     """The segments of ``directory``, loaded or recovered (see the module docstring); a new
-    empty segment at offset 0 if there are none.  ``clean_shutdown``: the log was closed cleanly
-    and ``recovery_point`` is its end.  Raises OSError; closes what it opened then."""
+    empty segment if there are none.  ``clean_shutdown``: the log was closed cleanly and
+    ``recovery_point`` is its end.  Raises OSError; closes what it opened then."""
     bases = _clean_directory(directory, log_name)
-    if not bases:
-        segment = Segment(directory, 0, config, create=True, now_ms=now_ms, log_name=log_name)
-        try:
-            fsync_dir(directory)  # its records must not vanish with its directory entry
-        except BaseException:
-            segment.close()
-            raise
-        return [segment]
-    holding = len(bases) if clean_shutdown else max(0, bisect.bisect_right(bases, recovery_point) - 1)
     segments: list[Segment] = []
+    gaps: list[DamagedRange] = []
     try:
+        if not bases and recovery_point > 0:
+            logger.error("[%s] every segment is missing, but offsets below the recovery point %d were on "
+                         "disk: the log starts again at %d", log_name, recovery_point, recovery_point)
+        holding = len(bases) if clean_shutdown else max(0, bisect.bisect_right(bases, recovery_point) - 1)
         for i, base in enumerate(bases):
             segment = Segment(directory, base, config, create=False, now_ms=now_ms, log_name=log_name)
             segments.append(segment)
             last = i == len(bases) - 1
-            ends_at = recovery_point if clean_shutdown and last else None
-            next_base = None if last else bases[i + 1]
-            cut = _open_segment(segment, trusted=i < holding, ends_at=ends_at, next_base=next_base,
-                                log_name=log_name)
-            if i and base != segments[-2].next_offset:
-                logger.warning("[%s] segment %s starts at offset %d but its predecessor ends at %d",
-                               log_name, segment.path, base, segments[-2].next_offset)
-                segments.pop().close()
-                _delete_segment_files(directory, bases[i:], log_name)
-                break
-            if cut:
-                _delete_segment_files(directory, bases[i + 1 :], log_name)
-                break
+            _open_segment(segment, trusted=i < holding, recovery_point=recovery_point,
+                          next_base=None if last else bases[i + 1], clean_end=clean_shutdown and last,
+                          log_name=log_name)
+            if i:
+                _check_continuity(segments[-2], segment, gaps, log_name)
+        last_end = segments[-1].next_offset if segments else 0
+        if not segments or segments[-1].sealed or last_end < recovery_point:
+            if segments and last_end < recovery_point:
+                gaps.append(_gap(directory, last_end, recovery_point,
+                                 f"the log ends at offset {last_end}, below the recovery point "
+                                 f"{recovery_point}: records that were on disk are missing", log_name))
+            segment = Segment(directory, max(last_end, recovery_point), config, create=True, now_ms=now_ms,
+                              log_name=log_name)
+            segments.append(segment)
+            fsync_dir(directory)  # its records must not vanish with its directory entry
     except BaseException:
         for segment in segments:
             segment.close()
         raise
-    return segments
+    return LoadedSegments(segments, gaps)
 
 
-def _open_segment(segment: Segment, *, trusted: bool, ends_at: int | None, next_base: int | None,
-                  log_name: str) -> int:
-    """Load a trusted segment (which must end at ``ends_at`` unless None), falling back to a
-    rebuild of its indexes; recover the others.  Bytes cut.
-
-    A trusted segment that is not the last one is never cut: what is wrong in it is rot in
-    fsynced, acknowledged data, and cutting it would delete every later segment too.  It keeps
-    its bytes, and reads that reach the damage fail (``Segment.recover_keeping_damage``).
-    """
+def _open_segment(segment: Segment, *, trusted: bool, recovery_point: int, next_base: int | None,
+                  clean_end: bool, log_name: str) -> None:
+    """Load a trusted segment (the last one of a clean shutdown must also end at
+    ``recovery_point``), falling back to a full scan; scan the others in full.  A segment that
+    is not the last one is never cut (``Segment.recover_closed``); the last one loses only a
+    torn tail past ``recovery_point`` (``Segment.recover``)."""
     if trusted:
         try:
             segment.load()
-            if ends_at is None or segment.next_offset == ends_at:
-                return 0
+            if not clean_end or segment.next_offset == recovery_point:
+                return
             logger.warning("[%s] %s ends at offset %d, but the log was closed at %d: recovering it",
-                           log_name, segment.path, segment.next_offset, ends_at)
+                           log_name, segment.path, segment.next_offset, recovery_point)
         except IndexCorruptError as e:
             logger.warning("[%s] index check failed, rebuilding from the log: %s", log_name, e)
-            if next_base is not None:
-                if not segment.recover_keeping_damage(next_base):
-                    logger.error("[%s] acknowledged data is damaged and stays unreadable: %s", log_name,
-                                 segment.damage)
-                return 0
-    return segment.recover()
+    if next_base is not None:
+        segment.recover_closed(next_base)
+    else:
+        segment.recover(recovery_point)
+
+
+def _check_continuity(previous: Segment, segment: Segment, gaps: list[DamagedRange], log_name: str) -> None:
+    """Report offsets between two segments that neither holds (a gap: a segment file is missing),
+    or that both do (an overlap: the later segment serves them)."""
+    if segment.base_offset > previous.next_offset:
+        gaps.append(_gap(os.path.dirname(segment.path), previous.next_offset, segment.base_offset,
+                         f"{os.path.basename(segment.path)} starts at offset {segment.base_offset} but its "
+                         f"predecessor ends at {previous.next_offset}: a segment is missing", log_name))
+    elif segment.base_offset < previous.next_offset:
+        logger.error("[%s] %s starts at offset %d but its predecessor %s ends at %d: offsets [%d, %d) "
+                     "are served from the later segment", log_name, segment.path, segment.base_offset,
+                     previous.path, previous.next_offset, segment.base_offset, previous.next_offset)
+
+
+def _gap(directory: str, first_offset: int, next_offset: int, reason: str, log_name: str) -> DamagedRange:
+    gap = DamagedRange(os.path.join(directory, segment_file_name(first_offset, LOG_SUFFIX)), -1, -1,
+                       first_offset, next_offset, reason)
+    logger.error("[%s] damaged range: %s; %d offsets cannot be read, the segments after it are kept",
+                 log_name, gap.describe(), gap.record_count)
+    return gap
 
 
 def _clean_directory(directory: str, log_name: str) -> list[int]:
@@ -142,15 +175,3 @@ def _clean_directory(directory: str, log_name: str) -> list[int]:
             logger.warning("[%s] removing %s: its log file is missing", log_name, name)
             unlink_if_exists(os.path.join(directory, name))
     return sorted(logs)
-
-
-def _delete_segment_files(directory: str, bases: list[int], log_name: str) -> None:
-    """Unlink the segments at ``bases``, durably: were they to reappear after a power loss, new
-    appends at the same offsets would collide with them."""
-    for base in bases:
-        logger.warning("[%s] deleting segment %s: it follows a truncated or discontinuous segment",
-                       log_name, segment_file_name(base, LOG_SUFFIX))
-        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
-            unlink_if_exists(os.path.join(directory, segment_file_name(base, suffix)))
-    if bases:
-        fsync_dir(directory)

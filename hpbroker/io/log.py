@@ -51,8 +51,25 @@ Durability, exactly:
   and close, and always rebuilt from the log when they cannot be trusted.
 
 Errors: an ``OSError`` from any disk operation becomes :class:`~hpbroker.errors.StorageError`
-(the ``OSError`` as its cause) and takes the log *offline*: every later call raises
-StorageError; close it and reopen (recovery repairs what can be repaired).
+(the ``OSError`` as its cause).  Two states follow, depending on what failed:
+
+- *writes failed* (:attr:`PartitionLog.write_failure` is set): an append, flush, roll,
+  checkpoint, retention pass or the open's checkpoint failed, typically ``ENOSPC`` (disk full) or
+  a failed ``fdatasync``.  What was not acknowledged is dropped at once: the pending records and
+  the flushes in flight are never acknowledged (``log_end_offset`` goes back to the high
+  watermark, so offsets stay contiguous), and the bytes a failed ``writev`` may have left past
+  the high watermark are truncated away.  Appends raise StorageError (its message says "no
+  space left on device" for ``ENOSPC``/``EDQUOT``); reads of the flushed, acknowledged records
+  go on, and so does retention (which frees space).  The owner calls
+  :meth:`PartitionLog.resume_writes` now and then (with backoff): it truncates the active
+  segment to the acknowledged size again, drops that segment's cached pages and reloads the log
+  through recovery (hpbroker.io.loader) from the recovery point, the last fsynced offset, so
+  the tail is re-read from the disk and validated before anything is appended after it.  A
+  failed ``fdatasync`` is never retried as if the data were safe (after one, the kernel may have
+  dropped the dirty pages, and a second ``fdatasync`` reports success): the records it covered
+  are never acknowledged, and the re-read decides what the log holds.
+- *offline* (:attr:`PartitionLog.offline`): any other disk operation failed (a read): every
+  later call raises StorageError; close it and reopen (recovery repairs what can be repaired).
 
 Damaged data met while reading (flushed bytes that do not parse as the batch the index or the
 previous batch says starts there, a batch running past the end of its segment, records that fail
@@ -74,6 +91,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import errno
 import functools
 import logging
 import os
@@ -83,10 +101,17 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from hpbroker import _core
-from hpbroker.errors import CorruptRecordError, OffsetOutOfRangeError, StorageError
+from hpbroker.errors import (
+    CorruptRecordError,
+    DamagedRangeError,
+    HPBrokerError,
+    OffsetOutOfRangeError,
+    StorageError,
+)
 from hpbroker.io._writer import WriteJob
 from hpbroker.io.checkpoint import CleanShutdownMarker, RecoveryPointCheckpoint
 from hpbroker.io.config import LogConfig
+from hpbroker.io.damage import DamagedRange
 from hpbroker.io.files import fsync_dir, lock_directory, make_directory, pread_full
 from hpbroker.io.index import IndexCorruptError
 from hpbroker.io.loader import load_segments
@@ -136,10 +161,11 @@ class FlushJob:
     it needs the result (a roll, :meth:`PartitionLog.flush`, close) it runs the job itself, and
     it waits only for a job some thread is actually running.  So a job queued on a writer that
     stopped costs nothing but the pipelining.  A job cancelled by closing an abandoned or
-    offline log never runs.
+    offline log never runs; nor does one a write failure dropped (``dropped``: its records are
+    never acknowledged).
     """
 
-    __slots__ = ("segment", "batches", "fsync", "records", "size", "io", "applied")
+    __slots__ = ("segment", "batches", "fsync", "records", "size", "io", "applied", "dropped")
 
     def __init__(self, segment: Segment, batches: list[PendingBatch], fsync: bool, records: int, size: int,
                  previous: FlushJob | None) -> None:
@@ -151,6 +177,7 @@ class FlushJob:
         self.io = WriteJob(segment.log.fd, segment.buffers(batches), fsync,
                            previous.io if previous is not None else None)
         self.applied = False  # set by the log once it has taken the result in
+        self.dropped = False  # set with applied when a write failure dropped it unwritten
 
     def __repr__(self) -> str:
         return (f"FlushJob({self.segment.path}, batches={len(self.batches)}, records={self.records}, "
@@ -221,6 +248,29 @@ def _disk_operation(method: Callable[..., _T]) -> Callable[..., _T]:
     return guarded
 
 
+def _write_operation(method: Callable[..., _T]) -> Callable[..., _T]:
+    """The one place write errors are handled: refuse calls on a closed or offline log, and turn
+    an ``OSError`` into StorageError, putting the log in the *writes failed* state (module
+    docstring): reads go on.  Whether a method also refuses to run while writes are failed is
+    its own business (:meth:`PartitionLog._check_writable`)."""
+
+    @functools.wraps(method)
+    def guarded(self: PartitionLog, *args: object, **kwargs: object) -> _T:
+        self._check_usable()
+        try:
+            return method(self, *args, **kwargs)
+        except OSError as e:
+            raise self._fail_writes(method.__name__, e) from e
+
+    return guarded
+
+
+# Write errors that mean "the filesystem is full": the log waits for free space before it tries
+# to resume (RESUME_MIN_FREE_BYTES available to this process, per statvfs).
+_NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+RESUME_MIN_FREE_BYTES = 256 << 10
+
+
 class PartitionLog:
     """An ordered list of segments; the last one, the *active* segment, takes appends.
 
@@ -253,8 +303,11 @@ class PartitionLog:
         self._clock = clock if clock is not None else _default_clock
         self._name = name or os.path.basename(os.path.normpath(self._directory))
         self._offline = self._closed = False
+        self._write_failure: StorageError | None = None  # why appends are refused (writes failed)
+        self._write_errno: int | None = None  # the errno of the last write failure
         self._segments: list[Segment] = []
         self._bases: list[int] = []  # base offsets of _segments, for bisect
+        self._gaps: list[DamagedRange] = []  # offsets between segments that no segment holds
         self._pending: list[PendingBatch] = []
         self._pending_bytes = self._pending_records = 0
         self._pending_since_ms: int | None = None
@@ -280,8 +333,9 @@ class PartitionLog:
         closed_at = self._clean_shutdown.take()  # before anything is written
         clean = closed_at is not None and closed_at == checkpointed
         now = self._clock()
-        self._segments = load_segments(self._directory, self._config, checkpointed or 0, now_ms=now,
-                                       log_name=self._name, clean_shutdown=clean)
+        loaded = load_segments(self._directory, self._config, checkpointed or 0, now_ms=now,
+                               log_name=self._name, clean_shutdown=clean)
+        self._segments, self._gaps = loaded.segments, loaded.gaps
         self._bases = [segment.base_offset for segment in self._segments]
         for segment in self._segments:
             segment.sync()  # recovered segments may hold what was only in the page cache
@@ -289,7 +343,10 @@ class PartitionLog:
         self._log_end_offset = self._recovery_point = active.next_offset
         self._active_first_timestamp = active.first_batch_timestamp  # -1: none yet
         if checkpointed != self._recovery_point:
-            self._checkpoint.write(self._recovery_point)
+            try:
+                self._checkpoint.write(self._recovery_point)
+            except OSError as e:  # a full disk: open for reads, appends wait for resume_writes
+                self._fail_writes("open", e)
         logger.info("[%s] opened %s: %d segments, offsets [%d, %d), %d bytes, in %.3f s",
                     self._name, self._directory, len(self._segments), self.log_start_offset,
                     self._log_end_offset, self.size_in_bytes, time.monotonic() - started)
@@ -395,12 +452,23 @@ class PartitionLog:
         return self._offline
 
     @property
+    def write_failure(self) -> StorageError | None:
+        """Why appends are refused (the *writes failed* state, module docstring); None when the
+        log takes writes.  :meth:`resume_writes` clears it."""
+        return self._write_failure
+
+    @property
+    def writable(self) -> bool:
+        """Open, online, and not in the *writes failed* state: appends are taken."""
+        return not (self._closed or self._offline) and self._write_failure is None
+
+    @property
     def closed(self) -> bool:
         return self._closed
 
     # --- appending and flushing ------------------------------------------------------------
 
-    @_disk_operation
+    @_write_operation
     def append(self, buf: BytesLike, *, immutable: bool = False) -> AppendInfo:
         """Append the whole batches in ``buf`` (as a producer sent them); returns the offsets given.
 
@@ -413,6 +481,7 @@ class PartitionLog:
         change the bytes, not that nobody can), since a caller changing it before the flush
         would put batches on disk that fail their CRC.
         """
+        self._check_writable()
         view = memoryview(buf)
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")
@@ -456,13 +525,14 @@ class PartitionLog:
         deadline (:attr:`flush_deadline_ms`)."""
         return self._flush_due(self._clock() if now_ms is None else now_ms)
 
-    @_disk_operation
+    @_write_operation
     def flush(self) -> None:
         """Write every pending batch now, and fdatasync unless ``flush_fsync`` is off (completing
-        the flushes in flight first)."""
+        the flushes in flight first).  Refused while writes are failed."""
+        self._check_writable()
         self._flush_pending(fsync=self._config.flush_fsync)
 
-    @_disk_operation
+    @_write_operation
     def flush_if_due(self, now_ms: int | None = None) -> bool:
         """Flush if the pending records have reached ``flush_messages`` or their deadline
         (:attr:`flush_deadline_ms`); True if it flushed."""
@@ -471,12 +541,13 @@ class PartitionLog:
         self._flush_pending(fsync=self._config.flush_fsync)
         return True
 
-    @_disk_operation
+    @_write_operation
     def begin_flush(self) -> FlushJob | None:
         """Hand the pending batches to a :class:`FlushJob` for another thread to run; None when
         nothing is pending.  Jobs already in flight are fine: each writes after the one begun
         before it.  Until :meth:`complete_flush` the job's records are neither pending nor
         readable."""
+        self._check_writable()
         if not self._pending:
             return None
         job = self._take_pending(self._config.flush_fsync, self._in_flight[-1] if self._in_flight else None)
@@ -491,19 +562,22 @@ class PartitionLog:
         self._pending_since_ms = None
         return job
 
-    @_disk_operation
+    @_write_operation
     def complete_flush(self, job: FlushJob) -> None:
         """Finish ``job`` (wait for the flusher running it, or run it here if none has started
         it) and apply it: its records become readable (the high watermark moves past them) and,
-        if it synced, durable.  A failed job takes the log offline.  A job the log already
-        applied itself (a roll, :meth:`flush` or :meth:`close` completes the job in flight) is a
-        no-op."""
-        if job.applied:
-            return
-        if job not in self._in_flight:
-            raise ValueError(f"[{self._name}] that flush job is not one of this log's flushes in flight")
-        while not job.applied:
-            self._apply(self._in_flight[0])
+        if it synced, durable.  A failed job puts the log in the *writes failed* state (module
+        docstring), dropping the jobs after it; completing a dropped job raises the StorageError
+        that says why.  A job the log already applied itself (a roll, :meth:`flush` or
+        :meth:`close` completes the job in flight) is a no-op."""
+        if not job.applied:
+            if job not in self._in_flight:
+                raise ValueError(f"[{self._name}] that flush job is not one of this log's flushes in flight")
+            while not job.applied:
+                self._apply(self._in_flight[0])
+        if job.dropped:
+            raise StorageError(self._write_failure.message if self._write_failure is not None
+                               else f"[{self._name}] the flush was dropped unwritten")
 
     def _apply(self, job: FlushJob) -> None:
         """Apply ``job``, which is either the oldest in flight or one not yet in flight."""
@@ -513,13 +587,19 @@ class PartitionLog:
             self._in_flight.popleft()
         job.applied = True
         if job.error is not None:
-            raise job.error  # an OSError: _disk_operation takes the log offline
+            job.dropped = True  # never acknowledged: what it wrote is truncated away
+            raise job.error  # an OSError: _write_operation fails writes, dropping the jobs after it
         segment = job.segment
         segment.commit(job.batches, job.written)
         if job.fsync:
             segment.log.mark_synced()
             self._recovery_point = segment.next_offset
-        segment.write_index_entries()  # after the data, so an entry never leads past it
+        try:
+            segment.write_index_entries()  # after the data, so an entry never leads past it
+        except OSError as e:
+            # The records are written (and synced): they stand.  The index file may now end in
+            # part of an entry; resume_writes rebuilds it before anything is appended again.
+            self._fail_writes("index write", e)
         if self.on_flush is not None:
             self.on_flush(job)
 
@@ -531,6 +611,7 @@ class PartitionLog:
             self._apply(self._in_flight[0])
         if self._pending:
             self._apply(self._take_pending(fsync, None))
+        self._check_writable()  # an index write that failed above dropped the rest
         active = self._segments[-1]
         if fsync:
             self._synced(active.log.sync())  # what earlier flushes wrote without syncing, if anything
@@ -562,10 +643,11 @@ class PartitionLog:
             return "relative offsets would overflow u32"
         return None
 
-    @_disk_operation
+    @_write_operation
     def roll(self) -> None:
         """Start a new active segment now (flushing pending records and completing the flush in
         flight first); no-op if the active one is empty and nothing is waiting to be written."""
+        self._check_writable()
         if self._segments[-1].size_in_bytes or self._pending or self._in_flight:
             self._roll(self._clock(), "requested")
 
@@ -614,6 +696,10 @@ class PartitionLog:
         while self._segments[i].next_offset <= offset:  # offset at the very end of a segment
             i += 1
         segment = self._segments[i]
+        if offset < segment.base_offset:  # between two segments: a gap
+            gap = next(g for g in self._gaps if g.first_offset <= offset < g.next_offset)
+            raise DamagedRangeError(f"[{self._name}] offset {offset} lies in a damaged range: "
+                                    f"{gap.describe()}", gap.first_offset, gap.next_offset)
         return self._using_index(segment, lambda: segment.read(offset, max_bytes))
 
     def read_bytes(self, offset: int, max_bytes: int) -> bytes:
@@ -641,26 +727,33 @@ class PartitionLog:
         """Run ``lookup``; if the segment's index turns out to disagree with its log, rebuild the
         index from the log (never trusting it over the log) and run it again.
 
-        When the rebuild finds the log itself damaged, CorruptRecordError says where and the log
-        stays online (see the module docstring); the segment remembers, so later reads that
-        meet the damage fail at once instead of scanning the segment again.
+        When the rebuild finds the log itself damaged, the damage is contained (damaged ranges,
+        see the module docstring) and the log stays online; the segment remembers, so reads that
+        reach the damage fail at once with DamagedRangeError instead of scanning it again.
         """
         try:
             return lookup()
         except IndexCorruptError as e:
-            if segment.damage is not None:
-                raise CorruptRecordError(segment.damage) from None
             logger.warning("[%s] %s; rebuilding the indexes of %s", self._name, e, segment.path)
+        segment.rebuild_indexes()
         try:
-            segment.rebuild_indexes()
-        except CorruptRecordError as e:
-            logger.error("[%s] reads that reach the damage will fail: %s", self._name, e)
-            raise
-        return lookup()
+            return lookup()
+        except IndexCorruptError as e:  # the log changed under the rebuild: no way to read it
+            raise CorruptRecordError(f"[{self._name}] {segment.path} cannot be read after rebuilding its "
+                                     f"indexes: {e}") from None
+
+    @property
+    def damaged_ranges(self) -> list[DamagedRange]:
+        """Every damaged range known in the log (gaps between segments and damaged bytes inside
+        them), in offset order: found when the log was opened, or by reads since."""
+        ranges = [g for g in self._gaps if g.next_offset > self.log_start_offset]
+        for segment in self._segments:
+            ranges += segment.damaged
+        return sorted(ranges, key=lambda r: (r.first_offset, r.first_position))
 
     # --- retention -----------------------------------------------------------------------------
 
-    @_disk_operation
+    @_write_operation
     def delete_old_segments(self, now_ms: int | None = None) -> int:
         """Apply retention to closed segments, oldest first; returns how many were deleted.
 
@@ -707,10 +800,12 @@ class PartitionLog:
 
     # --- durability and the end ----------------------------------------------------------------
 
-    @_disk_operation
+    @_write_operation
     def checkpoint(self) -> None:
         """fsync the flushed data and indexes and record ``high_watermark`` as the recovery
-        point, so the next open only scans what comes after it.  Pending records stay pending."""
+        point, so the next open only scans what comes after it.  Pending records stay pending.
+        Refused while writes are failed."""
+        self._check_writable()
         self._synced(self._segments[-1].sync())
         self._recovery_point = self.high_watermark
         self._checkpoint.write(self._recovery_point)
@@ -724,13 +819,13 @@ class PartitionLog:
         """Flush, fsync everything, write the checkpoint and then the clean-shutdown marker (so
         the next open need not re-read the active segment), close every descriptor.  Idempotent.
 
-        An offline log only releases its descriptors (no marker: the next open recovers).
-        Slices handed out are invalid afterwards.
+        An offline log, or one whose writes failed, only releases its descriptors (no marker:
+        the next open recovers).  Slices handed out are invalid afterwards.
         """
         if self._closed:
             return
         try:
-            if not self._offline:
+            if not self._offline and self._write_failure is None:
                 try:
                     self._flush_pending(fsync=True)
                     for segment in self._segments:
@@ -778,3 +873,120 @@ class PartitionLog:
         logger.error("[%s] %s failed in %s, taking the log offline: %s", self._name, operation,
                      self._directory, error)
         return StorageError(f"[{self._name}] {operation} failed in {self._directory}: {error}")
+
+    # --- the writes failed state (module docstring) ------------------------------------------
+
+    def _check_writable(self) -> None:
+        if self._write_failure is not None:
+            raise StorageError(self._write_failure.message)
+
+    def _fail_writes(self, operation: str, error: OSError) -> StorageError:
+        """Enter (or stay in) the *writes failed* state after ``error`` in ``operation``: drop
+        what was not acknowledged and build the StorageError to raise (from ``error``)."""
+        self._drop_unacknowledged()
+        if error.errno in _NO_SPACE_ERRNOS:
+            why = ("no space left on device: the partition refuses writes until space is freed "
+                   "(retention, or files deleted), then takes them again by itself; retriable")
+        else:
+            why = ("the partition refuses writes until its data on disk has been re-read and "
+                   "verified, then takes them again by itself; reads go on; retriable")
+        message = f"[{self._name}] {operation} failed in {self._directory}: {error}; {why}"
+        if self._write_failure is None or self._write_errno != error.errno:
+            logger.error("[%s] %s failed in %s: %s; refusing writes until they can resume (reads of "
+                         "the acknowledged records go on)", self._name, operation, self._directory, error)
+        self._write_failure = StorageError(message)
+        self._write_errno = error.errno
+        return StorageError(message)
+
+    def _drop_unacknowledged(self) -> None:
+        """Forget the pending records and the flushes in flight (never acknowledged: their
+        offsets will be given again) and cut what a failed ``writev`` left past the high
+        watermark (``ftruncate`` needs no free space; if it fails, resume_writes cuts it)."""
+        for job in self._in_flight:
+            job.cancel()  # waits for one a flusher is running
+            job.applied = job.dropped = True
+        self._in_flight.clear()
+        self._pending = []
+        self._pending_bytes = self._pending_records = 0
+        self._pending_since_ms = None
+        if not self._segments:
+            return
+        active = self._segments[-1]
+        self._log_end_offset = active.next_offset
+        try:
+            if os.fstat(active.log.fd).st_size > active.size_in_bytes:
+                os.ftruncate(active.log.fd, active.size_in_bytes)
+        except OSError as e:
+            logger.warning("[%s] cannot cut %s back to its %d acknowledged bytes yet: %s", self._name,
+                           active.path, active.size_in_bytes, e)
+
+    def resume_writes(self) -> bool:
+        """Leave the *writes failed* state if the disk allows it now; True when the log takes
+        appends (again).  For the owner to call now and then, with backoff.
+
+        After a full disk (``ENOSPC``, ``EDQUOT``) nothing is tried until ``statvfs`` shows at
+        least RESUME_MIN_FREE_BYTES free.  Then: the active segment is cut back to the
+        acknowledged size, fdatasync'd, its cached pages dropped (``POSIX_FADV_DONTNEED``), and
+        the log is reloaded through recovery (hpbroker.io.loader) from the recovery point (the
+        last fsynced offset), so what follows it is re-read from the disk, validated, and cut
+        at the first bad byte; the checkpoint is written.  Only if all of that succeeds are the
+        reloaded segments taken (the old ones are closed ``file_delete_delay_ms`` later, so
+        slices handed out stay readable); otherwise the log stays as it was, still serving reads,
+        with the new reason (False).  A closed or offline log raises as every call does."""
+        self._check_usable()
+        if self._write_failure is None:
+            return True
+        if self._write_errno in _NO_SPACE_ERRNOS and _free_bytes(self._directory) < RESUME_MIN_FREE_BYTES:
+            return False
+        try:
+            self._reload()
+        except OSError as e:
+            self._fail_writes("resume", e)
+            return False
+        except HPBrokerError as e:
+            logger.error("[%s] cannot resume writes: %s", self._name, e)
+            return False
+        logger.warning("[%s] writes resumed after %s: the log was re-read from offset %d and ends at %d",
+                       self._name, self._write_failure.message, self._recovery_point, self._log_end_offset)
+        self._write_failure = self._write_errno = None
+        return True
+
+    def _reload(self) -> None:
+        """resume_writes's re-read: reload the segments, and take them only if all went well."""
+        old, recovery_point = self._segments, self._recovery_point
+        active = old[-1]
+        high_watermark = active.next_offset
+        os.ftruncate(active.log.fd, active.size_in_bytes)
+        os.fdatasync(active.log.fd)
+        os.posix_fadvise(active.log.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        now = self._clock()
+        loaded = load_segments(self._directory, self._config, recovery_point, now_ms=now, log_name=self._name)
+        segments = loaded.segments
+        try:
+            for segment in segments:
+                segment.sync()
+            self._checkpoint.write(segments[-1].next_offset)
+        except BaseException:
+            for segment in segments:
+                segment.close()
+            raise
+        self._doomed.extend((now + self._config.file_delete_delay_ms, segment) for segment in old)
+        self._segments, self._gaps = segments, loaded.gaps
+        self._bases = [segment.base_offset for segment in segments]
+        active = segments[-1]
+        if active.next_offset < high_watermark:
+            logger.error("[%s] the log re-read from the disk ends at offset %d, below the high watermark "
+                         "%d: records written without fdatasync were lost with a failed write-back",
+                         self._name, active.next_offset, high_watermark)
+        self._log_end_offset = self._recovery_point = active.next_offset
+        self._active_first_timestamp = active.first_batch_timestamp
+
+
+def _free_bytes(directory: str) -> int:
+    """Bytes this process may still write on ``directory``'s filesystem (0 when unknown); root
+    may use the blocks reserved for it."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return 0
+    return (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize

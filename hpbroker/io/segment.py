@@ -2,12 +2,17 @@
 
 Files: ``<base_offset:020d>.log``, ``.index``, ``.timeindex`` (formats in ``hpbroker.io.logfile``
 and ``hpbroker.io.index``).  The first batch of a segment has ``base_offset``; offsets inside a
-segment are contiguous.
+segment are contiguous, except across a *damaged range* (``hpbroker.io.damage``): bytes that
+failed their checks between valid batches, or at the end of a segment that reached the disk.
+Damaged ranges are found by a full scan (recovery at open, or a rebuild when an index disagrees
+with the log), kept in :attr:`Segment.damaged` and never cut; reads serve the valid batches
+around them and raise DamagedRangeError for offsets inside them.
 
 The indexing rule, the only one (appending and rebuilding both go through
 :meth:`Segment._index_batches`, so a rebuilt index is byte-for-byte the index built while
 appending): a batch gets an offset index entry when it is the segment's first batch, or when it
-starts at least ``index_interval_bytes`` after the position of the previous entry.  Whenever an
+starts at least ``index_interval_bytes`` after the position of the previous entry, or when it is the
+first valid batch after a damaged range (so that a lookup never walks across damage).  Whenever an
 offset index entry is added, a time index entry ``(largest timestamp of the segment up to and
 including this batch, relative offset)`` is added too if that timestamp is larger than the last
 time index entry's.  Hence a non-empty segment's indexes both start at relative offset 0, and
@@ -27,9 +32,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hpbroker import _core
-from hpbroker.errors import CorruptRecordError, HPBrokerError
+from hpbroker.errors import CorruptRecordError, DamagedRangeError, HPBrokerError
 from hpbroker.io.config import LogConfig
-from hpbroker.io.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, segment_file_name
+from hpbroker.io.damage import DamagedRange, find_next_batch
+from hpbroker.io.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, pread_full, segment_file_name
 from hpbroker.io.index import IndexCorruptError, OffsetIndex, TimeIndex
 from hpbroker.io.logfile import FileSlice, LogFile, core_detail
 
@@ -52,6 +58,18 @@ class PendingBatch:
     body: memoryview
 
 
+@dataclass(frozen=True, slots=True)
+class _DamagedTail:
+    """Bad bytes from ``position`` to the end of a scan, where offset ``expected_offset`` was due."""
+
+    position: int
+    expected_offset: int
+    reason: str
+
+
+# No valid batch of the last segment can have a base offset this large (a bound for resyncing).
+_NO_UPPER_OFFSET = 2**63 - 1
+
 # The prefix a flush writes from a stamped copy: base_offset, batch_length and leader_epoch, the
 # fields stamp_batch writes (outside the CRC); the rest of the batch goes out from the producer's buffer.
 STAMP_BYTES = _core.LEADER_EPOCH_POSITION + 4
@@ -70,8 +88,8 @@ class Segment:
         self.next_offset = base_offset
         self.max_timestamp = -1
         self.first_batch_timestamp = -1
-        self.damage: str | None = None  # why the .log itself is damaged (found by a rebuild)
-        self.damage_position = -1  # where its valid prefix ends, when damaged
+        self.damaged: list[DamagedRange] = []  # by position; found by recovery or a rebuild
+        self.sealed = False  # ends in damaged bytes: the log appends to a new segment instead
         self._index_interval = config.index_interval_bytes
         self._name = log_name
         path = os.path.join(directory, segment_file_name(base_offset, ""))
@@ -101,17 +119,21 @@ class Segment:
     # --- the indexing rule -------------------------------------------------------------------
 
     def _index_batches(self, bias: int, positions: Sequence[int], base_offsets: Sequence[int],
-                       max_timestamps: Sequence[int], first: int = 0) -> None:
+                       max_timestamps: Sequence[int], first: int = 0, *, force_first: bool = False) -> None:
         """Apply the indexing rule to batches ``first..`` (positions are ``bias`` + ``positions[i]``),
-        in file order, right after the batches already indexed.  Costs O(entries), not O(batches)."""
+        in file order, right after the batches already indexed.  ``force_first``: batch ``first``
+        follows a damaged range and gets an entry whatever the interval.  Costs O(entries), not
+        O(batches)."""
         oi, ti = self.offset_index, self.time_index
         i, n = first, len(positions)
         while i < n:
-            if len(oi):
+            if len(oi) and not force_first:
                 j = bisect.bisect_left(positions, oi.positions[-1] + self._index_interval - bias, i)
             else:
                 j = i
-                self.first_batch_timestamp = max_timestamps[i]
+                if not len(oi):
+                    self.first_batch_timestamp = max_timestamps[i]
+            force_first = False
             if j >= n:
                 break
             self.max_timestamp = max(self.max_timestamp, max(max_timestamps[i : j + 1]))
@@ -250,19 +272,36 @@ class Segment:
             )
         self.first_batch_timestamp = first_header.max_timestamp
 
-    def recover(self) -> int:
-        """Rebuild both indexes by scanning the whole ``.log`` (length, CRC, offsets contiguous
-        from ``base_offset``) and truncate it at the first bad byte; returns the bytes cut.  For
-        opening only: :meth:`rebuild_indexes` repairs a segment in use."""
+    # --- recovery: scanning a whole ``.log``, containing damage --------------------------------
+
+    def recover(self, recovery_point: int) -> int:
+        """Rebuild both indexes of the *last* segment from a scan of its whole ``.log`` (length,
+        CRC, offsets), at open; returns the bytes cut.  :meth:`rebuild_indexes` repairs a segment
+        in use.
+
+        Damage followed by a valid batch is contained (:attr:`damaged`), whatever its offsets.
+        Damage that runs to the end of the file is a torn tail when it starts at or past
+        ``recovery_point`` (below it every batch had reached the disk): it is cut.  Below the
+        recovery point it is corruption of records that were on disk: the bytes stay, offsets up
+        to ``recovery_point`` are a damaged range, the segment ends there and is :attr:`sealed`
+        (the log appends to a new segment, never after the damaged bytes).
+        """
         self._clear_indexes()
-        outcome = self.log.scan(0, self.base_offset, self._index_scanned)
-        cut = os.fstat(self.log.fd).st_size - outcome.valid_end
-        self.next_offset = outcome.next_offset
-        if cut:
-            logger.warning("[%s] truncating %s at position %d, cutting %d bytes: %s",
-                           self._name, self.path, outcome.valid_end, cut, outcome.stop_reason)
-            self.log.truncate_to(outcome.valid_end)
-        self.log.size = outcome.valid_end
+        size = os.fstat(self.log.fd).st_size
+        tail = self._scan_containing_damage(size, _NO_UPPER_OFFSET)
+        cut = 0
+        if tail is not None and tail.expected_offset >= recovery_point:
+            cut = size - tail.position
+            logger.warning("[%s] truncating %s at position %d, cutting %d bytes of a torn tail past the "
+                           "recovery point %d: %s", self._name, self.path, tail.position, cut, recovery_point,
+                           tail.reason)
+            self.log.truncate_to(tail.position)
+            size = tail.position
+        elif tail is not None:
+            self._add_damage(tail.position, size, tail.expected_offset, recovery_point, tail.reason)
+            self.next_offset = recovery_point
+            self.sealed = True
+        self.log.size = size
         # What was read may have been page cache only (after a crash): sync it before trusting it.
         self.log.mark_unsynced()
         self.offset_index.mark_unsynced()
@@ -270,54 +309,79 @@ class Segment:
         self._rewrite_indexes()
         return cut
 
-    def recover_keeping_damage(self, next_base_offset: int) -> bool:
-        """Rebuild both indexes of a *closed* segment by scanning its ``.log``, never changing it.
+    def recover_closed(self, next_base_offset: int) -> None:
+        """Rebuild both indexes of a segment that is *not* the last one from a scan of its whole
+        ``.log``, never changing it.
 
-        For an old segment whose indexes failed their check at open: its batches were fsynced
-        long ago, so damage inside is rot, not a torn write, and cutting it would also throw
-        away every later segment.  When the scan stops early, the indexes cover the valid
-        prefix, :attr:`damage` says where the rot starts, and the segment still ends at
-        ``next_base_offset`` (where the next segment begins): reads below the damage work, reads
-        that reach it raise CorruptRecordError.  Returns True when the segment is intact.
+        It was fsynced when the next segment began, so nothing in it is a torn write: damage is
+        contained (:attr:`damaged`), never cut, and damage running to the end of the file makes
+        the offsets up to ``next_base_offset`` a damaged range.  A segment that ends cleanly
+        short of ``next_base_offset`` keeps its end (the loader reports the gap).
         """
         self._clear_indexes()
         size = os.fstat(self.log.fd).st_size
-        outcome = self.log.scan(0, self.base_offset, self._index_scanned, end=size)
+        tail = self._scan_containing_damage(size, next_base_offset)
+        if tail is not None:
+            self._add_damage(tail.position, size, tail.expected_offset, next_base_offset, tail.reason)
+            self.next_offset = next_base_offset
         self.log.size = size
         self._rewrite_indexes()
-        if outcome.valid_end == size and outcome.next_offset == next_base_offset:
-            self.next_offset = outcome.next_offset
-            return True
-        self.next_offset = next_base_offset
-        self.damage_position = outcome.valid_end
-        reason = outcome.stop_reason or f"offsets end at {outcome.next_offset}"
-        self.damage = (f"{self.path}: {reason} (valid up to offset {outcome.next_offset} of "
-                       f"{next_base_offset}, position {outcome.valid_end} of {size})")
-        return False
 
-    def rebuild_indexes(self) -> None:
+    def rebuild_indexes(self) -> list[DamagedRange]:
         """Rebuild both indexes from the ``.log`` while the segment is in use (an index was found
         to disagree with it), reading only its first ``size_in_bytes``: what follows may be a
-        flush in flight that the owner has not applied.  Changes no byte of the ``.log``.
-
-        When those bytes are not exactly valid batches up to ``next_offset``, the log itself is
-        damaged: the indexes stay as they were, :attr:`damage` says where, and
-        CorruptRecordError (naming the file and position) is raised.
+        flush in flight that the owner has not applied.  Changes no byte of the ``.log`` and
+        keeps ``next_offset``; damage found is contained (:attr:`damaged`, returned): bytes up to
+        the end that are not valid batches make the offsets up to ``next_offset`` a damaged range.
         """
-        saved = (self.offset_index.snapshot(), self.time_index.snapshot(), self.max_timestamp,
-                 self.first_batch_timestamp)
+        next_offset = self.next_offset
         self._clear_indexes()
-        outcome = self.log.scan(0, self.base_offset, self._index_scanned, end=self.log.size)
-        if outcome.valid_end != self.log.size or outcome.next_offset != self.next_offset:
-            self.offset_index.restore(saved[0])
-            self.time_index.restore(saved[1])
-            self.max_timestamp, self.first_batch_timestamp = saved[2], saved[3]
-            reason = outcome.stop_reason or f"batch at position {outcome.valid_end}: offsets end early"
-            self.damage_position = outcome.valid_end
-            self.damage = (f"{self.path}: {reason} (valid up to offset {outcome.next_offset} of "
-                           f"{self.next_offset}, position {outcome.valid_end} of {self.log.size})")
-            raise CorruptRecordError(self.damage)
+        tail = self._scan_containing_damage(self.log.size, next_offset)
+        if tail is not None:
+            self._add_damage(tail.position, self.log.size, tail.expected_offset, next_offset, tail.reason)
+        elif self.next_offset < next_offset:
+            self._add_damage(self.log.size, self.log.size, self.next_offset, next_offset,
+                             f"the batches end at offset {self.next_offset}")
+        self.next_offset = next_offset
         self._rewrite_indexes()
+        return self.damaged
+
+    def _scan_containing_damage(self, end: int, upper_offset: int) -> _DamagedTail | None:
+        """Scan ``[0, end)`` of the ``.log``, indexing its valid batches; each run of bad bytes
+        followed by a valid batch (base offset below ``upper_offset``) becomes a damaged range.
+        Sets ``next_offset`` to the offset after the last valid batch; returns the bad bytes that
+        last to ``end``, if any."""
+        self.damaged = []
+        position, expected = 0, self.base_offset
+        forced = [False]  # the first batch after damage gets an index entry
+
+        def index(chunk_position: int, result: _core.ScanResult) -> None:
+            self._index_batches(chunk_position, result.positions, result.base_offsets, result.max_timestamps,
+                                force_first=forced[0])
+            forced[0] = False
+
+        while True:
+            outcome = self.log.scan(position, expected, index, end=end)
+            self.next_offset = outcome.next_offset
+            if outcome.stop_reason is None:
+                return None
+            found = find_next_batch(self._pread, outcome.valid_end, end, outcome.next_offset, upper_offset)
+            if found is None:
+                return _DamagedTail(outcome.valid_end, outcome.next_offset, outcome.stop_reason)
+            position, header = found
+            self._add_damage(outcome.valid_end, position, outcome.next_offset, header.base_offset,
+                             outcome.stop_reason)
+            expected, forced[0] = header.base_offset, True
+
+    def _pread(self, position: int, length: int) -> bytes:
+        return pread_full(self.log.fd, length, position)
+
+    def _add_damage(self, first_position: int, end_position: int, first_offset: int, next_offset: int,
+                    reason: str) -> None:
+        damaged = DamagedRange(self.path, first_position, end_position, first_offset, next_offset, reason)
+        self.damaged.append(damaged)
+        logger.error("[%s] damaged range: %s; %d offsets cannot be read, the valid batches after it are "
+                     "kept", self._name, damaged.describe(), damaged.record_count)
 
     def _clear_indexes(self) -> None:
         self.offset_index.clear()
@@ -330,10 +394,22 @@ class Segment:
         if rewritten:
             logger.info("[%s] rebuilt the indexes of %s", self._name, self.path)
 
-    def _index_scanned(self, chunk_position: int, result: _core.ScanResult) -> None:
-        self._index_batches(chunk_position, result.positions, result.base_offsets, result.max_timestamps)
-
     # --- reading -----------------------------------------------------------------------------
+
+    def damaged_range_at(self, offset: int) -> DamagedRange | None:
+        """The damaged range holding ``offset``, if any."""
+        for damaged in self.damaged:
+            if damaged.first_offset <= offset < damaged.next_offset:
+                return damaged
+        return None
+
+    def _run_end(self, position: int) -> tuple[int, int]:
+        """Where the run of valid batches holding ``position`` ends: the position of the next
+        damaged range (or the end of the batches) and the offset expected there."""
+        for damaged in self.damaged:
+            if damaged.first_position >= position:
+                return damaged.first_position, damaged.first_offset
+        return self.log.size, self.next_offset
 
     def _checked_headers(self, entry: int, end: int):
         """Walk headers from offset index entry ``entry`` up to position ``end``, first checking
@@ -351,31 +427,46 @@ class Segment:
         except HPBrokerError as e:
             raise IndexCorruptError(f"{self.path}: no batch header where the index leads: {e}") from e
 
+    def _headers_from(self, entry: int):
+        """The headers of every valid batch from offset index entry ``entry`` on, stepping over
+        damaged ranges."""
+        position = self.offset_index.positions[entry]
+        stop, _ = self._run_end(position)
+        yield from self._checked_headers(entry, stop)
+        for damaged in self.damaged:
+            if damaged.first_position < stop or damaged.end_position >= self.log.size:
+                continue
+            stop, _ = self._run_end(damaged.end_position)
+            try:
+                yield from self.log.headers(damaged.end_position, stop)
+            except HPBrokerError as e:
+                raise IndexCorruptError(f"{self.path}: no batch header after a damaged range: {e}") from e
+
     def read(self, offset: int, max_bytes: int) -> FileSlice:
         """Whole batches from the one containing ``offset`` (which must be in
-        ``[base_offset, next_offset)``): the first batch always, more while within ``max_bytes``.
-        In a damaged segment only the valid prefix is served; CorruptRecordError past it."""
+        ``[base_offset, next_offset)``): the first batch always, more while within ``max_bytes``,
+        never past a damaged range.  DamagedRangeError when ``offset`` lies in one."""
+        damaged = self.damaged_range_at(offset)
+        if damaged is not None:
+            raise DamagedRangeError(f"offset {offset} lies in a damaged range: {damaged.describe()}",
+                                    damaged.first_offset, damaged.next_offset)
         entry = self.offset_index.floor(offset - self.base_offset)
         if entry < 0:
             raise IndexCorruptError(f"{self.offset_index.path}: no entry at or below offset {offset}")
-        readable = self.log.size if self.damage_position < 0 else self.damage_position
-        for start, header in self._checked_headers(entry, readable):
+        stop, stop_offset = self._run_end(self.offset_index.positions[entry])
+        for start, header in self._checked_headers(entry, stop):
             if header.next_offset > offset:
-                end, next_offset = self._slice_end(start, header, start + max_bytes)
-                if end > readable:  # a damaged segment: only its valid prefix
-                    end, next_offset = readable, self._next_offset_at(start, readable)
-                if end <= start:
-                    break
+                end, next_offset = self._slice_end(start, header, start + max_bytes, stop, stop_offset)
                 return FileSlice(self.log.fd, start, end - start, header.base_offset, self.path, next_offset)
-        if self.damage is not None:
-            raise CorruptRecordError(f"offset {offset} lies past the damage: {self.damage}")
         raise IndexCorruptError(f"{self.path}: no batch holds offset {offset} below {self.next_offset}")
 
-    def _slice_end(self, start: int, first: _core.BatchHeader, limit: int) -> tuple[int, int]:
+    def _slice_end(self, start: int, first: _core.BatchHeader, limit: int, stop: int,
+                   stop_offset: int) -> tuple[int, int]:
         """The end of the last whole batch at or before ``limit``, but at least the first one's
-        (the batch at ``start``), and the offset after that batch."""
-        if limit >= self.log.size:
-            return self.log.size, self.next_offset
+        (the batch at ``start``), and the offset after that batch; never past ``stop``, the end
+        of the run of valid batches, where the offset is ``stop_offset``."""
+        if limit >= stop:
+            return stop, stop_offset
         end, next_offset = start + first.size, first.next_offset
         if end >= limit:
             return end, next_offset
@@ -383,31 +474,25 @@ class Segment:
         if self.offset_index.positions[entry] > end:  # batches up to that entry fit: jump there
             end = self.offset_index.positions[entry]
             next_offset = self.base_offset + self.offset_index.relative_offsets[entry]
-            headers = self._checked_headers(entry, self.log.size)
+            headers = self._checked_headers(entry, stop)
         else:
-            headers = self.log.headers(end, self.log.size)
+            headers = self.log.headers(end, stop)
         for position, header in headers:
             if position + header.size > limit:
                 break
             end, next_offset = position + header.size, header.next_offset
         return end, next_offset
 
-    def _next_offset_at(self, start: int, end: int) -> int:
-        """The offset after the batch that ends at ``end``, walking from the batch at ``start``."""
-        next_offset = -1
-        for _position, header in self.log.headers(start, end):
-            next_offset = header.next_offset
-        return next_offset
-
     def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
-        """The first offset in this segment whose record timestamp is >= ``timestamp_ms``."""
+        """The first offset in this segment whose record timestamp is >= ``timestamp_ms``
+        (damaged ranges, whose timestamps are unknown, are stepped over)."""
         if self.max_timestamp < timestamp_ms:
             return None
         entry = self.time_index.last_below(timestamp_ms)
         offset_entry = 0 if entry < 0 else self.offset_index.find(self.time_index.relative_offsets[entry])
         if offset_entry < 0:
             raise IndexCorruptError(f"{self.time_index.path}: entry {entry} has no offset index entry")
-        for position, header in self._checked_headers(offset_entry, self.log.size):
+        for position, header in self._headers_from(offset_entry):
             if header.max_timestamp >= timestamp_ms:
                 try:
                     records = _core.decode_records(self.log.read(position, header.size))

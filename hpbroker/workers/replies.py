@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from hpbroker import protocol
-from hpbroker.errors import HPBrokerError, OffsetOutOfRangeError
+from hpbroker.errors import DamagedRangeError, HPBrokerError, OffsetOutOfRangeError
 from hpbroker.io import FileSlice
 
 __all__ = [
@@ -110,11 +110,15 @@ def fetch_reply(correlation_id: int, high_watermark: int, log_start_offset: int,
 def fetch_error_reply(correlation_id: int, error: HPBrokerError, high_watermark: int = -1,
                       log_start_offset: int = -1) -> Reply:
     """A fetch error; an OffsetOutOfRangeError carries the partition's offsets so the consumer can
-    reset without asking again."""
+    reset without asking again, a DamagedRangeError the offset after the damaged range as its
+    8-byte payload (docs/PROTOCOL.md, FetchResponse)."""
     if isinstance(error, OffsetOutOfRangeError) and log_start_offset < 0:
         log_start_offset = error.log_start_offset
+    payload = b""
+    if isinstance(error, DamagedRangeError):
+        payload = protocol.DAMAGED_RANGE_PAYLOAD.pack(error.next_offset)
     return error_reply(protocol.ApiKey.FETCH, correlation_id, error, high_watermark=high_watermark,
-                       log_start_offset=log_start_offset)
+                       log_start_offset=log_start_offset, payload=payload)
 
 
 def list_offsets_reply(correlation_id: int, offset: int) -> Reply:

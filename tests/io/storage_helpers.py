@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from hpbroker import _core
+from hpbroker.errors import DamagedRangeError
 from hpbroker.io import LogConfig, PartitionLog, _writer
 
 START_MS = 1_700_000_000_000
@@ -67,6 +68,28 @@ def read_all(log: PartitionLog, max_bytes: int = 1 << 20) -> list[tuple[int, byt
         out.extend(batches)
         offset = _core.read_header(batches[-1][1]).next_offset
     return out
+
+
+def read_around_damage(log: PartitionLog, max_bytes: int = 1 << 20) -> tuple[list[tuple[int, bytes]],
+                                                                                list[tuple[int, int]]]:
+    """Every flushed batch from ``log_start_offset``, stepping over damaged ranges as a consumer
+    that skips them would: ``(batches, [(first_offset, next_offset) of each range met])``."""
+    out: list[tuple[int, bytes]] = []
+    skipped: list[tuple[int, int]] = []
+    offset = log.log_start_offset
+    while offset < log.high_watermark:
+        try:
+            data = log.read_bytes(offset, max_bytes)
+        except DamagedRangeError as e:
+            assert e.first_offset <= offset < e.next_offset, (offset, e)
+            skipped.append((e.first_offset, e.next_offset))
+            offset = e.next_offset
+            continue
+        batches = split_batches(data)
+        assert batches, f"empty read at {offset} below the high watermark {log.high_watermark}"
+        out.extend(batches)
+        offset = _core.read_header(batches[-1][1]).next_offset
+    return out, skipped
 
 
 def files_of(directory: str) -> dict[str, bytes]:

@@ -528,17 +528,19 @@ def test_max_message_bytes_counts_the_whole_batch(open_log):
 # --- errors and lifecycle --------------------------------------------------------------------
 
 
-def test_disk_error_takes_the_log_offline(open_log):
+def test_a_write_error_refuses_appends_and_keeps_reads(open_log):
     log = open_log()
+    kept = make_batch(1)
+    log.append(kept)
+    log.flush()
     log.append(make_batch(1))
     make_unwritable(log.segments[-1].log.fd, log.segments[-1].path)
     with pytest.raises(StorageError, match="flush failed") as info:
         log.flush()
     assert isinstance(info.value.__cause__, OSError)
-    assert log.offline
-    with pytest.raises(StorageError, match="offline"):
-        log.read(0, 100)
-    with pytest.raises(StorageError, match="offline"):
+    assert not log.offline and not log.writable
+    assert log.read_bytes(0, 100) == stamped(kept, 0) and log.log_end_offset == 1
+    with pytest.raises(StorageError, match="refuses writes"):
         log.append(make_batch(1))
     log.close()
     assert log.closed

@@ -216,7 +216,7 @@ def test_index_repair_during_a_flush_in_flight_scans_only_the_applied_bytes(pipe
     assert [offset for offset, _ in read_all(log)] == list(range(11))
 
 
-def test_a_failed_flush_takes_the_log_offline(pipelined):
+def test_a_failed_flush_refuses_appends_until_writes_resume(pipelined):
     log = pipelined()
     log.append(make_batch(1))
     job = log.begin_flush()
@@ -225,8 +225,8 @@ def test_a_failed_flush_takes_the_log_offline(pipelined):
     assert isinstance(job.error, OSError)
     with pytest.raises(StorageError, match="complete_flush failed"):
         log.complete_flush(job)
-    assert log.offline
-    with pytest.raises(StorageError, match="offline"):
+    assert not log.offline and not log.writable and log.log_end_offset == 0
+    with pytest.raises(StorageError, match="refuses writes"):
         log.append(make_batch(1))
 
 
@@ -292,4 +292,4 @@ def test_a_job_after_a_failed_one_writes_nothing(pipelined):
     assert os.fstat(fd).st_size == size_before
     with pytest.raises(StorageError, match="complete_flush failed"):
         log.complete_flush(second)
-    assert log.offline
+    assert not log.writable and log.log_end_offset == 0

@@ -1,5 +1,6 @@
-"""Opening a log after a crash or damage: truncation at the first bad byte, index rebuilding,
-directory cleanup, the recovery-point checkpoint, and what survives a kill -9."""
+"""Opening a log after a crash or damage: a torn tail past the recovery point cut, damage below
+it contained as damaged ranges (every valid batch after them kept, no offset reused), index
+rebuilding, directory cleanup, the recovery-point checkpoint, and what survives a kill -9."""
 
 from __future__ import annotations
 
@@ -12,10 +13,18 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from storage_helpers import START_MS, TEST_CONFIG, files_of, make_batch, read_all, stamped
+from storage_helpers import (
+    START_MS,
+    TEST_CONFIG,
+    files_of,
+    make_batch,
+    read_all,
+    read_around_damage,
+    stamped,
+)
 
 from hpbroker import _core
-from hpbroker.errors import CorruptRecordError
+from hpbroker.errors import CorruptRecordError, DamagedRangeError
 from hpbroker.io import PartitionLog
 
 CHECKPOINT = "recovery-point-offset-checkpoint"
@@ -53,11 +62,19 @@ def _warnings(caplog) -> str:
 # --- the tail of the active segment ----------------------------------------------------------
 
 
+def _crashed_before_any_checkpoint(log_dir: str) -> None:
+    """What a crash leaves when nothing was checkpointed yet: no marker, the recovery point 0."""
+    os.unlink(os.path.join(log_dir, CLEAN_SHUTDOWN))
+    with open(os.path.join(log_dir, CHECKPOINT), "w") as f:
+        f.write("0\n0\n")
+
+
 def test_recover_truncates_a_torn_tail(open_log, log_dir, caplog):
     stored = _write(open_log, 20, segment_bytes=1 << 20)
     path = _segment_file(log_dir, 0, ".log")
     full = os.path.getsize(path)
     _cut(path, full - 10)
+    _crashed_before_any_checkpoint(log_dir)
     log = open_log(segment_bytes=1 << 20)
     assert read_all(log) == stored[:-1]
     assert log.log_end_offset == log.high_watermark == stored[-1][0]
@@ -67,7 +84,31 @@ def test_recover_truncates_a_torn_tail(open_log, log_dir, caplog):
     assert f"cutting {len(stored[-1][1]) - 10} bytes" in warning
     log.append(make_batch(1))
     log.flush()
-    assert read_all(log)[-1][0] == stored[-1][0], "the next append reuses the lost offsets"
+    assert read_all(log)[-1][0] == stored[-1][0], "offsets past the recovery point were never on disk"
+
+
+def test_a_tail_cut_below_the_recovery_point_is_a_damaged_range_and_its_offsets_are_never_reused(
+        open_log, log_dir, caplog):
+    stored = _write(open_log, 20, segment_bytes=1 << 20)  # closed cleanly: all 40 records were on disk
+    path = _segment_file(log_dir, 0, ".log")
+    full = os.path.getsize(path)
+    _cut(path, full - 10)
+    log = open_log(segment_bytes=1 << 20)
+    assert os.path.getsize(path) == full - 10, "bytes that reached the disk are never cut"
+    assert log.log_end_offset == 40
+    [damaged] = log.damaged_ranges
+    assert (damaged.first_offset, damaged.next_offset) == (stored[-1][0], 40)
+    assert (damaged.first_position, damaged.end_position) == (full - len(stored[-1][1]), full - 10)
+    batches, skipped = read_around_damage(log)
+    assert batches == stored[:-1] and skipped == [(38, 40)]
+    with pytest.raises(DamagedRangeError, match="offsets \\[38, 40\\)") as info:
+        log.read(39, 100)
+    assert (info.value.first_offset, info.value.next_offset, info.value.code) == (38, 40, 18)
+    assert f"{path}: offsets [38, 40) at positions [{full - len(stored[-1][1])}, {full - 10})" in caplog.text
+    log.append(make_batch(1))
+    log.flush()
+    assert log.read_bytes(40, 1 << 20) == stamped(make_batch(1), 40), "appends go on at the recovery point"
+    assert [s.base_offset for s in log.segments] == [0, 40]
 
 
 @pytest.mark.parametrize(
@@ -98,8 +139,9 @@ def test_recover_keeps_an_active_segment_truncated_to_nothing(open_log, log_dir)
     last_base = max(int(n[:20]) for n in os.listdir(log_dir) if n.endswith(".log"))
     _cut(_segment_file(log_dir, last_base, ".log"), 0)
     log = open_log()
-    assert log.log_end_offset == last_base
-    assert read_all(log) == [b for b in stored if b[0] < last_base]
+    assert log.log_end_offset == 60, "the log end never moves below the recovery point"
+    assert [(r.first_offset, r.next_offset) for r in log.damaged_ranges] == [(last_base, 60)]
+    assert read_around_damage(log) == ([b for b in stored if b[0] < last_base], [(last_base, 60)])
 
 
 def test_second_open_after_recovery_changes_nothing(open_log, log_dir):
@@ -264,17 +306,19 @@ def _corrupt_fourth_batch_of_first_segment(open_log, log_dir):
     return stored, bases, victim, position
 
 
-def test_corrupt_batch_in_a_closed_segment_truncates_there_and_drops_later_ones(open_log, log_dir, caplog):
+def test_corrupt_batch_in_a_closed_segment_is_contained_and_every_later_batch_stays(open_log, log_dir,
+                                                                                      caplog):
     stored, bases, victim, position = _corrupt_fourth_batch_of_first_segment(open_log, log_dir)
-    os.unlink(os.path.join(log_dir, CHECKPOINT))  # a crash before any checkpoint: recover everything
+    _crashed_before_any_checkpoint(log_dir)  # recover everything: every segment is scanned
     log = open_log(segment_bytes=1024)
-    assert read_all(log) == [b for b in stored if b[0] < victim[0]]
-    assert log.log_end_offset == victim[0]
-    assert sorted(n for n in os.listdir(log_dir) if n.endswith(".log")) == [f"{0:020d}.log"]
-    warning = _warnings(caplog)
-    assert f"at position {position}" in warning and "CRC mismatch" in warning
-    for base in bases[1:]:
-        assert f"deleting segment {base:020d}.log" in warning
+    assert read_around_damage(log) == ([b for b in stored if b != victim], [(victim[0], victim[0] + 2)])
+    assert log.log_end_offset == stored[-1][0] + 2
+    assert sorted(int(n[:20]) for n in os.listdir(log_dir) if n.endswith(".log")) == bases
+    [damaged] = log.damaged_ranges
+    assert (damaged.first_position, damaged.end_position) == (position, position + len(victim[1]))
+    errors = "\n".join(r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR)
+    assert f"{bases[0]:020d}.log: offsets [{victim[0]}, {victim[0] + 2}) at positions [{position}, " in errors
+    assert "CRC mismatch" in errors
 
 
 def test_rot_in_a_trusted_segment_is_kept_and_reported_not_cut(open_log, log_dir, caplog):
@@ -287,11 +331,12 @@ def test_rot_in_a_trusted_segment_is_kept_and_reported_not_cut(open_log, log_dir
     assert [s.base_offset for s in log.segments] == bases, "later segments stay"
     assert log.log_end_offset == stored[-1][0] + 2
     assert log.read_bytes(0, 1 << 20)[: len(stored[0][1])] == stored[0][1]  # before the damage: fine
-    with pytest.raises(CorruptRecordError, match=f"{bases[0]:020d}.log.*position {position}"):
+    with pytest.raises(DamagedRangeError, match=f"{bases[0]:020d}.log.*positions \\[{position}, "):
         log.read_bytes(victim[0], 1 << 20)
     later = [b for b in stored if b[0] >= bases[1]]
     assert log.read_bytes(later[0][0], len(later[0][1])) == later[0][1]
-    assert "acknowledged data is damaged" in caplog.text
+    assert log.read_bytes(victim[0] + 2, 1 << 20)[: len(stored[4][1])] == stored[4][1], "after it: fine"
+    assert "damaged range" in caplog.text
     log.append(make_batch(1))
     log.flush()
     assert log.high_watermark == stored[-1][0] + 3
@@ -353,9 +398,9 @@ def test_a_damaged_segment_is_not_rescanned_on_every_read(open_log, log_dir, mon
     scan = LogFile.scan
     monkeypatch.setattr(LogFile, "scan", lambda self, *a, **k: scans.append(self.path) or scan(self, *a, **k))
     for _ in range(5):
-        with pytest.raises(CorruptRecordError):
+        with pytest.raises(DamagedRangeError):
             log.read(5, 100)
-    assert len(scans) == 1
+    assert len(scans) == 2, "one rebuild: the valid batches before the damage, then those after it"
 
 
 def test_offset_for_timestamp_over_records_that_fail_their_crc_names_the_file_and_position(open_log, log_dir):
@@ -374,15 +419,25 @@ def test_offset_for_timestamp_over_records_that_fail_their_crc_names_the_file_an
     assert log.offset_for_timestamp(START_MS + 60) == 60
 
 
-def test_segment_that_does_not_continue_its_predecessor_is_dropped_with_the_rest(open_log, log_dir, caplog):
+@pytest.mark.parametrize("marker", [True, False], ids=["closed-cleanly", "crashed"])
+def test_a_missing_segment_is_a_gap_and_no_later_segment_is_deleted(open_log, log_dir, caplog, marker):
     stored = _write(open_log, 40, segment_bytes=1024)
     bases = sorted(int(n[:20]) for n in os.listdir(log_dir) if n.endswith(".log"))
     for suffix in (".log", ".index", ".timeindex"):
         os.unlink(_segment_file(log_dir, bases[1], suffix))
+    if not marker:
+        _crashed_before_any_checkpoint(log_dir)
     log = open_log(segment_bytes=1024)
-    assert read_all(log) == [b for b in stored if b[0] < bases[1]]
-    assert [s.base_offset for s in log.segments] == [0]
-    assert f"starts at offset {bases[2]} but its predecessor ends at {bases[1]}" in _warnings(caplog)
+    assert [s.base_offset for s in log.segments] == [bases[0]] + bases[2:]
+    gap = (bases[1], bases[2])
+    assert read_around_damage(log) == ([b for b in stored if not bases[1] <= b[0] < bases[2]], [gap])
+    with pytest.raises(DamagedRangeError) as info:
+        log.read(bases[1] + 1, 100)
+    assert (info.value.first_offset, info.value.next_offset) == gap
+    assert f"starts at offset {bases[2]} but its predecessor ends at {bases[1]}" in caplog.text
+    log.append(make_batch(1))
+    log.flush()
+    assert log.high_watermark == 81, "no offset is handed out twice"
 
 
 # --- directory debris and the checkpoint --------------------------------------------------------
@@ -453,10 +508,11 @@ def test_leftover_checkpoint_tmp_is_ignored(open_log, log_dir):
         f.write("0\n999\n")  # ...not what an interrupted write, never renamed into place, says
     _flip_a_record_byte(log_dir, stored, 3)
     log = open_log(segment_bytes=1024)
-    assert read_all(log) == stored[:3], "the damaged first segment was scanned in full"
+    assert [(r.first_offset, r.next_offset) for r in log.damaged_ranges] == [(6, 8)], \
+        "the damaged first segment was scanned in full"
     assert not os.path.exists(os.path.join(log_dir, CHECKPOINT + ".tmp"))
     with open(os.path.join(log_dir, CHECKPOINT)) as f:
-        assert f.read() == f"0\n{stored[3][0]}\n"
+        assert f.read() == "0\n80\n"
 
 
 @pytest.mark.parametrize("content", [b"", b"garbage", b"1\n5\n", b"0\n-5\n", b"0\n5", b"\xff" * 100])
@@ -466,11 +522,11 @@ def test_malformed_checkpoint_means_full_recovery(open_log, log_dir, caplog, con
         f.write(content)
     _flip_a_record_byte(log_dir, stored, 3)  # in the first segment, which a checkpoint would trust
     log = open_log(segment_bytes=1024)
-    assert read_all(log) == stored[:3], "every segment was scanned in full"
+    assert read_around_damage(log) == (stored[:3] + stored[4:], [(6, 8)]), "every segment was scanned in full"
     assert "malformed checkpoint" in _warnings(caplog)
-    assert log.recovery_point == stored[3][0]
+    assert log.recovery_point == 80
     with open(os.path.join(log_dir, CHECKPOINT)) as f:
-        assert f.read() == f"0\n{stored[3][0]}\n"
+        assert f.read() == "0\n80\n"
 
 
 def test_checkpoint_records_the_recovery_point_on_close(open_log, log_dir):
@@ -563,7 +619,9 @@ def test_without_a_marker_matching_the_checkpoint_the_active_segment_is_recovere
         f.seek(sum(len(b) for _, b in stored[:100]) + len(victim[1]) - 3)
         f.write(b"\xff\xfe")
     log = open_log(segment_bytes=1 << 20, index_interval_bytes=4096)
-    assert read_all(log) == stored[:100]
+    victim_end = _core.read_header(victim[1]).next_offset
+    assert read_around_damage(log) == (stored[:100] + stored[101:], [(victim[0], victim_end)]), \
+        "the active segment was scanned in full"
 
 
 def test_a_clean_reopen_still_checks_the_tail_of_the_active_segment(open_log, log_dir, caplog):
