@@ -74,6 +74,21 @@ class BrokerConfig:
     max_request_bytes: int = 64 << 20
     #: open TCP data connections per worker; more are closed at once.  Default 1024.
     max_connections: int = 1024
+    #: ms a data-port connection may stay idle (no byte in either direction, no fetch parked)
+    #: before the worker closes it, checked at each heartbeat (Kafka's
+    #: ``connections.max.idle.ms``).  Default 600_000 (10 min).  Range [10, 2**31 - 1].
+    connections_max_idle_ms: int = 600_000
+    #: ms a fetch may be parked at most; a longer ``max_wait_ms`` is served as this.  Default
+    #: 30_000.  Range [0, 2**31 - 1].
+    fetch_max_wait_ms: int = 30_000
+    #: open ZeroMQ front-end connections; the newest beyond this are disconnected at once.
+    #: Default 10_000.  Range [1, 1_000_000].
+    frontend_max_connections: int = 10_000
+    #: ms between the front-end's ZMTP heartbeats (PING) to each client; 0: none.  Default 10_000.
+    frontend_heartbeat_interval_ms: int = 10_000
+    #: ms after which a front-end peer that sent nothing (no request, no heartbeat answer, or no
+    #: handshake after connecting) is disconnected.  Default 30_000.  Range [100, 6_553_500].
+    frontend_heartbeat_timeout_ms: int = 30_000
     #: ms between a worker's checks for segments to delete by retention (each also writes the
     #: recovery checkpoint of logs whose high watermark moved).  Default 60_000.
     retention_check_interval_ms: int = 60_000
@@ -114,6 +129,11 @@ class BrokerConfig:
         _check_int("graceful_timeout_ms", self.graceful_timeout_ms, 0, 2**31 - 1)
         _check_int("max_request_bytes", self.max_request_bytes, 1024, 2**31 - 1)
         _check_int("max_connections", self.max_connections, 1, 1_000_000)
+        _check_int("connections_max_idle_ms", self.connections_max_idle_ms, 10, 2**31 - 1)
+        _check_int("fetch_max_wait_ms", self.fetch_max_wait_ms, 0, 2**31 - 1)
+        _check_int("frontend_max_connections", self.frontend_max_connections, 1, 1_000_000)
+        _check_int("frontend_heartbeat_interval_ms", self.frontend_heartbeat_interval_ms, 0, 6_553_500)
+        _check_int("frontend_heartbeat_timeout_ms", self.frontend_heartbeat_timeout_ms, 100, 6_553_500)
         _check_int("retention_check_interval_ms", self.retention_check_interval_ms, 10, 2**31 - 1)
         _check_int("admin_timeout_ms", self.admin_timeout_ms, 1, 2**31 - 1)
         _check_int("default_partitions", self.default_partitions, 1, 100_000)

@@ -2,9 +2,10 @@
 
 Framing is docs/PROTOCOL.md's TCP form (``head_length`` u32, ``payload_length`` u32, head,
 payload).  The port serves FetchRequest and ListOffsetsRequest; any other well-formed request gets
-error 10, a fetch for a partition of another worker error 6.  A stream that cannot be parsed (a
-bad length, a head that does not decode) closes its connection: its framing can no longer be
-trusted.
+error 10, a fetch for a partition of another worker error 6.  A message whose header parses but
+whose key or version is unknown gets error 9, one whose body does not parse error 10 (the framing
+told where it ends, so the stream stays usable).  A stream that cannot be parsed (a bad length, an
+empty head, a header that does not decode) closes its connection: nobody can be answered.
 
 Each connection answers in request order.  Its requests get a *slot* each, in a queue; a slot is
 filled when its reply is ready (at once, or later for a long poll) and the front slots are written
@@ -13,6 +14,15 @@ follows, so they share a packet with it), then the payload with ``os.sendfile`` 
 file, never through a Python buffer.  Sockets are non-blocking: a send that would block leaves the
 rest in its slot and waits for EPOLLOUT, so a slow reader costs the worker nothing but the slot.
 A connection with :data:`MAX_QUEUED_RESPONSES` slots stops being read until it drains.
+
+Clients that go away must not keep what they held.  A client that closes its side (EOF, or
+``EPOLLRDHUP`` while the connection is not being read) while a fetch of its is parked has its
+connection closed at once, the parked fetch (and anything queued behind it) dropped: the slot must
+not wait up to ``max_wait_ms`` for a reader that is gone.  Without a parked fetch, what it asked is
+answered first (a client may shut down its sending side and read on).  A connection that moves no
+byte either way and has no fetch parked for ``connections_max_idle_ms`` is closed by
+:meth:`FetchServer.close_idle`, which the worker calls on every turn of its loop (which wakes at
+least every heartbeat); TCP keepalive is on, so the kernel also notices a peer that vanished.
 
 File descriptors: a slice's descriptor belongs to the log, which may close it (topic deleted,
 retention, shutdown) before a slow reader has it all.  So a slot that cannot be sent in the call
@@ -34,13 +44,14 @@ import os
 import select
 import socket
 import struct
-from collections import deque
+import time
+from collections import OrderedDict, deque
 
 from hpbroker import protocol
-from hpbroker.errors import HPBrokerError
+from hpbroker.errors import HPBrokerError, InvalidRequestError
 from hpbroker.protocol import ApiKey
 from hpbroker.workers.handlers import RequestHandler
-from hpbroker.workers.replies import Reply
+from hpbroker.workers.replies import Reply, error_reply
 
 __all__ = ["MAX_QUEUED_RESPONSES", "SERVED_API_KEYS", "FetchServer"]
 
@@ -95,17 +106,24 @@ class _Slot:
 
 
 class _Connection:
-    __slots__ = ("closed", "decoder", "fd", "mask", "peer", "reading", "slots", "sock")
+    """One client connection.  ``unfilled`` counts its slots still waiting for their reply (parked
+    fetches and what queues behind them); ``active_at`` is when a byte last moved or a reply
+    was made (``time.monotonic()``), for the idle timeout."""
 
-    def __init__(self, sock: socket.socket, peer: object, max_request_bytes: int) -> None:
+    __slots__ = ("active_at", "closed", "decoder", "fd", "mask", "peer", "reading", "slots", "sock",
+                 "unfilled")
+
+    def __init__(self, sock: socket.socket, peer: object, max_request_bytes: int, now: float) -> None:
         self.sock = sock
         self.fd = sock.fileno()
         self.peer = peer
         self.decoder = protocol.TcpFrameDecoder(max_request_bytes)
         self.slots: deque[_Slot] = deque()
+        self.unfilled = 0
         self.reading = True
         self.closed = False
         self.mask = select.EPOLLIN
+        self.active_at = now
 
     def __repr__(self) -> str:
         return f"connection from {self.peer}"
@@ -115,12 +133,14 @@ class FetchServer:
     """The data port of one worker: accepts, reads requests, writes replies in order."""
 
     def __init__(self, listener: socket.socket, handler: RequestHandler, *, max_connections: int,
-                 max_request_bytes: int) -> None:
+                 max_request_bytes: int, max_idle_s: float = 600.0) -> None:
         self._listener = listener
         self._handler = handler
         self._max_connections = max_connections
         self._max_request_bytes = max_request_bytes
-        self._connections: dict[int, _Connection] = {}
+        self._max_idle_s = max_idle_s
+        # fd -> connection, least recently active first (each activity moves it to the end).
+        self._connections: OrderedDict[int, _Connection] = OrderedDict()
         self._epoll = select.epoll()
         listener.setblocking(False)
         self._listener_fd = listener.fileno()
@@ -165,6 +185,31 @@ class FetchServer:
             self._write(conn)
         if events & select.EPOLLHUP and not conn.closed:
             self._close(conn, "hung up")
+        elif events & select.EPOLLRDHUP and not conn.closed:
+            if conn.unfilled:
+                self._close(conn, f"closed by the client with {conn.unfilled} fetches parked (dropped)")
+            else:
+                self._update_interest(conn)
+
+    def _touch(self, conn: _Connection) -> None:
+        conn.active_at = time.monotonic()
+        self._connections.move_to_end(conn.fd)
+
+    def close_idle(self, now: float) -> None:
+        """Close the connections idle for ``connections_max_idle_ms`` (module docstring): no byte
+        moved and no fetch parked.  Cheap when none is: the least recently active comes first."""
+        connections = self._connections
+        deadline = now - self._max_idle_s
+        while connections:
+            conn = next(iter(connections.values()))
+            if conn.active_at > deadline:
+                return
+            if conn.unfilled:  # a parked fetch is owed an answer: not idle
+                self._touch(conn)
+                continue
+            logger.info("data port: closing %r: idle for %.0f ms (connections_max_idle_ms)", conn,
+                        (now - conn.active_at) * 1000)
+            self._close(conn, "idle")
 
     # --- accepting -----------------------------------------------------------------------------
 
@@ -190,7 +235,8 @@ class FetchServer:
                 continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Connection(sock, peer, self._max_request_bytes)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            conn = _Connection(sock, peer, self._max_request_bytes, time.monotonic())
             self._connections[conn.fd] = conn
             self._epoll.register(conn.fd, conn.mask)
 
@@ -227,24 +273,42 @@ class FetchServer:
             return
         if not data:
             conn.reading = False
-            if conn.slots:
+            if conn.unfilled:  # a parked fetch: nobody is left to wait for it
+                self._close(conn, f"closed by the client with {conn.unfilled} fetches parked (dropped)")
+            elif conn.slots:
                 self._update_interest(conn)  # answer what was asked, then close
             else:
                 self._close(conn, "closed by the client")
             return
+        self._touch(conn)
         try:
             messages = conn.decoder.feed(data)
-            for frames in messages:
-                header, request = protocol.decode_request(frames)
-                slot = _Slot()
-                conn.slots.append(slot)
-                responder = functools.partial(self._deliver, conn, slot)
-                self._handler.dispatch(header, request, responder, conn, SERVED_API_KEYS, "tcp")
-                if conn.closed:
-                    return
         except HPBrokerError as e:
             self._close(conn, f"unparsable stream: {e}")
             return
+        for frames in messages:
+            slot = _Slot()
+            conn.slots.append(slot)
+            conn.unfilled += 1
+            responder = functools.partial(self._deliver, conn, slot)
+            try:
+                header, request = protocol.decode_request(frames)
+            except HPBrokerError as e:
+                header = getattr(e, "header", None)
+                if header is None:  # nobody to answer
+                    self._close(conn, f"unparsable stream: {e}")
+                    return
+                responder(error_reply(header.api_key, header.correlation_id, e))
+            else:
+                if header.api_key not in SERVED_API_KEYS:  # answered even when an acks=0 produce
+                    error = InvalidRequestError(f"{type(request).__name__} (api_key {header.api_key}) is not "
+                                                f"served on a data port; it serves api keys "
+                                                f"{sorted(SERVED_API_KEYS)}")
+                    responder(error_reply(header.api_key, header.correlation_id, error))
+                else:
+                    self._handler.dispatch(header, request, responder, conn, SERVED_API_KEYS, "tcp")
+            if conn.closed:
+                return
         self._update_interest(conn)
 
     # --- writing -------------------------------------------------------------------------------
@@ -256,8 +320,12 @@ class FetchServer:
             reply.file_slice = None  # nothing of it goes out (replies.py: the stats count what does)
             return
         slot.fill(reply)
+        conn.unfilled -= 1
+        self._touch(conn)
         if conn.slots[0] is slot:
             self._write(conn)
+        elif not conn.unfilled:
+            self._update_interest(conn)  # EPOLLRDHUP is no longer wanted
         if slot.left and not conn.closed:
             try:
                 slot.own()
@@ -266,6 +334,8 @@ class FetchServer:
 
     def _write(self, conn: _Connection) -> None:
         slots, sock, fd = conn.slots, conn.sock, conn.fd
+        if slots and slots[0].filled:
+            self._touch(conn)  # a byte moves, or the socket is full: the idle clock restarts
         try:
             while slots and slots[0].filled:
                 slot = slots[0]
@@ -297,6 +367,8 @@ class FetchServer:
             mask |= select.EPOLLIN
         if slots and slots[0].filled:  # the front is filled but not sent: the socket is full
             mask |= select.EPOLLOUT
+        if conn.unfilled:  # see the client close while a fetch is parked, even when not reading
+            mask |= select.EPOLLRDHUP
         if mask != conn.mask:
             self._epoll.modify(conn.fd, mask)
             conn.mask = mask

@@ -41,9 +41,12 @@ RELAYED_API_KEYS = frozenset({ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.LIST_OFFSETS}
 class RequestHandler:
     """Serves produce, fetch and list-offsets requests; single-threaded (the event loop)."""
 
-    def __init__(self, partitions: PartitionSet, stats: WorkerStats) -> None:
+    def __init__(self, partitions: PartitionSet, stats: WorkerStats, *, max_wait_ms: int = 30_000) -> None:
+        """``max_wait_ms``: the longest a fetch may be parked (the broker's ``fetch_max_wait_ms``);
+        a fetch asking for more waits this long."""
         self._partitions = partitions
         self._stats = stats
+        self._max_wait_ms = max_wait_ms
 
     def handle_relayed(self, frames: Sequence[Any], responder: Responder, order_key: Hashable) -> None:
         """A request relayed by the arbiter, as its protocol frames.  One that does not parse is
@@ -104,9 +107,10 @@ class RequestHandler:
         partition = self._partitions.get(request.topic, request.partition)
         responder.partition = partition
         max_bytes = min(max(request.max_bytes, 1), FETCH_MAX_BYTES)
+        max_wait_ms = min(request.max_wait_ms, self._max_wait_ms)
         waiter = FetchWaiter(header.correlation_id, responder, order_key, request.offset, max_bytes,
-                             request.min_bytes, expired=request.max_wait_ms == 0)
-        partition.fetch(waiter, time.monotonic() + request.max_wait_ms / 1000)
+                             request.min_bytes, expired=max_wait_ms == 0)
+        partition.fetch(waiter, time.monotonic() + max_wait_ms / 1000)
         if not waiter.finished:
             responder.parked = True
 

@@ -134,7 +134,7 @@ class Worker:
         self._stats = WorkerStats()
         self._stats_failing = False  # the last stats file write failed (logged once)
         self._partitions = PartitionSet(config.data_dir, config.log, self._flusher, self._stats)
-        self._handler = RequestHandler(self._partitions, self._stats)
+        self._handler = RequestHandler(self._partitions, self._stats, max_wait_ms=config.fetch_max_wait_ms)
         self._server: FetchServer | None = None
 
     # --- boot ----------------------------------------------------------------------------------
@@ -179,7 +179,8 @@ class Worker:
             self._server = FetchServer(self._listener, self._handler,
                                        max_connections=self._config.max_connections,
                                        max_request_bytes=min(self._config.max_request_bytes,
-                                                             protocol.DATA_PORT_MAX_REQUEST_BYTES))
+                                                             protocol.DATA_PORT_MAX_REQUEST_BYTES),
+                                       max_idle_s=self._config.connections_max_idle_ms / 1000)
         except (zmq.ZMQError, OSError) as e:
             logger.error("cannot connect to the arbiter at %s or serve the data port: %s",
                          self._backend_address, e)
@@ -238,6 +239,7 @@ class Worker:
             partitions.flush_due()
             now = time.monotonic()
             partitions.deadlines.expire(now)
+            server.close_idle(now)
             if now >= self._next_heartbeat:
                 self._on_heartbeat(now)
             if now >= self._next_maintenance:
