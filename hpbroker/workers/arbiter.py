@@ -249,14 +249,15 @@ class Arbiter:
         self._back.setsockopt(zmq.LINGER, 0)
         self._back.bind(self._backend_address)
         self._front = self._context.socket(zmq.ROUTER)
-        self._front.setsockopt(zmq.MAXMSGSIZE, config.max_request_bytes)
+        assert self._frontend is not None
+        peers = self._frontend.configure(self._front)  # limits and the connection monitor: before the bind
         self._front.setsockopt(zmq.LINGER, 1000)
         host = config.host
         if ":" in host:
             self._front.setsockopt(zmq.IPV6, 1)
             host = f"[{host}]"
         if self._metrics is not None:  # before the bind, so that it sees every connection
-            self._metrics.watch_peers(self._front)
+            self._metrics.watch_peers(peers)
         self._front.bind(f"tcp://{host}:{config.port}")
         self._front_endpoint = self._front.getsockopt_string(zmq.LAST_ENDPOINT)
         assert self._frontend is not None
@@ -338,8 +339,10 @@ class Arbiter:
 
     def _cleanup(self) -> None:
         self._leave_zookeeper()
-        if self._metrics is not None:  # before the ZeroMQ context: it holds a monitor socket
+        if self._metrics is not None:
             self._metrics.close()
+        if self._frontend is not None:  # before the ZeroMQ context: it holds a monitor socket
+            self._frontend.close_peers()
         self._notifier.close()
         for sock in (self._front, self._back):
             if sock is not None:
@@ -610,16 +613,15 @@ class Arbiter:
         poller.register(self._wakeup[0], zmq.POLLIN)
         poller.register(self._back, zmq.POLLIN)
         poller.register(self._front, zmq.POLLIN)
-        peers = self._metrics.peers_socket if self._metrics is not None else None
-        drain_peers = self._metrics.drain_peers if self._metrics is not None else None
-        if peers is not None:
-            poller.register(peers, zmq.POLLIN)
+        assert self._frontend is not None and self._frontend.peers is not None
+        peers, drain_peers = self._frontend.peers.socket, self._frontend.peers.drain
+        poller.register(peers, zmq.POLLIN)  # connections counted and capped
         front_registered = True
         while True:
             events = dict(poller.poll(_POLL_MS))
             if self._back in events:  # first: what a worker said before dying still counts
                 self._drain_backend()
-            if drain_peers is not None and peers in events:
+            if peers in events:
                 drain_peers()
             if self._wakeup[0] in events:
                 with contextlib.suppress(BlockingIOError):

@@ -11,15 +11,14 @@ renders, on the scraping thread, from:
   current process: per-partition traffic and log state, per-worker latencies, flush times,
   requests, errors, connections;
 - the front-end's error counts (a dict of ints the loop updates, copied whole);
-- the ZeroMQ front-end's open connections, counted from a socket monitor that the loop drains
-  (:meth:`MetricsEndpoint.drain_peers`), attached before the front-end binds so that it sees
-  every connection: accepted ones minus disconnected ones;
+- the ZeroMQ front-end's open connections, as ``hpbroker.workers.peers.FrontendPeers`` counts
+  them from the front-end's socket monitor (which the loop drains; an int read whole);
 - with ZooKeeper, the consumer groups' committed offsets (``hpbroker.coord.lag``, read on a
   thread of their own every ``metrics_lag_interval_ms``), against the high watermarks of the
   partitions this broker serves;
 - the arbiter process's own usage.
 
-Nothing here runs on the loop except :meth:`~MetricsEndpoint.drain_peers` and the hand-overs
+Nothing here runs on the loop except the hand-overs
 (``slots``, ``stopping``, :meth:`~MetricsEndpoint.set_topics`): a slow scrape costs the loop
 nothing but the GIL.  ``/healthz`` answers 200 while every worker serves, 503 otherwise.
 :data:`FAMILIES` is every metric; docs/METRICS.md describes each (a test keeps the two equal).
@@ -27,15 +26,11 @@ nothing but the GIL.  ``/healthz`` answers 200 while every worker serves, 503 ot
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from hpbroker import __version__
 from hpbroker.broker.config import BrokerConfig
@@ -49,6 +44,7 @@ from hpbroker.workers.stats import read_stats
 if TYPE_CHECKING:  # kazoo is loaded only by a broker configured with ZooKeeper
     from hpbroker.coord.lag import GroupOffsetsPoller
     from hpbroker.coord.session import Session
+    from hpbroker.workers.peers import FrontendPeers
 
 __all__ = ["FAMILIES", "MetricsEndpoint", "SlotView"]
 
@@ -127,7 +123,6 @@ _PARTITION_FIELDS = (  # stats file field -> family
     ("size_bytes", "hpbroker_log_size_bytes"),
     ("segments", "hpbroker_log_segments"),
 )
-_PEER_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,9 +150,7 @@ class MetricsEndpoint:
         self._started_s = started_s if started_s is not None else time.time()
         self.slots: tuple[SlotView, ...] = ()
         self.stopping = False
-        self._monitor: zmq.Socket | None = None
-        self._router: zmq.Socket | None = None
-        self._peers = 0
+        self._peers: FrontendPeers | None = None
         self._groups: GroupOffsetsPoller | None = None
         self._server = MetricsServer(config.metrics_host or config.host, config.metrics_port, self.render,
                                      self.health)
@@ -168,32 +161,13 @@ class MetricsEndpoint:
 
     # --- the arbiter's side -------------------------------------------------------------------
 
-    def watch_peers(self, front: zmq.Socket) -> None:
-        """Count the front-end's connections from now on (drain :attr:`peers_socket` from the
-        loop).  Call it before ``front`` binds: a connection accepted before would be missed."""
-        self._router = front
-        self._monitor = front.get_monitor_socket(_PEER_EVENTS)
+    def watch_peers(self, peers: FrontendPeers) -> None:
+        """Show the front-end's connections as ``peers`` counts them (the loop drains it)."""
+        self._peers = peers
 
     def start(self) -> None:
         """Serve the endpoint."""
         self._server.start()
-
-    @property
-    def peers_socket(self) -> zmq.Socket | None:
-        return self._monitor
-
-    def drain_peers(self) -> None:
-        """Count the front-end's connections from the monitor's events (the loop's thread)."""
-        assert self._monitor is not None
-        while True:
-            try:
-                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            if event["event"] == zmq.EVENT_ACCEPTED:
-                self._peers += 1
-            elif event["event"] == zmq.EVENT_DISCONNECTED:
-                self._peers -= 1  # of a connection whose acceptance was seen: the monitor came first
 
     def watch_groups(self, session: Session, interval_s: float, topics: frozenset[str]) -> None:
         """Read the consumer groups' committed offsets of ``topics`` from ZooKeeper from now on."""
@@ -217,12 +191,6 @@ class MetricsEndpoint:
         """Stop serving and watching.  Idempotent; before the ZeroMQ context is terminated."""
         self.stop_watching_groups()
         self._server.close()
-        if self._monitor is not None:
-            assert self._router is not None
-            with contextlib.suppress(zmq.ZMQError):  # the router may be closed already
-                self._router.disable_monitor()
-            self._monitor.close(linger=0)
-            self._monitor = None
 
     # --- the scraping thread ------------------------------------------------------------------
 
@@ -249,8 +217,8 @@ class MetricsEndpoint:
                             ("process_open_fds", open_fds())):
             if value is not None:
                 families[name].add((), value)
-        if self._monitor is not None:
-            families["hpbroker_frontend_connections"].add((), self._peers)
+        if self._peers is not None:
+            families["hpbroker_frontend_connections"].add((), self._peers.count)
         slots = self.slots
         for state in _STATES:
             families["hpbroker_workers"].add((state,), sum(1 for s in slots if s.state == state))

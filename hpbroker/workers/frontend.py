@@ -15,10 +15,16 @@ A client message on the front-end ROUTER is ``[client_id, head, payload?]``.  Th
   :class:`~hpbroker.workers.admin.TopicAdmin`, which answers once the owning workers have done
   their part.
 
-A request whose header parses but whose body does not gets an error response with its
-correlation id; one whose header does not parse cannot be answered and is dropped (logged).  A
-produce with ``acks`` 0 never gets a response, not even an error.  Every error response sent from
-here is counted in :attr:`Frontend.error_counts` (for the metrics endpoint, which copies it),
+A request whose header parses but whose body does not (a message of more than two frames
+included) gets an error response with its correlation id; one whose header does not parse cannot
+be answered and is dropped (logged).  A produce with ``acks`` 0 never gets a response, not even
+an error.  docs/PROTOCOL.md's "Malformed and oversized requests" lists every case.
+
+The front-end ROUTER's own limits (message size, heartbeats, the connection cap) are set by
+:meth:`Frontend.configure` before it binds: ``hpbroker.workers.peers``.
+
+Every error response sent from here is counted in :attr:`Frontend.error_counts` (for the
+metrics endpoint, which copies it),
 every api key the broker does not know under :data:`UNKNOWN_API_KEY`: a client cannot make the
 table, nor the metric's series, grow with the keys it invents.
 """
@@ -48,6 +54,7 @@ from hpbroker.workers import backend
 from hpbroker.workers.admin import TopicAdmin
 from hpbroker.workers.heartbeat import read_heartbeat
 from hpbroker.workers.ownership import owner_slot
+from hpbroker.workers.peers import FrontendPeers, configure_front
 from hpbroker.workers.slots import Slot
 
 if TYPE_CHECKING:  # kazoo is loaded only by a broker configured with ZooKeeper
@@ -83,6 +90,7 @@ class Frontend:
         self._clock = clock
         self._front: zmq.Socket | None = None
         self._back: zmq.Socket | None = None
+        self.peers: FrontendPeers | None = None
         self._identities = [backend.worker_identity(s.index) for s in slots]
         # Per slot: the relayed requests its process has not answered, (client, correlation id) ->
         # api key, so that they can be answered with error 15 if it dies.
@@ -91,6 +99,19 @@ class Frontend:
         self.error_counts: dict[tuple[int, int], int] = {}
         self.admin = TopicAdmin(store, len(slots), send_control=self.send_control, reply=self._answer_waiter,
                                 is_serving=lambda index: slots[index].serving, timeout_s=admin_timeout_s)
+
+    def configure(self, front: zmq.Socket) -> FrontendPeers:
+        """Set the front-end ROUTER's limits and start counting and capping its connections
+        (``hpbroker.workers.peers``).  Call it before ``front`` binds; drain :attr:`peers` from the
+        loop, and :meth:`close_peers` before the context ends."""
+        configure_front(front, self._config)
+        self.peers = FrontendPeers(front, port=self._config.port,
+                                   max_connections=self._config.frontend_max_connections)
+        return self.peers
+
+    def close_peers(self) -> None:
+        if self.peers is not None:
+            self.peers.close()
 
     def attach(self, front: zmq.Socket, back: zmq.Socket) -> None:
         self._front, self._back = front, back

@@ -12,6 +12,7 @@ from scrape import parse
 
 from hpbroker.broker.config import BrokerConfig
 from hpbroker.workers.exporter import MetricsEndpoint, SlotView
+from hpbroker.workers.peers import FrontendPeers
 
 
 class StoppedMidScrape(MetricsEndpoint):
@@ -66,8 +67,10 @@ def test_front_end_connections_made_before_the_endpoint_serves_are_counted_exact
     router = context.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
     clients = []
+    peers = None
     try:
-        metrics.watch_peers(router)  # as the arbiter does: before the bind
+        peers = FrontendPeers(router, port=0, max_connections=100)  # as the arbiter does: before the bind
+        metrics.watch_peers(peers)
         port = router.bind_to_random_port("tcp://127.0.0.1")
         for _ in range(3):  # connected before anything drains the monitor or serves
             client = context.socket(zmq.DEALER)
@@ -76,7 +79,7 @@ def test_front_end_connections_made_before_the_endpoint_serves_are_counted_exact
             clients.append(client)
 
         def connections() -> float | None:
-            metrics.drain_peers()
+            peers.drain()
             return parse(metrics.render()).value("hpbroker_frontend_connections")
 
         wait_until(lambda: connections() == 3, 10, what="3 connections counted")
@@ -84,7 +87,9 @@ def test_front_end_connections_made_before_the_endpoint_serves_are_counted_exact
         clients.pop().close()
         wait_until(lambda: connections() == 2, 10, what="a disconnection counted")
     finally:
-        metrics.close()  # disables the monitor, before the router closes
+        metrics.close()
+        if peers is not None:
+            peers.close()  # disables the monitor, before the router closes
         for client in clients:
             client.close()
         router.close()
