@@ -133,7 +133,11 @@ def _print_report(report, out, verbose: bool) -> None:
         print(f"{report.name}: OK ({report.segments} segments, {report.batches} batches, {offsets}, "
               f"{report.size_in_bytes} bytes)", file=out)
     else:
-        print(f"{report.name}: {len(report.problems)} PROBLEMS", file=out)
+        counts = ""
+        if report.segments:
+            counts = (f" ({report.segments} segments, {report.batches} valid batches, "
+                      f"{report.size_in_bytes} bytes)")
+        print(f"{report.name}: {len(report.problems)} PROBLEMS{counts}", file=out)
         for problem in report.problems:
             print(f"  {problem}", file=out)
     if verbose:

@@ -1,7 +1,9 @@
 """``hpbroker dump-log SEGMENT [--records]``: list the batches of a ``.log`` segment file, checking
 each batch's framing, CRC, records and offset continuity (like Kafka's DumpLogSegments); a batch
 that fails a check is listed with the reason (``valid: false (CRC mismatch: stored ...,
-computed ...)``) and the listing goes on after it.  Exit status 1 when the file holds anything
+computed ...)``) and the listing goes on after it; bytes that cannot be framed as a batch are
+listed as one ``DAMAGED`` run up to the next valid batch (found as recovery finds it, by its
+header and CRC), and the listing goes on there.  Exit status 1 when the file holds anything
 that is not a valid batch, 2 when it cannot be read.  ``hpbroker check`` verifies whole data
 directories, indexes included."""
 
@@ -13,6 +15,7 @@ import os
 import sys
 
 from hpbroker import records
+from hpbroker.errors import CorruptRecordError
 from hpbroker.io.verify import walk_batches
 
 _SEGMENT_SUFFIX = ".log"
@@ -27,7 +30,8 @@ def _segment_base_offset(path: str) -> int:
 def dump_log(path: str, *, show_records: bool, out=None) -> int:
     """Print every batch of a segment file; 0 when the whole file is valid, 1 otherwise.  A batch
     that fails its CRC (or any other check) but can still be framed is printed ``valid: false``
-    with the reason, and the listing goes on after it; bytes that cannot be framed end it."""
+    with the reason, and the listing goes on after it; bytes that cannot be framed are one
+    ``DAMAGED`` line up to the next valid batch, or the end when none follows."""
     out = out if out is not None else sys.stdout
     size = os.path.getsize(path)
     print(f"Dumping {path} ({size} bytes)", file=out)
@@ -43,10 +47,19 @@ def dump_log(path: str, *, show_records: bool, out=None) -> int:
                           f"bytes from there to the end are not valid batches)", file=out)
                     invalid += 1
                     break
+                chunk = view[batch.position : batch.position + batch.size]
+                try:
+                    header = records.read_header(chunk)
+                except CorruptRecordError:
+                    header = None
+                if header is None or header.size != batch.size:  # bytes that do not frame a batch
+                    print(f"DAMAGED at position {batch.position}: {batch.error} ({batch.size} bytes that are "
+                          f"not a batch)", file=out)
+                    invalid += 1
+                    chunk.release()
+                    continue
                 batches += 1
                 invalid += batch.error is not None
-                chunk = view[batch.position : batch.position + batch.size]
-                header = records.read_header(chunk)
                 record_count += header.record_count
                 verdict = "valid: true" if batch.error is None else f"valid: false ({batch.error})"
                 print(

@@ -10,7 +10,10 @@ or rebuild, or where acknowledged data rotted:
   base offset.  After a batch that fails but whose length field still frames it, the walk goes on
   at the next batch, expecting the offset after the failed batch's span from where it should
   have started, so one flipped bit hides nothing after it and makes nothing after it look wrong;
-  it stops only where no batch can be framed (a truncated or garbled tail);
+  where no batch can be framed (garbled bytes, a length field hit), it resynchronises as recovery
+  does (``hpbroker.io.damage``: the next position holding a whole batch whose CRC matches and
+  whose offset can follow) and goes on from there; only bytes after which no valid batch follows
+  end the walk (a truncated or garbled tail);
 - **segments**: each starts where the previous one ends (offsets contiguous across the log);
 - **offset index**: whole, strictly increasing entries; a non-empty log's first entry at offset 0,
   position 0; every entry at the position of a batch whose base offset is the entry's;
@@ -46,6 +49,7 @@ from dataclasses import dataclass, field
 from hpbroker import _core
 from hpbroker.errors import CorruptRecordError
 from hpbroker.io.checkpoint import CHECKPOINT_VERSION
+from hpbroker.io.damage import find_next_batch
 from hpbroker.io.files import (
     CHECKPOINT_FILE_NAME,
     CLEAN_SHUTDOWN_FILE_NAME,
@@ -77,6 +81,7 @@ __all__ = [
 ]
 
 _MAX_STATE_FILE_BYTES = 64  # the checkpoint and the marker are two short lines
+_NO_UPPER_OFFSET = 2**63 - 1  # resynchronising accepts any base offset from the expected one on
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,9 +138,14 @@ class SegmentBatch:
 
 def walk_batches(data: bytes | mmap.mmap | memoryview, expected_offset: int = -1) -> Iterator[SegmentBatch]:
     """Every batch of a segment's bytes, valid or not (module docstring).  ``expected_offset``:
-    the segment's base offset, or -1 not to check offsets.  A final entry with ``size`` -1 marks
-    bytes where no batch can be framed; nothing follows it."""
+    the segment's base offset, or -1 not to check offsets.  Bytes where no batch can be framed are
+    one entry, up to the next valid batch (its ``next_offset`` that batch's base offset); a final
+    entry with ``size`` -1 marks such bytes when no valid batch follows them."""
     position, size = 0, len(data)
+
+    def read(at: int, length: int) -> bytes:
+        return bytes(data[at : at + length])
+
     while position < size:
         scan = _core.scan_batches(data, position, expected_offset=expected_offset, deep=True)
         for i in range(scan.batch_count):
@@ -151,8 +161,18 @@ def walk_batches(data: bytes | mmap.mmap | memoryview, expected_offset: int = -1
         except CorruptRecordError:
             header = None
         if header is None or header.size <= 0 or position + header.size > size:
-            yield SegmentBatch(position, -1, scan.next_offset, -1, -1, error, intact=False)
-            return
+            found = find_next_batch(read, position, size, max(scan.next_offset, 0), _NO_UPPER_OFFSET)
+            if found is None:
+                yield SegmentBatch(position, -1, scan.next_offset, -1, -1, error, intact=False)
+                return
+            at, next_header = found
+            yield SegmentBatch(position, at - position, scan.next_offset, next_header.base_offset, -1,
+                               f"{error} (resynchronised at position {at}, offset {next_header.base_offset})",
+                               intact=False)
+            position = at
+            if expected_offset >= 0:
+                expected_offset = next_header.base_offset
+            continue
         alone = _core.scan_batches(data[position : position + header.size], deep=True)
         span = header.next_offset - header.base_offset
         next_offset = scan.next_offset + span if expected_offset >= 0 else header.next_offset
@@ -243,6 +263,7 @@ class _SegmentScan:
     max_so_far: dict[int, tuple[int, bool]] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
     valid_end: int = -1  # position where a torn tail starts, -1 when there is none
+    valid_batches: int = 0  # batches that passed every check
     torn_index_entries: int = 0  # index entries at or after it
 
 
@@ -274,6 +295,7 @@ def _check_segment(directory: str, base: int, report: PartitionReport, recovered
     else:
         scan.valid_end = -1
     report.problems += scan.problems
+    report.batches += scan.valid_batches
     indexed = _check_offset_index(directory, base, scan, report)
     _check_time_index(directory, base, indexed, scan, report)
     if scan.torn_index_entries:
@@ -292,6 +314,7 @@ def _scan_segment(data: bytes | mmap.mmap, base: int, log_name: str) -> _Segment
         offset = scan.next_offset  # the batch's, unless its header is wrong
         if batch.error is None:
             scan.valid_end = -1
+            scan.valid_batches += 1
         else:
             scan.problems.append(Problem(log_name, batch.position, offset, batch.error))
             if scan.valid_end < 0:
