@@ -101,6 +101,11 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...], str]] = {
         GAUGE, _P, "The partition's log end as consumers see it: the offset after the last flushed record."),
     "hpbroker_log_size_bytes": (GAUGE, _P, "Bytes of flushed batches in the partition's segments."),
     "hpbroker_log_segments": (GAUGE, _P, "Segments of the partition's log."),
+    "hpbroker_log_damaged_ranges": (
+        GAUGE, _P, "Damaged ranges known in the partition's log: stored bytes that failed their checks, or "
+                   "a missing segment; reads there get error 18."),
+    "hpbroker_log_damaged_records": (
+        GAUGE, _P, "Offsets inside the partition's damaged ranges: records that cannot be read."),
     "hpbroker_consumer_group_committed_offset": (
         GAUGE, _G, "The group's committed offset (the next record it consumes) in a partition served here."),
     "hpbroker_consumer_group_lag": (
@@ -122,6 +127,8 @@ _PARTITION_FIELDS = (  # stats file field -> family
     ("high_watermark", "hpbroker_log_high_watermark"),
     ("size_bytes", "hpbroker_log_size_bytes"),
     ("segments", "hpbroker_log_segments"),
+    ("damaged_ranges", "hpbroker_log_damaged_ranges"),
+    ("damaged_records", "hpbroker_log_damaged_records"),
 )
 
 

@@ -39,7 +39,8 @@ which the arbiter reads on each scrape, so figures are at most one ``heartbeat_i
      "partitions": [{"topic": "orders", "partition": 3,
                      "produced_records": 0, "produced_bytes": 0, "fetched_records": 0,
                      "fetched_bytes": 0, "flushes": 0, "flushed_bytes": 0, "log_start_offset": 0,
-                     "high_watermark": 0, "size_bytes": 0, "segments": 1}, ...]}
+                     "high_watermark": 0, "size_bytes": 0, "segments": 1, "damaged_ranges": 0,
+                     "damaged_records": 0}, ...]}
 
 Histograms are ``hpbroker.metrics.Histogram`` snapshots over ``LATENCY_BUCKETS_S``.  A respawned
 worker starts again from zero: a reset, which Prometheus's ``rate`` and ``increase`` take in their
@@ -123,12 +124,14 @@ class WorkerStats:
 
 def _partition_entry(partition: Partition) -> dict[str, Any]:
     log = partition.log
+    damaged = log.damaged_ranges
     return {"topic": partition.topic, "partition": partition.partition,
             "produced_records": partition.produced_records, "produced_bytes": partition.produced_bytes,
             "fetched_records": partition.fetched_records, "fetched_bytes": partition.fetched_bytes,
             "flushes": partition.flushes_done, "flushed_bytes": partition.flushed_bytes,
             "log_start_offset": log.log_start_offset, "high_watermark": log.high_watermark,
-            "size_bytes": log.size_in_bytes, "segments": log.segment_count}
+            "size_bytes": log.size_in_bytes, "segments": log.segment_count,
+            "damaged_ranges": len(damaged), "damaged_records": sum(r.record_count for r in damaged)}
 
 
 class TimedResponder:

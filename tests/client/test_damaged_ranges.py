@@ -11,7 +11,8 @@ import signal
 from pathlib import Path
 
 import pytest
-from harness import start_broker
+from harness import free_ports, start_broker, wait_until
+from scrape import scrape
 
 from hpbroker import Consumer, TopicPartition, protocol
 from hpbroker.client.connection import BrokerAddress, BrokerConnection
@@ -30,14 +31,31 @@ class Broker:
         self.tmp_path = tmp_path
         self.data_dir = tmp_path / "data"
         self.starts = 0
-        self.process, self.port = start_broker(self.data_dir, self._log_path(), workers=1)
+        port = free_ports(3)
+        self.metrics_port = port + 2
+        self.config = tmp_path / "broker.toml"
+        self.config.write_text(f"[broker]\nmetrics_port = {self.metrics_port}\n")
+        self.process, self.port = start_broker(self.data_dir, self._log_path(), workers=1, port=port,
+                                               config=self.config)
 
     def _log_path(self) -> Path:
         self.starts += 1
         return self.tmp_path / f"broker-{self.starts}.log"
 
     def restart(self) -> None:
-        self.process, _ = start_broker(self.data_dir, self._log_path(), workers=1, port=self.port)
+        self.process, _ = start_broker(self.data_dir, self._log_path(), workers=1, port=self.port,
+                                       config=self.config)
+
+    def damaged_gauges(self) -> tuple[float | None, float | None]:
+        """``hpbroker_log_damaged_ranges`` and ``_records`` of the partition, once reported."""
+        labels = {"topic": TOPIC, "partition": 0}
+
+        def reported():
+            metrics = scrape(self.metrics_port)
+            ranges = metrics.value("hpbroker_log_damaged_ranges", **labels)
+            return ranges is not None and ranges > 0 and (ranges, metrics.value(
+                "hpbroker_log_damaged_records", **labels))
+        return wait_until(reported, timeout_s=20, what="the damaged-range gauges")
 
     def kill_9(self) -> None:
         """An unclean stop: the workers and the arbiter killed, nothing closed."""
@@ -123,6 +141,7 @@ def test_a_flipped_byte_below_the_recovery_point_costs_only_its_batch(broker):
     assert f"{segment}: offsets [1200, 1300) at positions [{scan.positions[victim]}, " in log
     assert segment.stat().st_size == len(data), "no byte that reached the disk is cut"
     assert broker.produce(40, 1) == [4000], "the log end did not move back: no offset reused"
+    assert broker.damaged_gauges() == (1, 100)
 
     records, errors, _ = consume_all(broker.port, 4100)
     assert [r.offset for r in records] == list(range(1200)), "by default a consumer stops at the damage"
@@ -151,6 +170,7 @@ def test_a_segment_missing_from_the_middle_is_a_gap_and_later_segments_stay(brok
         [n for n in names if n != names[1]], "no later segment is deleted"
     assert f"offsets [{missing}, {after})" in broker.process.log()
     assert broker.produce(40, 1) == [4000], "offsets after the gap are never handed out again"
+    assert broker.damaged_gauges() == (1, after - missing)
 
     records, errors, _ = consume_all(broker.port, 4100)
     assert [r.offset for r in records] == list(range(missing))
