@@ -2,8 +2,8 @@
 relays client requests to them.
 
 ``Arbiter(config).run()`` returns the broker's exit status: :data:`EXIT_OK` after a graceful stop,
-:data:`EXIT_ERROR` when it could not start or had to give up (a worker that failed to boot, a slot
-dying in a loop).
+:data:`EXIT_ERROR` when it could not start (a port taken, ZooKeeper unreachable).  No worker slot
+makes it exit: a slot that keeps dying or cannot boot is retried with backoff ("Crash loops").
 
 **Start.**  Create the data directory and lock it (``.lock``, ``flock``; the lock's descriptor is
 inherited by the workers, so a second broker cannot start on the directory while any process of
@@ -35,9 +35,20 @@ dispatches each signal to ``handle_<name>``.  Each turn it also checks heartbeat
 ``worker_timeout_ms``, or a booting one not ready within ``worker_boot_timeout_ms``, gets SIGABRT,
 then SIGKILL after :data:`KILL_GRACE_S`.  Children are reaped with ``waitpid(WNOHANG)`` on SIGCHLD
 (and on every turn, in case a signal came before its handler).  A slot is forked again only after
-its old process has been reaped: a partition never has two writers.  A worker exiting with
-``EXIT_BOOT_FAILED`` stops the broker with an error instead of a fork loop, and so does a slot
-that dies more than ``slots.RESTART_LIMIT`` times in ``slots.RESTART_WINDOW_S``.
+its old process has been reaped: a partition never has two writers.
+
+**Crash loops.**  A slot that dies more than ``slots.RESTART_LIMIT`` times in
+``slots.RESTART_WINDOW_S``, whose worker exits with ``EXIT_BOOT_FAILED`` (it could not open its
+partitions: retrying at once would only fork in a loop), or that cannot be forked, is held back
+(``SlotState.BACKOFF``) and forked again after a backoff of 1 s doubling up to 60 s with each
+further death (``hpbroker.workers.slots``).  Only its partitions are unavailable meanwhile:
+requests for them are answered with error 15 saying that the slot is crash-looping and when it
+is retried, metadata gives them error 15, and every other slot keeps serving.  The log says so
+(ERROR), the metrics too (``hpbroker_worker_crashloop``, ``hpbroker_worker_backoff_seconds``,
+``hpbroker_worker_backoffs_total``, ``/healthz`` 503) and the systemd status.  A retried worker
+that reports ready serves at once; the backoff is forgotten once it has served 60 s without
+dying.  Even when every slot crash-loops the broker stays up: it answers metadata (every
+partition with error 15), reports itself unavailable, and keeps retrying.
 
 **ZooKeeper.**  With ``config.zookeeper`` set, the arbiter joins ZooKeeper once its first
 workers are forked and its sockets bound: a :class:`~hpbroker.coord.member.BrokerMember`
@@ -62,10 +73,12 @@ on a scrape.
 
 **Service manager.**  Under systemd (``$NOTIFY_SOCKET``, ``hpbroker.workers.notify``) the loop
 sends ``READY=1`` once every worker serves for the first time (sockets bound, ZooKeeper joined,
-every partition recovered), ``STATUS=`` lines while recovering, after a respawn and when serving
-again, ``STOPPING=1`` when a stop begins, and ``WATCHDOG=1`` every half ``$WATCHDOG_USEC``;
-until ``READY=1`` is sent, ``EXTEND_TIMEOUT_USEC`` keeps a long recovery within the unit's start
-timeout (a start that hangs before the loop runs still hits it).
+every partition recovered), or, when some slot crash-loops meanwhile, once every slot either
+serves or is held back (the status then says "degraded" or "unavailable": a start does not wait
+forever for a slot that cannot boot); ``STATUS=`` lines while recovering, after a respawn, while
+a slot crash-loops and when serving again, ``STOPPING=1`` when a stop begins, and ``WATCHDOG=1``
+every half ``$WATCHDOG_USEC``; until ``READY=1`` is sent, ``EXTEND_TIMEOUT_USEC`` keeps a long
+recovery within the unit's start timeout (a start that hangs before the loop runs still hits it).
 
 **Stop.**  SIGTERM or SIGINT: stop accepting connections and reading requests (responses still
 flow back to the clients), SIGTERM every worker, reap them until ``graceful_timeout_ms``, then
@@ -103,7 +116,15 @@ from hpbroker.workers.exporter import MetricsEndpoint, SlotView
 from hpbroker.workers.frontend import Frontend
 from hpbroker.workers.heartbeat import heartbeat_path
 from hpbroker.workers.notify import ServiceNotifier
-from hpbroker.workers.slots import RESTART_LIMIT, RESTART_WINDOW_S, Slot, SlotState
+from hpbroker.workers.ownership import owner_slot
+from hpbroker.workers.slots import (
+    BACKOFF_MAX_S,
+    BACKOFF_RESET_S,
+    RESTART_LIMIT,
+    RESTART_WINDOW_S,
+    Slot,
+    SlotState,
+)
 from hpbroker.workers.stats import stats_path
 
 if TYPE_CHECKING:  # kazoo is loaded only by a broker configured with ZooKeeper
@@ -322,7 +343,8 @@ class Arbiter:
     def _publish_slots(self) -> None:
         """Hand the metrics endpoint the slot table as it is now (after every change of state)."""
         if self._metrics is not None:
-            self._metrics.slots = tuple(SlotView(s.index, s.state.value, s.pid, max(0, s.forks - 1))
+            self._metrics.slots = tuple(SlotView(s.index, s.state.value, s.pid, max(0, s.forks - 1),
+                                                 s.crash_looping, s.backoff_s, s.backoffs)
                                         for s in self._slots)
 
     def _topic_names(self) -> frozenset[str]:
@@ -427,7 +449,7 @@ class Arbiter:
         except OSError as e:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
             logger.error("[arbiter] cannot fork a worker for slot %d: %s", slot.index, e)
-            self._halt(f"fork failed: {e}")
+            self._hold_back(slot, time.monotonic(), f"cannot fork: {e.strerror or e}")
             return
         if pid == 0:
             self._become_worker(slot.index, specs)
@@ -491,7 +513,8 @@ class Arbiter:
     def _on_exit(self, slot: Slot, code: int) -> None:
         pid, asked = slot.pid, slot.state is SlotState.STOPPING
         how = f"exit status {code}" if code >= 0 else f"signal {signal.Signals(-code).name}"
-        deaths = slot.reaped(time.monotonic(), count_death=not self._stopping)
+        now = time.monotonic()
+        deaths = slot.reaped(now, count_death=not self._stopping)
         self._publish_slots()
         _remove_heartbeat(self._run_dir, slot.index)
         assert self._frontend is not None
@@ -501,21 +524,53 @@ class Arbiter:
             logger.info("[arbiter] worker slot=%d pid=%d exited (%s)", slot.index, pid, how)
             return
         if code == backend.EXIT_BOOT_FAILED:
-            logger.error("[arbiter] worker slot=%d pid=%d failed to boot (exit status %d): stopping the "
-                         "broker; see the worker's log above for why", slot.index, pid, code)
-            self._halt(f"worker slot {slot.index} failed to boot")
+            logger.error("[arbiter] worker slot=%d pid=%d failed to boot (exit status %d); see the worker's "
+                         "log above for why", slot.index, pid, code)
+            self._hold_back(slot, now, f"failed to boot (exit status {code})")
             return
         log = logger.warning if asked else logger.error
         log("[arbiter] worker slot=%d pid=%d died (%s)", slot.index, pid, how)
         if deaths > RESTART_LIMIT:
-            logger.error("[arbiter] worker slot=%d died %d times within %g s: stopping the broker",
-                         slot.index, deaths, RESTART_WINDOW_S)
-            self._halt(f"worker slot {slot.index} keeps dying")
+            self._hold_back(slot, now, f"died {deaths} times within {RESTART_WINDOW_S:g} s, last by {how}")
+            return
+        if slot.backoff_s:  # still crash-looping: it died within BACKOFF_RESET_S of its retry
+            self._hold_back(slot, now, f"died again after its retry, by {how}")
             return
         self._spawn(slot)
         if slot.alive:
             self._notifier.status(f"worker slot {slot.index} died ({how}); respawned as pid {slot.pid}, "
                                   f"recovering its partitions")
+
+    def _hold_back(self, slot: Slot, now: float, reason: str) -> None:
+        """The slot is crash-looping (module docstring): fork it again only after its backoff."""
+        delay_s = slot.hold_back(now, reason)
+        self._publish_slots()
+        logger.error("[arbiter] worker slot=%d is crash-looping (%s): its %d partitions are unavailable "
+                     "(error 15) and it is retried in %g s (backoff doubling up to %g s); the other slots "
+                     "keep serving", slot.index, reason, self._partitions_of(slot.index), delay_s,
+                     BACKOFF_MAX_S)
+        if all(s.crash_looping for s in self._slots):
+            logger.error("[arbiter] every worker slot is crash-looping: no partition is served; the broker "
+                         "stays up, answers metadata and retries each slot with backoff")
+        self._notify_slots()
+
+    def _retry(self, slot: Slot) -> None:
+        """Fork a held-back slot again, its backoff over."""
+        logger.warning("[arbiter] worker slot=%d: retrying after a %g s backoff (crash-looping: %s)",
+                       slot.index, slot.backoff_s, slot.crash_reason)
+        self._spawn(slot)
+        if slot.alive:
+            self._notify_slots()
+
+    def _partitions_of(self, index: int) -> int:
+        """How many partitions the slot owns."""
+        assert self._store is not None
+        count = len(self._slots)
+        total = 0
+        for topic in self._store.topics():
+            first = (index - owner_slot(topic.name, 0, count)) % count  # its first partition's number
+            total += 0 if first >= topic.partitions else (topic.partitions - 1 - first) // count + 1
+        return total
 
     def _on_ready(self, slot: Slot, body: dict) -> None:
         if slot.state is not SlotState.BOOTING or body.get("pid") != slot.pid \
@@ -524,29 +579,53 @@ class Arbiter:
                        "[arbiter] ignored a ready from slot %d (%s): its process is pid %d, %s",
                        slot.index, body, slot.pid, slot.state.value)
             return
-        slot.state, slot.ready_wall = SlotState.SERVING, time.time()
+        slot.became_ready(time.monotonic(), time.time())
         self._publish_slots()
         logger.info("[arbiter] worker slot=%d pid=%d serving (ready in %.2f s)", slot.index, slot.pid,
                     time.monotonic() - slot.forked_at)
+        if slot.backoff_s:
+            logger.warning("[arbiter] worker slot=%d serves again after crash-looping; it is no longer held "
+                           "back once it has served %g s without dying", slot.index, BACKOFF_RESET_S)
         assert self._frontend is not None
         self._frontend.admin.slot_ready(slot.index)
-        if not self._all_serving_logged and all(s.serving for s in self._slots):
-            self._all_serving_logged = True
-            logger.info("[arbiter] all %d workers serving", len(self._slots))
-            self._notify_serving()
+        if all(s.serving for s in self._slots):
+            if not self._all_serving_logged:
+                self._all_serving_logged = True
+                logger.info("[arbiter] all %d workers serving", len(self._slots))
+                self._notify_slots()
+        elif any(s.crash_looping for s in self._slots):
+            self._notify_slots()
 
-    def _notify_serving(self) -> None:
-        """Every worker serves: READY=1 the first time (the front-end is bound and every
-        partition recovered by then), a STATUS line after a respawn."""
+    def _notify_slots(self) -> None:
+        """Tell the service manager how the slots are.  ``READY=1`` the first time every slot
+        serves or is crash-looping (the front-end is bound and every partition that can be
+        recovered is by then); afterwards a STATUS line."""
         assert self._store is not None
-        partitions = sum(t.partitions for t in self._store.topics())
-        status = (f"serving {partitions} partitions on port {self.config.port} "
-                  f"with {len(self._slots)} workers")
+        serving = sum(1 for s in self._slots if s.serving)
+        looping = [s for s in self._slots if s.crash_looping]
+        if serving == len(self._slots):
+            partitions = sum(t.partitions for t in self._store.topics())
+            status = (f"serving {partitions} partitions on port {self.config.port} "
+                      f"with {len(self._slots)} workers")
+        elif len(looping) == 1:
+            (slot,) = looping
+            status = (f"worker slot {slot.index} is crash-looping ({slot.crash_reason}): its partitions are "
+                      f"unavailable and it is retried with backoff (now {slot.backoff_s:g} s)")
+        elif looping:
+            status = (f"worker slots {', '.join(str(s.index) for s in looping)} are crash-looping: their "
+                      "partitions are unavailable and they are retried with backoff")
+        else:
+            return  # only restarting or booting: the respawn's own STATUS line says so
+        if looping:
+            health = "degraded" if serving else "unavailable"
+            status = f"{health}: {status}; {serving} of {len(self._slots)} workers serving"
         if self._ready_notified:
             self._notifier.status(status)
-        else:
+        elif all(s.serving or s.crash_looping for s in self._slots):
             self._ready_notified = True
             self._notifier.ready(status)
+        else:
+            self._notifier.status(status)
 
     def _signal_slot(self, slot: Slot, signum: int, reason: str, grace_s: float) -> None:
         """Ask a slot's process to go: it stops getting requests now, and gets SIGKILL if it is
@@ -691,7 +770,15 @@ class Arbiter:
                 self._stop_deadline = float("inf")
             return
         for slot in self._slots:
-            self._check_slot(slot, now)
+            if slot.state is SlotState.BACKOFF:
+                if now >= slot.retry_at:
+                    self._retry(slot)
+            elif slot.settled(now):
+                logger.info("[arbiter] worker slot=%d has served %g s since its retry: no longer "
+                            "crash-looping", slot.index, BACKOFF_RESET_S)
+                self._publish_slots()
+            else:
+                self._check_slot(slot, now)
         assert self._frontend is not None and self._store is not None
         self._frontend.admin.expire(now)
         if self._member is not None and self._store.version != self._member_version:

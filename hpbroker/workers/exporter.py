@@ -20,7 +20,8 @@ renders, on the scraping thread, from:
 
 Nothing here runs on the loop except the hand-overs
 (``slots``, ``stopping``, :meth:`~MetricsEndpoint.set_topics`): a slow scrape costs the loop
-nothing but the GIL.  ``/healthz`` answers 200 while every worker serves, 503 otherwise.
+nothing but the GIL.  ``/healthz`` answers 200 while every worker serves, 503 otherwise (naming
+the slots that crash-loop).
 :data:`FAMILIES` is every metric; docs/METRICS.md describes each (a test keeps the two equal).
 """
 
@@ -59,10 +60,19 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "process_cpu_seconds_total": (COUNTER, (), "CPU time of the arbiter process, in seconds."),
     "process_resident_memory_bytes": (GAUGE, (), "Resident memory of the arbiter process."),
     "process_open_fds": (GAUGE, (), "Open file descriptors of the arbiter process."),
-    "hpbroker_workers": (GAUGE, ("state",), "Worker slots by state: booting, serving, stopping, dead."),
+    "hpbroker_workers": (
+        GAUGE, ("state",), "Worker slots by state: booting, serving, stopping, dead, backoff."),
     "hpbroker_worker_serving": (GAUGE, ("worker",), "1 while the slot's worker serves requests, else 0."),
     "hpbroker_worker_restarts_total": (
         COUNTER, ("worker",), "Times the slot's worker was started again after its process ended."),
+    "hpbroker_worker_crashloop": (
+        GAUGE, ("worker",),
+        "1 while the slot is crash-looping: its partitions are unavailable and it is retried with backoff."),
+    "hpbroker_worker_backoff_seconds": (
+        GAUGE, ("worker",),
+        "The slot's crash-loop backoff before a retry (doubling up to 60 s); 0 when not crash-looping."),
+    "hpbroker_worker_backoffs_total": (
+        COUNTER, ("worker",), "Times the slot was held back with a backoff instead of restarted at once."),
     "hpbroker_worker_start_time_seconds": (
         GAUGE, ("worker",), "When the slot's current worker process started; its counters count from then."),
     "hpbroker_worker_report_age_seconds": (
@@ -113,7 +123,7 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "hpbroker_consumer_group_offsets_age_seconds": (
         GAUGE, (), "Age of the committed offsets behind the consumer-group metrics."),
 }
-_STATES = ("booting", "serving", "stopping", "dead")  # SlotState values
+_STATES = ("booting", "serving", "stopping", "dead", "backoff")  # SlotState values
 _REQUEST_NAMES = {getattr(ApiKey, name): name.lower() for name in vars(ApiKey) if name.isupper()}
 _UNKNOWN_REQUEST = "unknown"  # every api key the broker does not know: one series, not one per key
 _PARTITION_FIELDS = (  # stats file field -> family
@@ -140,6 +150,9 @@ class SlotView:
     state: str  # a SlotState value
     pid: int
     restarts: int
+    crash_looping: bool = False  # its partitions unavailable: held back or retrying (slots.Slot)
+    backoff_s: float = 0.0  # the current crash-loop backoff; 0 when not crash-looping
+    backoffs: int = 0  # times it was held back
 
 
 class MetricsEndpoint:
@@ -204,9 +217,13 @@ class MetricsEndpoint:
     def health(self) -> tuple[bool, str]:
         slots = self.slots
         serving = sum(1 for s in slots if s.state == "serving")
+        text = f"{serving} of {len(slots)} workers serving"
+        looping = [str(s.index) for s in slots if s.crash_looping]
+        if looping:
+            text += f"; crash-looping, retried with backoff: slot {', '.join(looping)}"
         if self.stopping:
-            return False, f"stopping: {serving} of {len(slots)} workers serving"
-        return serving == len(slots), f"{serving} of {len(slots)} workers serving"
+            return False, f"stopping: {text}"
+        return serving == len(slots), text
 
     def render(self) -> str:
         return render(self.collect())
@@ -239,6 +256,9 @@ class MetricsEndpoint:
         for view in slots:
             families["hpbroker_worker_serving"].add((view.index,), int(view.state == "serving"))
             families["hpbroker_worker_restarts_total"].add((view.index,), view.restarts)
+            families["hpbroker_worker_crashloop"].add((view.index,), int(view.crash_looping))
+            families["hpbroker_worker_backoff_seconds"].add((view.index,), view.backoff_s)
+            families["hpbroker_worker_backoffs_total"].add((view.index,), view.backoffs)
             stats = read_stats(self._run_dir, view.index) if view.pid else None
             if stats is None or stats.get("pid") != view.pid:
                 continue

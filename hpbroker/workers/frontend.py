@@ -164,7 +164,7 @@ class Frontend:
         if not self._slots[slot].serving:
             error = PartitionNotAvailableError(
                 f"partition {request.partition} of {topic.name!r}: its worker (slot {slot}) is "
-                f"{self._slots[slot].state.value}")
+                f"{self._slots[slot].condition(self._clock())}")
         else:
             error = self._send_backend(slot, backend.encode_relay(client, message))
         if error is not None:

@@ -4,9 +4,11 @@ Under systemd with ``Type=notify`` the service manager passes ``$NOTIFY_SOCKET``
 Unix datagram socket (a path, or an abstract name written with a leading ``@``).  Each datagram
 is newline-separated ``KEY=VALUE`` assignments; the ones the broker sends:
 
-- ``READY=1`` once every worker has recovered its partitions and serves (the unit then counts as
-  started, and ``systemctl start`` returns);
+- ``READY=1`` once every worker has recovered its partitions and serves, or, while some slot is
+  crash-looping, once every slot serves or is held back (the unit then counts as started, and
+  ``systemctl start`` returns);
 - ``STATUS=<text>``, shown by ``systemctl status``: recovering, serving, a worker respawned,
+  ``degraded: worker slot N is crash-looping ...`` (``unavailable: ...`` when no slot serves),
   stopping;
 - ``STOPPING=1`` when a graceful stop begins;
 - ``WATCHDOG=1`` every half ``$WATCHDOG_USEC`` when systemd set it (``WatchdogSec=``), from the

@@ -7,6 +7,8 @@ slot's stand-in worker:
 - ``"normal"`` (default): connect, heartbeat, report ready, answer every relayed request with a
   canned response naming its slot and pid, acknowledge every control, stop on SIGTERM;
 - ``"boot_fail"``: exit with EXIT_BOOT_FAILED at once;
+- ``"boot_fail_while_marked"``: exit with EXIT_BOOT_FAILED at once while the file
+  ``<marker_dir>/boot_fail-<slot>`` exists, else normal;
 - ``"silent_once"``: the first process in the slot reports ready but never heartbeats; its
   successors are normal;
 - ``"crash_after_ready"``: report ready, then exit with status 1;
@@ -40,6 +42,9 @@ from hpbroker.workers.heartbeat import write_heartbeat
 def standin_worker(modes, marker_dir):
     def run(slot, config, partitions, data_listener, backend_address, run_dir):
         mode = modes.get(str(slot), "normal")
+        if mode == "boot_fail_while_marked":
+            marked = os.path.exists(os.path.join(marker_dir, f"boot_fail-{slot}"))
+            mode = "boot_fail" if marked else "normal"
         if mode == "boot_fail":
             print(f"[worker slot={slot}] cannot open partitions: stand-in boot failure", file=sys.stderr)
             return backend.EXIT_BOOT_FAILED

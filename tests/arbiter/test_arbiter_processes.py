@@ -1,5 +1,6 @@
 """The arbiter with real processes: boot, routing, respawn after kill -9, silent and failing
-workers, graceful stop.  The workers are the stand-in of standin_broker.py."""
+workers, graceful stop.  The workers are the stand-in of standin_broker.py.  Slots that crash in a
+loop or cannot boot: test_slot_crashloop.py."""
 
 from __future__ import annotations
 
@@ -205,23 +206,6 @@ def test_broker_whose_ports_are_taken_exits_with_an_error(standin):
         assert broker.wait_exit(timeout_s=10) != 0
         assert f"cannot listen on data port 127.0.0.1:{taken}" in broker.log()
         assert "forked worker" not in broker.log()
-
-
-def test_worker_failing_to_boot_stops_the_broker_with_an_error(standin):
-    broker, _, _ = standin(workers=3, modes={"1": "boot_fail"})
-    assert broker.wait_exit(timeout_s=10) != 0
-    log = broker.log()
-    assert "worker slot=1" in log and "failed to boot (exit status 3): stopping the broker" in log
-    assert log.count("forked worker slot=1") == 1  # no fork loop
-    assert not any(pid_alive(pid) for pid in broker.worker_pids().values())
-
-
-def test_slot_dying_in_a_loop_stops_the_broker(standin):
-    broker, _, _ = standin(workers=2, modes={"0": "crash_after_ready"})
-    assert broker.wait_exit(timeout_s=15) != 0
-    log = broker.log()
-    assert "worker slot=0 died 6 times within 60 s: stopping the broker" in log
-    assert not any(pid_alive(pid) for pid in broker.worker_pids().values())
 
 
 def test_sigterm_stops_every_worker_and_exits_zero(standin, tmp_path):
