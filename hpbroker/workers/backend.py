@@ -50,8 +50,8 @@ __all__ = [
 RELAY = b"R"  # a client request or its response
 CONTROL = b"C"  # arbiter <-> worker coordination, JSON
 
-# Worker exit statuses the arbiter acts on (as gunicorn's): a worker that could not boot makes the
-# arbiter stop with an error instead of respawning it in a loop.
+# Worker exit statuses the arbiter acts on (as gunicorn's): a worker that could not boot has its
+# slot held back and retried with backoff (hpbroker.workers.slots) instead of respawned in a loop.
 EXIT_OK = 0
 EXIT_BOOT_FAILED = 3
 
