@@ -45,6 +45,7 @@ import argparse
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -253,15 +254,17 @@ class _Stack:
         else:
             zookeeper = f"{self.connect_string} (external)"
         metrics_host = self.config.metrics_host or registration.host
-        metrics = (f"  metrics    http://{metrics_host}:{self.config.metrics_port}/metrics (Prometheus)\n"
-                   if self.config.metrics_port else "")
+        metrics_url = (f"http://{metrics_host}:{self.config.metrics_port}/metrics"
+                       if self.config.metrics_port else None)
+        metrics = f"  metrics    {metrics_url} (Prometheus)\n" if metrics_url else ""
         print(f"hpbroker {__version__} stack up\n"
               f"  zookeeper  {zookeeper}\n"
               f"  broker {registration.broker_id}   tcp://{registration.host}:{registration.port} (ZeroMQ "
               f"front-end), data ports {data_ports} (TCP) (pid {self.broker.pid}; data in "
               f"{self.config.data_dir})\n"
               f"{metrics}"
-              f"Ctrl-C or SIGTERM stops both.", flush=True)
+              f"Ctrl-C or SIGTERM stops both.\n"
+              f"{next_commands(f'{registration.host}:{registration.port}', metrics_url)}", flush=True)
 
     # --- running and stopping -------------------------------------------------------------------
 
@@ -313,6 +316,37 @@ class _Stack:
         server, self.server = self.server, None
         if server is not None:
             server.stop()
+
+
+def next_commands(bootstrap: str, metrics_url: str | None) -> str:
+    """The end of the announcement: commands to try next against this stack, ready to paste
+    (the programs as this Python installed them, the broker's real address)."""
+    hpbroker, loadgen = _program("hpbroker", "hpbroker.cli"), _program("loadgen", "loadgen.cli")
+    at = f"--bootstrap {bootstrap}"
+    metrics = (f"  curl -s {metrics_url} | grep -E '^hpbroker_(produced|fetched)_records_total'"
+               if metrics_url else "  (hpbroker up --metrics-port 9644 also serves Prometheus metrics)")
+    return (f"Try, in another terminal:\n"
+            f"  {hpbroker} topics create demo --partitions 4 {at}\n"
+            f"  printf 'alice:hello\\nbob:world\\n' | {hpbroker} produce demo --key-separator : {at}\n"
+            f"  {hpbroker} consume demo --from-beginning --max-records 2 {at}\n"
+            f"  {loadgen} e2e --topic load --create-topic --partitions 4 --rate 10000 --duration 5 {at}\n"
+            f"{metrics}")
+
+
+def _program(name: str, module: str) -> str:
+    """How to run the console script ``name`` of this installation: its bare name when the PATH
+    finds this one, else its path (relative to the working directory when under it), else
+    ``python -m module``."""
+    script = Path(sys.executable).parent / name
+    if not os.access(script, os.X_OK):
+        return f"{sys.executable} -m {module}"
+    found = shutil.which(name)
+    if found is not None and Path(found).absolute() == script.absolute():
+        return name
+    try:
+        return str(script.absolute().relative_to(Path.cwd()))
+    except ValueError:
+        return str(script)
 
 
 class _ZooKeeperKeeper:

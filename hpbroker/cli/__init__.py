@@ -11,22 +11,37 @@
 - ``hpbroker groups list|describe|reset-offsets``: consumer groups in ZooKeeper (``groups``)
 - ``hpbroker audit``: stored records against the producers' monitoring events, on Spark (``audit``)
 
-Exit status: 0 on success, 1 when the operation failed (the message says why), 2 for bad usage.
+Exit status: 0 on success, 1 when the operation failed (the message says why, naming the error:
+``hpbroker consume: unknown topic or partition: ...``), 2 for bad usage (the message and the usage
+of the subcommand that was given it, not the top-level one).
 Client commands find the broker with ``--bootstrap host:port``, else ``$HPBROKER_BOOTSTRAP``, else
 ``127.0.0.1:9092``.  Imports are deferred to the command that needs them, so ``hpbroker serve``
 never loads the client and the client commands never load the broker.
+
+**A closed standard output** (``hpbroker dump-log SEGMENT | head``) ends the command quietly, as it
+ends other Unix tools: killed by SIGPIPE (a shell reports status 141), without a traceback or a
+message.  The commands that read only files (:data:`FILE_COMMANDS`) get SIGPIPE's default action
+from the start, as a C program has it; the others keep Python's (ignored, so that a write to a
+socket whose peer went away is an error, not a silent death) and turn a BrokenPipeError that
+reaches :func:`main` into the same end, once standard output is seen to be a broken pipe.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import select
+import signal
 import sys
 from collections.abc import Sequence
 
 from hpbroker import __version__
 from hpbroker.cli import audit, check, consume, groups, produce, segments, server, topics
 
-__all__ = ["main"]
+__all__ = ["FILE_COMMANDS", "build_parser", "main"]
+
+#: Subcommands that touch no socket: killed by SIGPIPE on a closed standard output.
+FILE_COMMANDS = frozenset({"version", "dump-log", "check"})
 
 
 def _version(_args: argparse.Namespace) -> int:
@@ -43,18 +58,58 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("version", help="print the version").set_defaults(run=_version)
     for module in (server, segments, check, topics, produce, consume, groups, audit):
         module.register(sub)
+    _remember_parsers(parser)
     return parser
+
+
+def _remember_parsers(parser: argparse.ArgumentParser) -> None:
+    """Give every (sub)parser itself as the default ``usage_parser``: the innermost one that
+    parsed a command line wins, and :func:`main` reports unknown arguments with its usage."""
+    parser.set_defaults(usage_parser=parser)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _remember_parsers(child)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["up"]:  # the stack parses its own flags (hpbroker.stack)
         return server.up(argv[1:])
-    args = build_parser().parse_args(argv)
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:  # argparse would show the top-level usage; the subcommand's says more
+        args.usage_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.command in FILE_COMMANDS and hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
         return args.run(args)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # e.g. `hpbroker consume ... | head`
-        sys.stderr.close()
-        return 0
+        if not _stdout_broken():
+            raise  # a socket's, which the command should have reported: a bug worth a traceback
+        _die_of_sigpipe()
+        return 1  # pragma: no cover - where SIGPIPE does not exist
+
+
+def _stdout_broken() -> bool:
+    """Whether standard output is a pipe whose reader has gone (poll reports an error on it)."""
+    try:
+        fd = sys.__stdout__.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def _die_of_sigpipe() -> None:
+    """End as a Unix tool ends on a closed pipe: killed by SIGPIPE, nothing more written."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)  # the exit's flush of what is buffered goes nowhere
+        os.dup2(devnull, sys.__stdout__.fileno())
+    except (AttributeError, OSError, ValueError):
+        pass
+    if hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGPIPE)

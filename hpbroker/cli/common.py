@@ -1,10 +1,20 @@
-"""What the client subcommands share: finding the broker, and turning errors into exit status 1."""
+"""What the client subcommands share: finding the broker, and turning errors into exit status 1.
+
+An hpbroker error is one line that names it in words, then says what happened, then gives its
+class and wire code for scripts and searches::
+
+    hpbroker consume: unknown topic or partition: topic 'nosuch' does not exist
+    (UnknownTopicOrPartitionError, error 6)
+
+(on one line).
+"""
 
 from __future__ import annotations
 
 import argparse
 import functools
 import os
+import re
 import sys
 from collections.abc import Callable
 
@@ -23,6 +33,28 @@ def add_bootstrap(parser: argparse.ArgumentParser) -> None:
                              f"{DEFAULT_BOOTSTRAP})")
 
 
+# Names that read badly word by word; a name of one word gets "error" after it ("storage error").
+_NAMES = {"UnknownServerError": "unknown server error", "HPBrokerError": "error",
+          "InvalidConfigError": "invalid configuration"}
+
+
+def error_name(error: HPBrokerError) -> str:
+    """The error's name in words: ``UnknownTopicOrPartitionError`` is "unknown topic or partition"."""
+    cls = type(error).__name__
+    if cls in _NAMES:
+        return _NAMES[cls]
+    words = [word if word.isupper() and len(word) > 1 else word.lower()
+             for word in re.findall(r"[A-Z]+(?![a-z])|[A-Z][a-z0-9]*|[a-z0-9]+", cls.removesuffix("Error"))]
+    if len(words) == 1:
+        words.append("error")
+    return " ".join(words) or cls
+
+
+def describe_error(error: HPBrokerError) -> str:
+    """``<name in words>: <message> (<class>, error <code>)`` (module docstring)."""
+    return f"{error_name(error)}: {error.message} ({type(error).__name__}, error {error.code})"
+
+
 def reports_errors(command: str) -> Callable[[Callable[[argparse.Namespace], int]],
                                               Callable[[argparse.Namespace], int]]:
     """Run the command; an hpbroker error, a refused value, a timeout, an address ZeroMQ cannot
@@ -37,7 +69,7 @@ def reports_errors(command: str) -> Callable[[Callable[[argparse.Namespace], int
             except BrokenPipeError:
                 raise  # the reader went away (`| head`): main() ends quietly
             except HPBrokerError as e:
-                print(f"hpbroker {command}: {type(e).__name__}: {e.message}", file=sys.stderr)
+                print(f"hpbroker {command}: {describe_error(e)}", file=sys.stderr)
             except (ValueError, TypeError, TimeoutError, OSError, RuntimeError, zmq.ZMQError) as e:
                 print(f"hpbroker {command}: {type(e).__name__}: {e}", file=sys.stderr)
             return 1

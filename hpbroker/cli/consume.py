@@ -1,4 +1,4 @@
-"""``hpbroker consume TOPIC``: print records of a topic's partitions, one per line.
+r"""``hpbroker consume TOPIC``: print records of a topic's partitions, one per line.
 
 Where to start: ``--from-beginning``, ``--offset N`` (an offset outside the log is an error that
 names the log's bounds), ``--from-time T`` (ms since the epoch, or an ISO 8601 time, UTC unless it
@@ -6,9 +6,17 @@ says otherwise), else the end (only records produced from now on).
 It stops after ``--max-records``, or once no record came for ``--timeout-ms``; otherwise it waits
 for new records until interrupted.
 
-Formats: ``text`` (default): ``<partition> <offset> <time> key=<key> <value>``, with bytes that are
-not UTF-8 escaped; ``value``: the value's bytes alone, one per line; ``json``: one object per line
-with every field (key and value as UTF-8 text, escaped where needed).
+Formats (``--format``):
+
+- ``text`` (default): ``<partition> <offset> <time> key=<key> <value>``, one record per line
+  whatever its bytes: in the key and the value a backslash is written ``\\``, a newline ``\n``,
+  a carriage return ``\r``, a tab ``\t``, and every other character that is not printable, or
+  byte that is not UTF-8, ``\xNN`` (``\uNNNN`` above U+00FF), as in a Python string literal;
+- ``raw``: the same line with the key's and the value's bytes as they are (what ``text`` wrote
+  before it escaped anything): a value holding a newline spans lines;
+- ``value``: the value's bytes alone, as they are, one per line;
+- ``json``: one object per line with every field (key and value as UTF-8 text, escaped where
+  needed).
 """
 
 from __future__ import annotations
@@ -35,13 +43,38 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="start at the first record at or after TIME (ms since the epoch or ISO 8601)")
     consume.add_argument("--max-records", "-n", type=int, metavar="N", help="stop after N records")
     consume.add_argument("--timeout-ms", type=int, metavar="MS", help="stop once no record came for MS ms")
-    consume.add_argument("--format", choices=("text", "value", "json"), default="text",
-                         help="output format (default text)")
+    consume.add_argument("--format", choices=("text", "raw", "value", "json"), default="text",
+                         help="text (default: newlines and unprintable bytes escaped), raw (the same "
+                              "lines, bytes as they are), value (the value's bytes alone) or json")
     consume.set_defaults(run=_run)
 
 
 def _text(data: bytes | None) -> str:
     return "" if data is None else data.decode("utf-8", "backslashreplace")
+
+
+_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def escaped(data: bytes | None) -> str:
+    """``data`` as one line of printable text (module docstring, format ``text``)."""
+    if data is None:
+        return ""
+    text = data.decode("utf-8", "surrogateescape")  # a byte that is not UTF-8 becomes U+DC80..U+DCFF
+    if text.isprintable() and "\\" not in text:
+        return text
+    return "".join(ch if ch.isprintable() and ch != "\\" else _escape(ch) for ch in text)
+
+
+def _escape(ch: str) -> str:
+    if ch in _ESCAPES:
+        return _ESCAPES[ch]
+    code = ord(ch)
+    if 0xDC80 <= code <= 0xDCFF:  # a byte that is not UTF-8
+        return f"\\x{code - 0xDC00:02x}"
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def _time(timestamp_ms: int) -> str:
@@ -68,9 +101,19 @@ def _printer(fmt: str):
 
         return write_json
 
+    if fmt == "raw":
+        raw_out = out.buffer
+
+        def write_raw(record) -> None:
+            key = b"" if record.key is None else b" key=" + record.key
+            raw_out.write(f"{record.partition} {record.offset} {_time(record.timestamp)}".encode() + key
+                          + b" " + (record.value or b"") + b"\n")
+
+        return write_raw
+
     def write_text(record) -> None:
-        key = "" if record.key is None else f" key={_text(record.key)}"
-        value = _text(record.value)
+        key = "" if record.key is None else f" key={escaped(record.key)}"
+        value = escaped(record.value)
         out.write(f"{record.partition} {record.offset} {_time(record.timestamp)}{key} {value}\n")
 
     return write_text

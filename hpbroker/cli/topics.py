@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from hpbroker.cli.common import add_bootstrap, reports_errors
+from hpbroker.cli.common import add_bootstrap, error_name, reports_errors
 
 # The per-topic settings (LogConfig's fields) and their value types.
 TOPIC_SETTINGS: dict[str, type] = {
@@ -24,6 +24,7 @@ TOPIC_SETTINGS: dict[str, type] = {
     "flush_ms": int,
     "flush_fsync": bool,
     "file_delete_delay_ms": int,
+    "message_timestamp_after_max_ms": int,
 }
 
 
@@ -101,11 +102,14 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _describe(description) -> None:
+    from hpbroker.errors import error_for_code
+
     settings = ", ".join(f"{k}={v}" for k, v in sorted(description.configs.items())) or "broker defaults"
     print(f"topic {description.name}: {len(description.partitions)} partitions; settings: {settings}")
     print(f"{'partition':>9}  {'leader':>6}  {'data port':<21}  {'log start':>12}  "
           f"{'high watermark':>14}  status")
     for p in description.partitions:
-        status = "serving" if p.error_code == 0 else f"error {p.error_code}"
+        status = "serving" if p.error_code == 0 else \
+            f"{error_name(error_for_code(p.error_code))} (error {p.error_code})"
         print(f"{p.partition:>9}  {p.leader:>6}  {f'{p.host}:{p.fetch_port}':<21}  {p.log_start_offset:>12}  "
               f"{p.high_watermark:>14}  {status}")

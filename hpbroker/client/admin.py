@@ -23,8 +23,8 @@ from types import TracebackType
 
 from hpbroker import protocol
 from hpbroker.client.connection import BrokerAddress, BrokerConnection, parse_bootstrap
-from hpbroker.client.metadata import ClusterMetadata, PartitionInfo
-from hpbroker.errors import HPBrokerError, UnknownTopicOrPartitionError, error_for_code
+from hpbroker.client.metadata import ClusterMetadata, PartitionInfo, topic_error
+from hpbroker.errors import HPBrokerError, UnknownTopicOrPartitionError
 
 __all__ = ["Admin", "TopicDescription"]
 
@@ -90,8 +90,7 @@ class Admin:
             if topic.name != name:
                 continue
             if topic.error_code:
-                raise error_for_code(topic.error_code,
-                                     f"topic {name!r}: broker says error {topic.error_code}")
+                raise topic_error(name, topic.error_code)
             return TopicDescription(name, metadata.partitions(name),
                                     {entry.key: entry.value for entry in topic.configs})
         raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")

@@ -30,7 +30,15 @@ from hpbroker.errors import (
     error_for_code,
 )
 
-__all__ = ["ClusterMetadata", "MetadataRefreshes", "PartitionInfo"]
+__all__ = ["ClusterMetadata", "MetadataRefreshes", "PartitionInfo", "topic_error"]
+
+
+def topic_error(topic: str, code: int) -> HPBrokerError:
+    """The error a broker's metadata reported for ``topic``: the class names the error (code
+    ``code``), the message says which topic."""
+    if code == UnknownTopicOrPartitionError.code:
+        return UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
+    return error_for_code(code, f"metadata of topic {topic!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +99,7 @@ class ClusterMetadata:
             response = self.refresh(topic)
             for described in response.topics:
                 if described.name == topic and described.error_code:
-                    raise error_for_code(described.error_code, f"topic {topic!r}: broker says error "
-                                                               f"{described.error_code}")
+                    raise topic_error(topic, described.error_code)
         found = self._topics.get(topic)
         if found is None:
             raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
@@ -223,5 +230,5 @@ class MetadataRefreshes:
         described = next((t for t in body.topics if t.name == topic), None)
         if described is None or described.error_code:
             code = described.error_code if described is not None else UnknownTopicOrPartitionError.code
-            return error_for_code(code, f"topic {topic!r}: broker says error {code}")
+            return topic_error(topic, code)
         return None

@@ -184,7 +184,6 @@ class MonitoringPublisher:
         metadata.update(response)
         for described in response.topics:
             if described.name == topic and described.error_code and described.error_code != 6:
-                raise error_for_code(described.error_code,
-                                     f"audit topic {topic!r}: broker says error {described.error_code}")
+                raise error_for_code(described.error_code, f"metadata of the audit topic {topic!r}")
         partitions = metadata.cached(topic)
         return len(partitions) if partitions else 0

@@ -215,3 +215,27 @@ def test_broker_keeps_serving_while_the_stack_starts_its_killed_zookeeper_again(
             holder.close()
         connection.close()
         stack.stop()
+
+
+def test_the_announcement_ends_with_commands_that_work_as_pasted(tmp_path):
+    metrics_port = free_ports(1)
+    stack, up = start_stack(tmp_path, "--metrics-port", str(metrics_port))
+    try:
+        announcement = stack.log()[up.start():]
+        tail = announcement[announcement.index("Try, in another terminal:\n"):].splitlines()[1:]
+        commands = [line.strip() for line in tail if line.startswith("  ")]
+        assert len(commands) == 5, announcement
+        bootstrap = f"--bootstrap 127.0.0.1:{up['port']}"
+        assert all(bootstrap in command for command in commands[:4]), commands
+        outputs = []
+        for command in commands:  # pasted into a shell, in the directory the stack was started from
+            result = subprocess.run(["bash", "-o", "pipefail", "-c", command], capture_output=True,
+                                    timeout=120)
+            assert result.returncode == 0, (command, result.stdout, result.stderr)
+            outputs.append(result.stdout.decode())
+        assert sorted(line.partition(" key=")[2] for line in outputs[2].splitlines()) == \
+            ["alice hello", "bob world"]
+        assert f"http://127.0.0.1:{metrics_port}/metrics" in commands[4]
+        assert "hpbroker_produced_records_total" in outputs[4]
+    finally:
+        stack.stop()
