@@ -31,6 +31,7 @@ code  class                            retriable  meaning
 16    BrokerNotAvailableError          yes        client side: the broker cannot be reached (never sent)
 17    CoordinationError                yes        ZooKeeper cannot be reached, or a registration there failed
 18    DamagedRangeError                no         the offset is in a damaged range; says where reading resumes
+19    InvalidTimestampError            no         a record's timestamp is too far ahead of the broker's clock
 ====  ===============================  =========  =====================================================
 """
 
@@ -47,6 +48,7 @@ __all__ = [
     "InvalidPartitionsError",
     "InvalidRecordError",
     "InvalidRequestError",
+    "InvalidTimestampError",
     "InvalidTopicError",
     "OffsetOutOfRangeError",
     "PartitionNotAvailableError",
@@ -201,6 +203,13 @@ class DamagedRangeError(CorruptRecordError):
         self.next_offset = next_offset
 
 
+class InvalidTimestampError(HPBrokerError):
+    """A batch holds a record timestamp further ahead of the broker's clock than the topic's
+    ``message_timestamp_after_max_ms`` allows; nothing of the request is appended."""
+
+    code = 19
+
+
 ERRORS_BY_CODE: dict[int, type[HPBrokerError]] = {
     cls.code: cls
     for cls in (
@@ -222,6 +231,7 @@ ERRORS_BY_CODE: dict[int, type[HPBrokerError]] = {
         BrokerNotAvailableError,
         CoordinationError,
         DamagedRangeError,
+        InvalidTimestampError,
     )
 }
 

@@ -63,6 +63,11 @@ class LogConfig:
     #: ms; how long the file descriptors of deleted segments stay open, so a slice being sent
     #: from one stays readable.  Default 60_000.  Range [0, 2**31 - 1].
     file_delete_delay_ms: int = 60_000
+    #: ms; an append whose batch holds a record timestamp more than this ahead of the broker's
+    #: clock is refused (InvalidTimestampError), so one producer with a wrong clock cannot stall
+    #: time-based retention and rolling of every later segment (Kafka's setting of the same
+    #: name).  Default 3_600_000 (1 hour); 2**63 - 1 accepts any.  Range [0, 2**63 - 1].
+    message_timestamp_after_max_ms: int = 3_600_000
 
     def __post_init__(self) -> None:
         _check_int("segment_bytes", self.segment_bytes, MIN_SEGMENT_BYTES, MAX_SEGMENT_BYTES)
@@ -74,6 +79,7 @@ class LogConfig:
         _check_int("flush_messages", self.flush_messages, 1, _MAX_I32)
         _check_int("flush_ms", self.flush_ms, 0, _MAX_I32)
         _check_int("file_delete_delay_ms", self.file_delete_delay_ms, 0, _MAX_I32)
+        _check_int("message_timestamp_after_max_ms", self.message_timestamp_after_max_ms, 0, _MAX_I64)
         if not isinstance(self.flush_fsync, bool):
             raise InvalidConfigError(f"flush_fsync must be a bool, got {self.flush_fsync!r}")
 

@@ -105,6 +105,7 @@ from hpbroker.errors import (
     CorruptRecordError,
     DamagedRangeError,
     HPBrokerError,
+    InvalidTimestampError,
     OffsetOutOfRangeError,
     StorageError,
 )
@@ -473,7 +474,9 @@ class PartitionLog:
         """Append the whole batches in ``buf`` (as a producer sent them); returns the offsets given.
 
         Raises CorruptRecordError, InvalidRecordError or RecordTooLargeError (the log unchanged)
-        when ``buf`` is not one or more valid batches of at most ``max_message_bytes`` each.  The
+        when ``buf`` is not one or more valid batches of at most ``max_message_bytes`` each, and
+        InvalidTimestampError when one holds a timestamp too far ahead of the clock
+        (``message_timestamp_after_max_ms``).  The
         records are pending until flushed.  A ``bytes`` object, or a view of one, is held, not
         copied, until then; so is any buffer the caller declares ``immutable`` (a received
         ZeroMQ message: libzmq never changes one).  Anything else is copied first (a bytearray,
@@ -489,6 +492,7 @@ class PartitionLog:
             view = memoryview(view.tobytes())
         scan = _core.validate_batches(view, max_batch_bytes=self._config.max_message_bytes)
         now = self._clock()
+        self._check_timestamps(scan, now)
         first_offset = self._log_end_offset
         for i in range(scan.batch_count):
             position, size, max_timestamp = scan.positions[i], scan.sizes[i], scan.max_timestamps[i]
@@ -512,6 +516,17 @@ class PartitionLog:
             self._flush_pending(fsync=self._config.flush_fsync)
         return AppendInfo(first_offset, self._log_end_offset - 1, self._log_end_offset - first_offset,
                           scan.batch_count)
+
+    def _check_timestamps(self, scan: _core.ScanResult, now_ms: int) -> None:
+        """InvalidTimestampError, before anything changes, when a batch holds a record timestamp
+        more than ``message_timestamp_after_max_ms`` ahead of the clock (LogConfig)."""
+        bound = self._config.message_timestamp_after_max_ms
+        for i in range(scan.batch_count):
+            if scan.max_timestamps[i] - now_ms > bound:
+                raise InvalidTimestampError(
+                    f"[{self._name}] batch {i} of the request holds a record timestamp "
+                    f"{scan.max_timestamps[i]}, {scan.max_timestamps[i] - now_ms} ms ahead of the broker's "
+                    f"clock ({now_ms}); message_timestamp_after_max_ms allows {bound}")
 
     def _flush_due(self, now_ms: int) -> bool:
         if not self._pending:
@@ -757,8 +772,10 @@ class PartitionLog:
     def delete_old_segments(self, now_ms: int | None = None) -> int:
         """Apply retention to closed segments, oldest first; returns how many were deleted.
 
-        A segment goes when its largest timestamp (for a segment without one, the modification
-        time of its ``.log``) is older than ``now - retention_ms``, or while
+        A segment goes when its largest timestamp (for a segment without one, or whose largest
+        timestamp lies further past its ``.log``'s modification time than
+        ``message_timestamp_after_max_ms`` allows, that modification time: see
+        ``Segment.retention_time_ms``) is older than ``now - retention_ms``, or while
         the log without it still holds ``retention_bytes``; the active segment always stays.
         Files are unlinked at once, durably (the directory is fsynced before this returns, so
         ``log_start_offset`` cannot move back after a power loss); descriptors stay open
@@ -771,7 +788,8 @@ class PartitionLog:
         count = 0
         for segment in self._segments[:-1]:
             size = segment.size_in_bytes
-            expired = config.retention_ms >= 0 and segment.retention_time_ms() < now - config.retention_ms
+            expired = config.retention_ms >= 0 and segment.retention_time_ms(
+                config.message_timestamp_after_max_ms) < now - config.retention_ms
             oversize = config.retention_bytes >= 0 and remaining - size >= config.retention_bytes
             if not (expired or oversize):
                 break

@@ -506,13 +506,20 @@ class Segment:
                         return record.offset
         return None
 
-    def retention_time_ms(self) -> int:
+    def retention_time_ms(self, timestamp_after_max_ms: int) -> int:
         """The time retention ages this segment by: its largest record timestamp, or, when it
         has none (``max_timestamp`` -1), the modification time of its ``.log`` (Kafka's rule),
-        never -1, which would make any segment look ancient."""
+        never -1, which would make any segment look ancient.  A largest timestamp more than
+        ``timestamp_after_max_ms`` past that modification time cannot have been accepted when it
+        was written (it came in before the bound was set, or lowered): the modification time is
+        used instead, so a record stamped in the far future cannot keep its segment, and every
+        later one, forever."""
+        written_ms = -1
         if self.max_timestamp >= 0:
-            return self.max_timestamp
-        return os.fstat(self.log.fd).st_mtime_ns // 1_000_000
+            written_ms = os.fstat(self.log.fd).st_mtime_ns // 1_000_000
+            if self.max_timestamp - written_ms <= timestamp_after_max_ms:
+                return self.max_timestamp
+        return written_ms if written_ms >= 0 else os.fstat(self.log.fd).st_mtime_ns // 1_000_000
 
     # --- the end -----------------------------------------------------------------------------
 

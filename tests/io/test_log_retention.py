@@ -50,7 +50,7 @@ def test_retention_makes_the_unlinks_durable_before_it_returns(open_log, clock, 
 
 
 def test_time_retention_stops_at_the_first_segment_to_keep(open_log, clock):
-    log = open_log(segment_bytes=1024, retention_ms=10 * HOUR_MS)
+    log = open_log(segment_bytes=1024, retention_ms=10 * HOUR_MS, message_timestamp_after_max_ms=2**63 - 1)
     log.append(make_batch(1, value_bytes=200, timestamp=START_MS + 50 * HOUR_MS))  # a record from the future
     _fill(log, clock, 8)
     assert log.delete_old_segments(now_ms=START_MS + 30 * HOUR_MS) == 0
