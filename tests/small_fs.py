@@ -69,7 +69,40 @@ def small_filesystem(kind: str, where: Path, size_bytes: int) -> Iterator[Path]:
 
 def fill(path: Path, *, leave_bytes: int = 0, chunk_bytes: int = 64 << 10, limit_bytes: int = 1 << 30) -> int:
     """Write ``path`` until its filesystem is full but about ``leave_bytes`` (bounded by
-    ``limit_bytes``); the bytes written.  The file stays: delete it to give the space back."""
+    ``limit_bytes``); the bytes written.  The file stays: delete it to give the space back.
+    Without ``leave_bytes``, the last blocks a filesystem keeps aside for new small files (ext4's
+    reserve for delayed allocation) are eaten too, by small files in ``<path>.d`` (delete them
+    with :func:`unfill`)."""
+    if not leave_bytes:
+        return _fill_file(path, 0, chunk_bytes, limit_bytes) + _fill_small_files(Path(f"{path}.d"))
+    return _fill_file(path, leave_bytes, chunk_bytes, limit_bytes)
+
+
+def unfill(path: Path) -> None:
+    """Give back what :func:`fill` took."""
+    path.unlink(missing_ok=True)
+    shutil.rmtree(f"{path}.d", ignore_errors=True)
+
+
+def _fill_small_files(directory: Path, limit: int = 20_000) -> int:
+    written = 0
+    with contextlib.suppress(OSError):
+        directory.mkdir()
+        for i in range(limit):
+            for size in (4096, 1024, 1):
+                try:
+                    with open(directory / str(i), "wb") as f:
+                        f.write(b"\xa5" * size)
+                except OSError:
+                    continue
+                written += size
+                break
+            else:
+                break
+    return written
+
+
+def _fill_file(path: Path, leave_bytes: int, chunk_bytes: int, limit_bytes: int) -> int:
     written = 0
     limit_bytes = min(limit_bytes, max(0, free_bytes(path.parent) - leave_bytes))
     if leave_bytes:

@@ -91,6 +91,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
 import errno
 import functools
 import logging
@@ -266,10 +267,11 @@ def _write_operation(method: Callable[..., _T]) -> Callable[..., _T]:
     return guarded
 
 
-# Write errors that mean "the filesystem is full": the log waits for free space before it tries
-# to resume (RESUME_MIN_FREE_BYTES available to this process, per statvfs).
+# Write errors that mean "the filesystem is full": the log waits until it can allocate
+# RESUME_MIN_FREE_BYTES before it tries to resume.
 _NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 RESUME_MIN_FREE_BYTES = 256 << 10
+SPACE_PROBE_NAME = "space-probe.tmp"  # the file that tells whether RESUME_MIN_FREE_BYTES are free
 
 
 class PartitionLog:
@@ -942,24 +944,26 @@ class PartitionLog:
         """Leave the *writes failed* state if the disk allows it now; True when the log takes
         appends (again).  For the owner to call now and then, with backoff.
 
-        After a full disk (``ENOSPC``, ``EDQUOT``) nothing is tried until ``statvfs`` shows at
-        least RESUME_MIN_FREE_BYTES free.  Then: the active segment is cut back to the
-        acknowledged size, fdatasync'd, its cached pages dropped (``POSIX_FADV_DONTNEED``), and
-        the log is reloaded through recovery (hpbroker.io.loader) from the recovery point (the
-        last fsynced offset), so what follows it is re-read from the disk, validated, and cut
-        at the first bad byte; the checkpoint is written.  Only if all of that succeeds are the
-        reloaded segments taken (the old ones are closed ``file_delete_delay_ms`` later, so
-        slices handed out stay readable); otherwise the log stays as it was, still serving reads,
-        with the new reason (False).  A closed or offline log raises as every call does."""
+        After a full disk (``ENOSPC``, ``EDQUOT``) nothing is tried until a probe file of
+        RESUME_MIN_FREE_BYTES can be preallocated (``posix_fallocate``, then removed).  Then: the
+        active segment is cut back to the acknowledged size, fdatasync'd, its cached pages
+        dropped (``POSIX_FADV_DONTNEED``), and the log is reloaded through recovery
+        (hpbroker.io.loader) from the recovery point (the last fsynced offset), so what follows
+        it is re-read from the disk and validated; the checkpoint is written.  Only if all of that
+        succeeds are the reloaded segments taken (the old ones are closed ``file_delete_delay_ms``
+        later, so slices handed out stay readable); otherwise the log stays as it was, still
+        serving reads, with the new reason (False).  A closed or offline log raises as every call does."""
         self._check_usable()
         if self._write_failure is None:
             return True
-        if self._write_errno in _NO_SPACE_ERRNOS and _free_bytes(self._directory) < RESUME_MIN_FREE_BYTES:
+        no_space = self._write_errno in _NO_SPACE_ERRNOS
+        if no_space and not _can_allocate(self._directory, RESUME_MIN_FREE_BYTES):
             return False
         try:
             self._reload()
         except OSError as e:
             self._fail_writes("resume", e)
+            logger.info("[%s] cannot resume writes yet: %s", self._name, e)
             return False
         except HPBrokerError as e:
             logger.error("[%s] cannot resume writes: %s", self._name, e)
@@ -1000,11 +1004,22 @@ class PartitionLog:
         self._active_first_timestamp = active.first_batch_timestamp
 
 
-def _free_bytes(directory: str) -> int:
-    """Bytes this process may still write on ``directory``'s filesystem (0 when unknown); root
-    may use the blocks reserved for it."""
+def _can_allocate(directory: str, size: int) -> bool:
+    """Whether this process can allocate ``size`` bytes in ``directory`` now: ``posix_fallocate``
+    of a probe file (``*.tmp``: recovery removes one left behind), removed at once.  Unlike
+    ``statvfs``, this counts the blocks reserved for root, or for the filesystem's own metadata,
+    the way a write would.  True where the filesystem cannot preallocate (the reload finds out)."""
+    path = os.path.join(directory, SPACE_PROBE_NAME)
     try:
-        st = os.statvfs(directory)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     except OSError:
-        return 0
-    return (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
+        return False
+    try:
+        os.posix_fallocate(fd, 0, size)
+        return True
+    except OSError as e:
+        return e.errno in (errno.EOPNOTSUPP, errno.EINVAL)
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)

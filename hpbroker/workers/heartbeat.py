@@ -11,34 +11,62 @@ the broker).  Content::
                      "log_start_offset": 0, "high_watermark": 51234}, ...]}
 
 The arbiter reads it to decide liveness (the file's age) and to answer metadata requests with each
-partition's offsets (at most one heartbeat old).  When the broker serves metrics, the worker writes
+partition's offsets (at most one heartbeat old).
+
+Liveness never needs free space.  When the content cannot be written (the run directory, by
+default ``<data_dir>/.run``, shares the data's filesystem, and a full disk makes the write fail
+with ``ENOSPC``), the worker removes its partial ``.tmp`` (giving back what it took) and only
+refreshes the file's mtime with ``utime``, which allocates nothing, creating the file empty if it
+is missing (an inode, no data block).  The arbiter, which looks only at the mtime, still sees a
+live worker; metadata shows that worker's offsets as of its last complete write (none, for an
+empty file) until writing works again.  A worker that is really stuck touches nothing and is
+aborted as before.  When the broker serves metrics, the worker writes
 its measurements at the same moment to a sibling file (``hpbroker.workers.stats``), so that this
 one stays small for the metadata path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
 from typing import Any
 
-__all__ = ["heartbeat_path", "read_heartbeat", "write_heartbeat"]
+__all__ = ["heartbeat_path", "read_heartbeat", "touch", "write_heartbeat"]
 
 
 def heartbeat_path(run_dir: str, slot: int) -> str:
     return os.path.join(run_dir, f"worker-{slot}.json")
 
 
-def write_heartbeat(run_dir: str, slot: int, *, ready: bool, partitions: list[dict[str, Any]]) -> None:
-    """Replace the slot's heartbeat file (called by the worker, from its own loop)."""
+def write_heartbeat(run_dir: str, slot: int, *, ready: bool,
+                    partitions: list[dict[str, Any]]) -> OSError | None:
+    """Replace the slot's heartbeat file (called by the worker, from its own loop); None when it
+    did.  When the content cannot be written, only the mtime is refreshed (module docstring) and
+    the error that stopped the content is returned.  Raises OSError only when even that failed."""
     path = heartbeat_path(run_dir, slot)
     body = {"slot": slot, "pid": os.getpid(), "time_ms": time.time_ns() // 1_000_000, "ready": ready,
             "partitions": partitions}
     tmp = f"{path}.tmp"  # one per slot: a slot has one process at a time
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(body, f, separators=(",", ":"))
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(body, f, separators=(",", ":"))
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        touch(path)
+        return e
+    return None
+
+
+def touch(path: str) -> None:
+    """Set ``path``'s mtime to now, creating it empty if it is missing: needs no free space."""
+    try:
+        os.utime(path)
+    except FileNotFoundError:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
 
 
 def read_heartbeat(run_dir: str, slot: int) -> tuple[float, dict[str, Any] | None]:

@@ -19,11 +19,20 @@ A :class:`Partition` is one :class:`~hpbroker.io.PartitionLog` opened with
   Fetches of one client (or TCP connection) for one partition are answered in the order they
   came: a later one waits behind an earlier parked one.
 
+A failed write (a full disk, a failed ``fdatasync``) puts the log in its *writes failed* state
+(``hpbroker.io.log``): the produce requests whose records were not flushed are answered with the
+log's StorageError (error 7, "no space left on device" for a full disk, retriable), and so is
+every produce until writes resume; fetches and list-offsets go on serving what was flushed.  The
+partition then retries :meth:`PartitionLog.resume_writes` with backoff (RESUME_BACKOFF_MIN_S
+doubling up to RESUME_BACKOFF_MAX_S, and at once after retention deleted a segment anywhere in
+the worker), which re-reads the log's tail from the disk before taking appends again.
+
 Invariants: a record is acknowledged only after the flush that wrote it was applied (the high
 watermark passed it), so with ``flush_fsync`` only fdatasync'd records are acknowledged; every
-waiter is answered exactly once (by the flush, its deadline, the log going offline, the topic's
-deletion or the worker's graceful stop).  Single-threaded: everything here runs on the worker's
-event loop; the flusher's thread runs native code only and touches no Python object.
+waiter is answered exactly once (by the flush, its deadline, a write failure, the log going
+offline, the topic's deletion or the worker's graceful stop).  Single-threaded: everything here
+runs on the worker's event loop; the flusher's thread runs native code only and touches no Python
+object.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import itertools
 import logging
 import os
 import shutil
+import time
 from collections import deque
 from collections.abc import Hashable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -74,6 +84,9 @@ logger = logging.getLogger(__name__)
 MAX_FLUSHES_IN_FLIGHT = 2
 # A fetch response must fit in one protocol message; its head is far below 4 KiB.
 FETCH_MAX_BYTES = protocol.MAX_MESSAGE_BYTES - 4096
+# How soon a partition whose writes failed tries to resume them, first and at most (seconds).
+RESUME_BACKOFF_MIN_S = 0.25
+RESUME_BACKOFF_MAX_S = 5.0
 # Suffix a partition directory is renamed to before it is removed, so a crash halfway through a
 # delete leaves no half-deleted partition that a re-created topic would open (never a valid
 # partition directory name, which ends in ``-<digits>``).
@@ -217,7 +230,7 @@ class FetchWaiter:
         """Answer if enough is readable (or the wait is over); False if it must wait on."""
         try:
             file_slice = log.read(self.offset, self.max_bytes)
-        except OffsetOutOfRangeError as e:
+        except (OffsetOutOfRangeError, DamagedRangeError) as e:
             reply = fetch_error_reply(self.correlation_id, e, log.high_watermark, log.log_start_offset)
         except HPBrokerError as e:  # StorageError (offline), CorruptRecordError (damage met)
             reply = fetch_error_reply(self.correlation_id, e)
@@ -245,7 +258,8 @@ class Partition:
     ``flushes_done`` and ``flushed_bytes`` of the group commits applied to the log."""
 
     def __init__(self, topic: str, partition: int, log: PartitionLog, flusher: Flusher,
-                 deadlines: DeadlineQueue, dirty: set[Partition], stats: WorkerStats | None = None) -> None:
+                 deadlines: DeadlineQueue, dirty: set[Partition], stats: WorkerStats | None = None,
+                 write_failed: set[Partition] | None = None) -> None:
         self.topic = topic
         self.partition = partition
         self.log = log
@@ -259,6 +273,10 @@ class Partition:
         self._deadlines = deadlines
         self._dirty = dirty
         self._stats = stats
+        # The set's partitions whose writes failed; this one is in it while it retries, at resume_at.
+        self._write_failed = write_failed if write_failed is not None else set()
+        self.resume_at: float | None = None
+        self._resume_backoff_s = RESUME_BACKOFF_MIN_S
         log.on_flush = self._flushed
         if stats is not None:
             log.on_sync = stats.synced
@@ -275,8 +293,8 @@ class Partition:
         try:
             info = self.log.append(payload, immutable=immutable)
         except HPBrokerError as e:
-            if self.log.offline:
-                self.go_offline(e)
+            if isinstance(e, StorageError):
+                self.storage_error(e)
             if acks == 0:
                 logger.debug("[%s] acks=0 produce %d refused: %s", self.log.name, correlation_id, e)
                 return
@@ -372,7 +390,7 @@ class Partition:
         try:
             job = self.log.begin_flush()
         except StorageError as e:
-            self.go_offline(e)
+            self.storage_error(e)
             return
         if job is not None:
             self.flushes.append(job)
@@ -401,9 +419,12 @@ class Partition:
             try:
                 self.log.complete_flush(job)
             except StorageError as e:
-                self.go_offline(e)
+                self.storage_error(e)
                 return
             applied = True
+            if not self.log.writable:  # the flush stands, but writing its index failed
+                self.writes_failed()
+                return
         if applied:
             self._settle_produces()
             self._wake_fetches()
@@ -417,10 +438,53 @@ class Partition:
             self._dirty.add(self)
             self.flush_if_due()
 
+    def storage_error(self, error: StorageError) -> None:
+        """A log call raised ``error``: take the partition offline, or into the writes failed
+        state, as the log now is (nothing when the log still takes writes)."""
+        if self.log.offline:
+            self.go_offline(error)
+        elif self.log.write_failure is not None:
+            self.writes_failed()
+
+    def writes_failed(self) -> None:
+        """The log refuses writes (``PartitionLog.write_failure``) and dropped what it had not
+        flushed: answer the produce requests it acknowledged, fail the others with its error,
+        wake the fetches a last flush made answerable, and schedule the first resume."""
+        error = self.log.write_failure
+        assert error is not None
+        self.flushes.clear()
+        self._dirty.discard(self)
+        self._settle_produces()
+        for waiter in self.produces:
+            if waiter.error is None:
+                waiter.error = error
+        self._settle_produces()
+        self._wake_fetches()
+        if self not in self._write_failed:
+            self._write_failed.add(self)
+            self._resume_backoff_s = RESUME_BACKOFF_MIN_S
+            self.resume_at = time.monotonic() + self._resume_backoff_s
+
+    def try_resume(self, now: float) -> None:
+        """Ask the log to resume writes (``PartitionLog.resume_writes``); on failure, try again
+        after twice the wait, up to RESUME_BACKOFF_MAX_S."""
+        log = self.log
+        if log.closed or log.offline:
+            self._write_failed.discard(self)
+            return
+        if log.resume_writes():
+            self._write_failed.discard(self)
+            self.resume_at = None
+            logger.info("[%s] takes writes again", log.name)
+            return
+        self._resume_backoff_s = min(2 * self._resume_backoff_s, RESUME_BACKOFF_MAX_S)
+        self.resume_at = now + self._resume_backoff_s
+
     def go_offline(self, error: HPBrokerError) -> None:
         """The log is offline after a disk error: fail everything waiting on it."""
         self.flushes.clear()
         self._dirty.discard(self)
+        self._write_failed.discard(self)
         self.fail_waiters(StorageError(f"[{self.log.name}] the partition is offline: {error.message}"))
 
     def fail_waiters(self, error: HPBrokerError) -> None:
@@ -440,11 +504,11 @@ class Partition:
     def flush_and_answer(self) -> None:
         """For a graceful stop: flush everything now, answer the produce requests it acknowledges
         and every parked fetch with what there is."""
-        if not self.log.offline:
+        if self.log.writable:
             try:
                 self.log.flush()
             except StorageError as e:
-                self.go_offline(e)
+                self.storage_error(e)
         self.flushes.clear()
         self._dirty.discard(self)
         self._settle_produces()
@@ -456,9 +520,11 @@ class Partition:
                                        f"flushed"))
 
     def close(self) -> None:
-        """Close the log (a clean shutdown unless it is offline).  Never raises."""
+        """Close the log (a clean shutdown unless it is offline or its writes failed).  Never
+        raises."""
         self.flushes.clear()
         self._dirty.discard(self)
+        self._write_failed.discard(self)
         try:
             self.log.close()
         except Exception:
@@ -478,6 +544,7 @@ class PartitionSet:
         self._stats = stats
         self._by_key: dict[tuple[str, int], Partition] = {}
         self._dirty: set[Partition] = set()
+        self._write_failed: set[Partition] = set()
         self.deadlines = DeadlineQueue()
 
     def __iter__(self) -> Iterator[Partition]:
@@ -504,8 +571,10 @@ class PartitionSet:
         log = PartitionLog(partition_directory(self._data_dir, spec.topic, spec.partition), config,
                            flush_on_append=False, name=name)
         partition = Partition(spec.topic, spec.partition, log, self._flusher, self.deadlines, self._dirty,
-                              self._stats)
+                              self._stats, self._write_failed)
         self._by_key[key] = partition
+        if log.write_failure is not None:  # opened on a full disk: reads now, writes once it can
+            partition.writes_failed()
         return partition
 
     def configure(self, topic: str, config: dict[str, Any]) -> list[str]:
@@ -549,24 +618,48 @@ class PartitionSet:
         deadlines = [d for d in (p.flush_deadline_ms for p in self._dirty) if d is not None]
         return min(deadlines) if deadlines else None
 
+    @property
+    def writes_failed(self) -> int:
+        """How many partitions refuse writes now (their log's writes failed)."""
+        return len(self._write_failed)
+
+    def resume_writes(self, now: float) -> None:
+        """Let the partitions whose writes failed try to resume, those whose time has come
+        (``time.monotonic()`` seconds)."""
+        for partition in list(self._write_failed):
+            if partition.resume_at is not None and partition.resume_at <= now:
+                partition.try_resume(now)
+
+    def next_resume_at(self) -> float | None:
+        """When the next partition whose writes failed tries to resume (monotonic seconds)."""
+        times = [p.resume_at for p in self._write_failed if p.resume_at is not None]
+        return min(times) if times else None
+
     def maintain(self) -> None:
         """Retention, and a recovery checkpoint where the high watermark moved since the last one
         (so a restart after a crash re-checks only what came after it).  Only logs that fdatasync
         every flush are checkpointed here: for them the checkpoint's fsync finds little to write,
-        whereas for the others it could block the loop writing back what the page cache holds."""
+        whereas for the others it could block the loop writing back what the page cache holds.
+        Retention also runs on logs whose writes failed (it is what frees a full disk); when it
+        deleted a segment, every partition whose writes failed tries to resume at once."""
+        deleted = 0
         for partition in self:
             log = partition.log
             if log.offline:
                 continue
             try:
-                log.delete_old_segments()
-                if log.config.flush_fsync and log.high_watermark != partition.checkpointed:
+                deleted += log.delete_old_segments()
+                if log.writable and log.config.flush_fsync and log.high_watermark != partition.checkpointed:
                     partition.checkpointed = log.high_watermark
                     log.checkpoint()
             except StorageError as e:
-                partition.go_offline(e)
+                partition.storage_error(e)
             except HPBrokerError as e:
                 logger.error("[%s] retention or checkpoint failed: %s", log.name, e)
+        if deleted:
+            now = time.monotonic()
+            for partition in self._write_failed:
+                partition.resume_at = now
 
     def heartbeat_entries(self) -> list[dict[str, Any]]:
         return [{"topic": p.topic, "partition": p.partition, "log_start_offset": p.log.log_start_offset,

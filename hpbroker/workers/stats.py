@@ -49,6 +49,7 @@ stride (``hpbroker_worker_start_time_seconds`` says when it happened).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -180,9 +181,14 @@ def write_stats(run_dir: str, slot: int, content: dict[str, Any]) -> None:
     """Replace the slot's stats file (the worker, from its loop)."""
     path = stats_path(run_dir, slot)
     tmp = f"{path}.tmp"  # one per slot: a slot has one process at a time
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(content, f, separators=(",", ":"))
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(content, f, separators=(",", ":"))
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)  # a write cut short by a full disk gives back what it took
+        raise
 
 
 def read_stats(run_dir: str, slot: int) -> dict[str, Any] | None:

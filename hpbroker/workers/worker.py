@@ -133,6 +133,7 @@ class Worker:
         self._flusher = Flusher()
         self._stats = WorkerStats()
         self._stats_failing = False  # the last stats file write failed (logged once)
+        self._heartbeat_failing = False  # the last heartbeat content write failed (logged once)
         self._partitions = PartitionSet(config.data_dir, config.log, self._flusher, self._stats)
         self._handler = RequestHandler(self._partitions, self._stats, max_wait_ms=config.fetch_max_wait_ms)
         self._server: FetchServer | None = None
@@ -239,6 +240,7 @@ class Worker:
             partitions.flush_due()
             now = time.monotonic()
             partitions.deadlines.expire(now)
+            partitions.resume_writes(now)
             server.close_idle(now)
             if now >= self._next_heartbeat:
                 self._on_heartbeat(now)
@@ -249,9 +251,9 @@ class Worker:
     def _poll_timeout_ms(self) -> int:
         now = time.monotonic()
         wake_at = min(self._next_heartbeat, self._next_maintenance)
-        deadline = self._partitions.deadlines.next_deadline()
-        if deadline is not None:
-            wake_at = min(wake_at, deadline)
+        for deadline in (self._partitions.deadlines.next_deadline(), self._partitions.next_resume_at()):
+            if deadline is not None:
+                wake_at = min(wake_at, deadline)
         timeout_ms = (wake_at - now) * 1000
         flush_at_ms = self._partitions.next_flush_deadline_ms()
         if flush_at_ms is not None:
@@ -268,13 +270,23 @@ class Worker:
 
     def _write_heartbeat(self) -> None:
         """The heartbeat file and, when the broker serves metrics, the stats file next to it.
-        Each failure is its own: one that cannot write its stats still heartbeats (a stats
-        failure is logged once, then again only after it worked again)."""
+        Each failure is its own: one that cannot write its stats still heartbeats, and one that
+        cannot write its heartbeat's content (a full disk) still touches its mtime, so the
+        arbiter sees it alive (``hpbroker.workers.heartbeat``).  Each failure is logged once,
+        then again only after it worked again."""
         try:
-            heartbeat.write_heartbeat(self._run_dir, self._slot, ready=self._ready,
-                                      partitions=self._partitions.heartbeat_entries())
+            error = heartbeat.write_heartbeat(self._run_dir, self._slot, ready=self._ready,
+                                              partitions=self._partitions.heartbeat_entries())
         except OSError as e:
-            logger.warning("cannot write the heartbeat in %s: %s", self._run_dir, e)
+            logger.warning("cannot write or touch the heartbeat in %s: %s", self._run_dir, e)
+        else:
+            if error is not None and not self._heartbeat_failing:
+                logger.warning("cannot write the heartbeat's content in %s (%s): touching its mtime "
+                               "instead, so the worker stays alive; metadata shows its offsets as of "
+                               "the last write meanwhile", self._run_dir, error)
+            elif error is None and self._heartbeat_failing:
+                logger.info("writing the heartbeat in %s works again", self._run_dir)
+            self._heartbeat_failing = error is not None
         if not self._config.metrics_port:
             return
         try:
