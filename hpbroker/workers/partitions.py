@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpbroker import protocol
 from hpbroker.errors import (
+    DamagedRangeError,
     HPBrokerError,
     OffsetOutOfRangeError,
     RequestTimedOutError,
