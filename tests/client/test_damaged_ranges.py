@@ -46,6 +46,15 @@ class Broker:
         self.process, _ = start_broker(self.data_dir, self._log_path(), workers=1, port=self.port,
                                        config=self.config)
 
+    def raw_fetch(self, offset: int):
+        """A FetchRequest over ZeroMQ: (header, response), errors not raised."""
+        connection = BrokerConnection(BrokerAddress("127.0.0.1", self.port))
+        try:
+            response = connection.wait_for(connection.send(protocol.FetchRequest(TOPIC, 0, offset)), 10.0)
+            return response.header, response.body
+        finally:
+            connection.close()
+
     def damaged_gauges(self) -> tuple[float | None, float | None]:
         """``hpbroker_log_damaged_ranges`` and ``_records`` of the partition, once reported."""
         labels = {"topic": TOPIC, "partition": 0}
@@ -142,6 +151,9 @@ def test_a_flipped_byte_below_the_recovery_point_costs_only_its_batch(broker):
     assert segment.stat().st_size == len(data), "no byte that reached the disk is cut"
     assert broker.produce(40, 1) == [4000], "the log end did not move back: no offset reused"
     assert broker.damaged_gauges() == (1, 100)
+    header, response = broker.raw_fetch(1250)
+    assert (header.error_code, response.high_watermark, response.log_start_offset) == (18, 4100, 0)
+    assert bytes(response.payload) == protocol.DAMAGED_RANGE_PAYLOAD.pack(1300)
 
     records, errors, _ = consume_all(broker.port, 4100)
     assert [r.offset for r in records] == list(range(1200)), "by default a consumer stops at the damage"
