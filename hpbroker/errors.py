@@ -19,7 +19,7 @@ code  class                            retriable  meaning
 4     RecordTooLargeError              no         a batch exceeds ``max_message_bytes``
 5     OffsetOutOfRangeError            no         the offset is outside ``[log_start_offset, log_end_offset]``
 6     UnknownTopicOrPartitionError     yes        no such topic or partition on this broker
-7     StorageError                     yes        a disk operation failed; the log directory is offline
+7     StorageError                     yes        a disk operation failed (a full disk: writes resume once freed)
 8     InvalidConfigError               no         a configuration value is out of range or malformed
 9     UnsupportedVersionError          no         the request's API key or version is not served here
 10    InvalidRequestError              no         a request is malformed: truncated, bad lengths, bad values
@@ -117,7 +117,10 @@ class UnknownTopicOrPartitionError(HPBrokerError):
 
 
 class StorageError(HPBrokerError):
-    """A disk operation failed (the wrapped ``OSError`` is the ``__cause__``)."""
+    """A disk operation failed (the wrapped ``OSError`` is the ``__cause__``).  Retriable: a
+    partition whose writes failed (a full disk says "no space left on device") refuses produce
+    and takes writes again by itself once space is freed, or once its data on disk has been
+    re-read after another write error (``hpbroker.io.log``)."""
 
     code = 7
     retriable = True
