@@ -217,7 +217,7 @@ def test_refused_changes_change_nothing_and_say_why(tmp_path, broker, capsys):
     assert main(["topics", "alter", TOPIC, "--reset", "flush_fsync", *bootstrap]) == 0
     assert "settings: retention_ms=-1" in capsys.readouterr().out
     assert main(["topics", "alter", TOPIC, "--segment-bytes", "1", *bootstrap]) == 1
-    assert "InvalidConfigError: topic config: segment_bytes must be in" in capsys.readouterr().err
+    assert "invalid configuration: topic config: segment_bytes must be in" in capsys.readouterr().err
     assert main(["topics", "alter", TOPIC, *bootstrap]) == 1
     assert "nothing to change" in capsys.readouterr().err
 
