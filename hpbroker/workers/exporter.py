@@ -116,6 +116,9 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...], str]] = {
                    "a missing segment; reads there get error 18."),
     "hpbroker_log_damaged_records": (
         GAUGE, _P, "Offsets inside the partition's damaged ranges: records that cannot be read."),
+    "hpbroker_log_writes_refused": (
+        GAUGE, _P, "1 while the partition refuses produce after a failed write (a full disk), until writes "
+                   "resume by themselves; else 0."),
     "hpbroker_consumer_group_committed_offset": (
         GAUGE, _G, "The group's committed offset (the next record it consumes) in a partition served here."),
     "hpbroker_consumer_group_lag": (
@@ -139,6 +142,7 @@ _PARTITION_FIELDS = (  # stats file field -> family
     ("segments", "hpbroker_log_segments"),
     ("damaged_ranges", "hpbroker_log_damaged_ranges"),
     ("damaged_records", "hpbroker_log_damaged_records"),
+    ("writes_refused", "hpbroker_log_writes_refused"),
 )
 
 

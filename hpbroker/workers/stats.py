@@ -40,7 +40,10 @@ which the arbiter reads on each scrape, so figures are at most one ``heartbeat_i
                      "produced_records": 0, "produced_bytes": 0, "fetched_records": 0,
                      "fetched_bytes": 0, "flushes": 0, "flushed_bytes": 0, "log_start_offset": 0,
                      "high_watermark": 0, "size_bytes": 0, "segments": 1, "damaged_ranges": 0,
-                     "damaged_records": 0}, ...]}
+                     "damaged_records": 0, "writes_refused": 0}, ...]}
+
+``writes_refused`` is 1 while the partition's log refuses appends after a failed write (a full
+disk, a failed ``fdatasync``: ``PartitionLog.write_failure``), 0 otherwise.
 
 Histograms are ``hpbroker.metrics.Histogram`` snapshots over ``LATENCY_BUCKETS_S``.  A respawned
 worker starts again from zero: a reset, which Prometheus's ``rate`` and ``increase`` take in their
@@ -132,7 +135,8 @@ def _partition_entry(partition: Partition) -> dict[str, Any]:
             "flushes": partition.flushes_done, "flushed_bytes": partition.flushed_bytes,
             "log_start_offset": log.log_start_offset, "high_watermark": log.high_watermark,
             "size_bytes": log.size_in_bytes, "segments": log.segment_count,
-            "damaged_ranges": len(damaged), "damaged_records": sum(r.record_count for r in damaged)}
+            "damaged_ranges": len(damaged), "damaged_records": sum(r.record_count for r in damaged),
+            "writes_refused": int(log.write_failure is not None)}
 
 
 class TimedResponder:
