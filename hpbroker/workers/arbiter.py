@@ -545,11 +545,12 @@ class Arbiter:
         """The slot is crash-looping (module docstring): fork it again only after its backoff."""
         delay_s = slot.hold_back(now, reason)
         self._publish_slots()
+        every = all(s.crash_looping for s in self._slots)
         logger.error("[arbiter] worker slot=%d is crash-looping (%s): its %d partitions are unavailable "
-                     "(error 15) and it is retried in %g s (backoff doubling up to %g s); the other slots "
-                     "keep serving", slot.index, reason, self._partitions_of(slot.index), delay_s,
-                     BACKOFF_MAX_S)
-        if all(s.crash_looping for s in self._slots):
+                     "(error 15) and it is retried in %g s (backoff doubling up to %g s)%s", slot.index,
+                     reason, self._partitions_of(slot.index), delay_s, BACKOFF_MAX_S,
+                     "" if every else "; the other slots keep serving")
+        if every:
             logger.error("[arbiter] every worker slot is crash-looping: no partition is served; the broker "
                          "stays up, answers metadata and retries each slot with backoff")
         self._notify_slots()
