@@ -19,7 +19,7 @@ code  class                            retriable  meaning
 4     RecordTooLargeError              no         a batch exceeds ``max_message_bytes``
 5     OffsetOutOfRangeError            no         the offset is outside ``[log_start_offset, log_end_offset]``
 6     UnknownTopicOrPartitionError     yes        no such topic or partition on this broker
-7     StorageError                     yes        a disk operation failed (a full disk: writes resume once freed)
+7     StorageError                     yes        a disk operation failed; disk full: writes resume when freed
 8     InvalidConfigError               no         a configuration value is out of range or malformed
 9     UnsupportedVersionError          no         the request's API key or version is not served here
 10    InvalidRequestError              no         a request is malformed: truncated, bad lengths, bad values
@@ -27,7 +27,7 @@ code  class                            retriable  meaning
 12    RequestTimedOutError             yes        the broker could not finish the request in time
 13    InvalidTopicError                no         a topic name is empty, too long or has bad characters
 14    InvalidPartitionsError           no         a partition count is out of range
-15    PartitionNotAvailableError       yes        the partition's worker is starting or restarting
+15    PartitionNotAvailableError       yes        its worker is starting, restarting or crash-looping
 16    BrokerNotAvailableError          yes        client side: the broker cannot be reached (never sent)
 17    CoordinationError                yes        ZooKeeper cannot be reached, or a registration there failed
 18    DamagedRangeError                no         the offset is in a damaged range; says where reading resumes
@@ -162,7 +162,8 @@ class InvalidPartitionsError(HPBrokerError):
 
 
 class PartitionNotAvailableError(HPBrokerError):
-    """The partition exists but the worker owning it is not serving yet (booting, recovering)."""
+    """The partition exists but the worker owning it is not serving (booting, recovering, or held
+    back after crash-looping: the message says when it is retried)."""
 
     code = 15
     retriable = True
