@@ -453,6 +453,8 @@ class Partition:
         wake the fetches a last flush made answerable, and schedule the first resume."""
         error = self.log.write_failure
         assert error is not None
+        if self in self._write_failed and not (self.flushes or self.produces):
+            return  # a produce refused while it retries: nothing waits on the log
         self.flushes.clear()
         self._dirty.discard(self)
         self._settle_produces()

@@ -23,6 +23,7 @@ PARTITIONS = 2
 WORKERS = 2
 FS_BYTES = 24 << 20
 RECORD_BYTES = 4 << 10
+RETENTION_MS = 5000
 WORKER_TIMEOUT_MS = 2000  # a worker silent this long is aborted: heartbeats must not need space
 
 
@@ -59,16 +60,22 @@ def produce_until_full(client: Client, acknowledged: dict[int, list[bytes]], rou
 
 def fetch_all(client: Client, partition: int) -> tuple[list[bytes], int]:
     """(every record value from offset 0 to the high watermark, the high watermark)."""
+    return fetch_from(client, partition, 0)
+
+
+def fetch_from(client: Client, partition: int, start: int) -> tuple[list[bytes], int]:
+    """(every record value from ``start`` to the high watermark, the high watermark)."""
     values: list[bytes] = []
     high_watermark = None
-    while high_watermark is None or len(values) < high_watermark:
-        header, response = client.request(protocol.FetchRequest(TOPIC, partition, len(values), max_wait_ms=0))
+    while high_watermark is None or start + len(values) < high_watermark:
+        offset = start + len(values)
+        header, response = client.request(protocol.FetchRequest(TOPIC, partition, offset, max_wait_ms=0))
         assert header.error_code == 0, header
         high_watermark = response.high_watermark
-        records = [r for r in decode_records(response.payload) if r.offset >= len(values)]
+        records = [r for r in decode_records(response.payload) if r.offset >= offset]
         if not records:
             break
-        assert records[0].offset == len(values)
+        assert records[0].offset == offset
         values.extend(r.value for r in records)
     return values, high_watermark
 
@@ -153,3 +160,37 @@ def _serves(client: Client, acknowledged: dict[int, list[bytes]]) -> bool:
     except AssertionError:
         return False
     return True
+
+
+@pytest.mark.slow
+def test_writes_resume_when_retention_frees_the_full_disk(tmp_path):
+    with small_filesystem("tmpfs", tmp_path, FS_BYTES) as mnt:
+        broker, port = start_broker(mnt / "data", tmp_path / "broker.log", workers=WORKERS,
+                                    env={"HPBROKER_RETENTION_CHECK_INTERVAL_MS": "100"})
+        client = Client(port)
+        try:
+            # Segments expire RETENTION_MS after their records' timestamps: the disk fills well
+            # before (2 MiB in about a hundred requests), and retention frees it afterwards.  (A
+            # topic's settings cannot be altered on a full disk: topics.json cannot be written.)
+            configs = [protocol.TopicConfigEntry("segment_bytes", str(128 << 10)),
+                       protocol.TopicConfigEntry("retention_ms", str(RETENTION_MS)),
+                       protocol.TopicConfigEntry("file_delete_delay_ms", "0")]
+            header, _ = client.request(protocol.CreateTopicRequest(TOPIC, PARTITIONS, configs))
+            assert header.error_code == 0, header
+            fill(mnt / "filler", leave_bytes=2 << 20)
+            acknowledged: dict[int, list[bytes]] = {p: [] for p in range(PARTITIONS)}
+            produce_until_full(client, acknowledged, "a")
+            fill(mnt / "filler-2")  # the fillers stay: only retention gives space back
+            wait_for_writes(client, acknowledged, "b")
+            for partition in range(PARTITIONS):
+                header, earliest = client.request(
+                    protocol.ListOffsetsRequest(TOPIC, partition, protocol.EARLIEST_TIMESTAMP))
+                assert header.error_code == 0 and earliest.offset > 0, "retention deleted segments"
+                values, high_watermark = fetch_from(client, partition, earliest.offset)
+                assert high_watermark == len(acknowledged[partition])
+                assert values == acknowledged[partition][earliest.offset:]
+            assert broker.process.poll() is None
+        finally:
+            client.close()
+            code = broker.stop()
+        assert code == 0, broker.log()
