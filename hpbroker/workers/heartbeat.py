@@ -75,10 +75,11 @@ def read_heartbeat(run_dir: str, slot: int) -> tuple[float, dict[str, Any] | Non
     path = heartbeat_path(run_dir, slot)
     try:
         age = time.time() - os.stat(path).st_mtime
+    except OSError:
+        return float("inf"), None
+    try:
         with open(path, encoding="utf-8") as f:
             content = json.load(f)
-    except FileNotFoundError:
-        return float("inf"), None
     except (OSError, ValueError):
-        return float("inf"), None
+        return age, None
     return age, content if isinstance(content, dict) else None
