@@ -175,3 +175,35 @@ def test_an_fdatasync_failing_again_keeps_writes_refused(log_dir, clock, monkeyp
         assert read_all(log) == [(0, stamped(batch, 0))] and log.log_end_offset == 2
     finally:
         log.close()
+
+
+def test_a_roll_that_failed_halfway_leaves_nothing_that_blocks_later_rolls(log_dir, clock, monkeypatch):
+    from hpbroker.io import index
+
+    log = PartitionLog(log_dir, TEST_CONFIG.replace(segment_bytes=1024, flush_messages=1), clock=clock)
+    try:
+        batches = [make_batch(1, value_bytes=300, tag=i) for i in range(3)]
+        for batch in batches[:2]:
+            log.append(batch)
+        real_init = index.OffsetIndex.__init__
+
+        def no_space(self, path):  # the new segment's .log exists, its index cannot be made
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+
+        monkeypatch.setattr(index.OffsetIndex, "__init__", no_space)
+        ends = log.log_end_offset
+        with pytest.raises(StorageError, match="no space left on device"):
+            for i in range(3, 10):
+                log.append(make_batch(1, value_bytes=300, tag=i))
+                ends = log.log_end_offset
+        assert log.log_end_offset == log.high_watermark == ends
+        monkeypatch.setattr(index.OffsetIndex, "__init__", real_init)
+        assert log.resume_writes()
+        before = read_all(log)
+        for i in range(10, 20):  # rolls again, past the segment the failed roll began
+            log.append(make_batch(1, value_bytes=300, tag=i))
+        after = read_all(log)
+        assert after[: len(before)] == before and [o for o, _ in after] == list(range(len(after)))
+        assert log.segment_count > 2
+    finally:
+        log.close()
