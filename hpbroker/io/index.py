@@ -131,6 +131,13 @@ class _IndexFile:
         self._unsynced = True
         return True
 
+    def empty_file(self) -> None:
+        """Truncate the file to nothing (it takes no space to do so), keeping the entries in
+        memory: a file that no longer holds them all is rebuilt from the log when next loaded."""
+        os.ftruncate(self._fd, 0)
+        self._unwritten.clear()
+        self._unsynced = True
+
     def mark_unsynced(self) -> None:
         """The file may hold bytes that never reached the disk (read back after a crash)."""
         self._unsynced = True

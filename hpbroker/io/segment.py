@@ -26,6 +26,7 @@ segment; any method may raise ``OSError``, which the partition log handles.
 from __future__ import annotations
 
 import bisect
+import errno
 import logging
 import os
 from collections.abc import Sequence
@@ -389,8 +390,21 @@ class Segment:
         self.max_timestamp = self.first_batch_timestamp = -1
 
     def _rewrite_indexes(self) -> None:
-        rewritten = self.offset_index.rewrite_if_changed()
-        rewritten = self.time_index.rewrite_if_changed() or rewritten
+        """Write rebuilt indexes to their files.  On a full disk (``ENOSPC``, ``EDQUOT``) both
+        files are emptied instead, which needs no space: the entries in memory serve this
+        process, and the next open, finding files that disagree with the log, rebuilds them.  So
+        a log whose indexes must be rebuilt still opens, for reads, on a full disk."""
+        try:
+            rewritten = self.offset_index.rewrite_if_changed()
+            rewritten = self.time_index.rewrite_if_changed() or rewritten
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            self.offset_index.empty_file()
+            self.time_index.empty_file()
+            logger.warning("[%s] the rebuilt indexes of %s are kept in memory only: %s (rebuilt again at "
+                           "the next open)", self._name, self.path, e)
+            return
         if rewritten:
             logger.info("[%s] rebuilt the indexes of %s", self._name, self.path)
 

@@ -207,3 +207,32 @@ def test_a_roll_that_failed_halfway_leaves_nothing_that_blocks_later_rolls(log_d
         assert log.segment_count > 2
     finally:
         log.close()
+
+
+def test_a_log_whose_indexes_must_be_rebuilt_opens_for_reads_on_a_full_disk(tmp_path, clock, caplog):
+    with small_filesystem("tmpfs", tmp_path, 1 << 20) as mnt:
+        config = TEST_CONFIG.replace(segment_bytes=1024, index_interval_bytes=0)
+        log = PartitionLog(mnt / "orders-0", config, clock=clock)
+        for i in range(30):
+            log.append(make_batch(2, tag=i))
+        log.flush()
+        stored = read_all(log)
+        log.close()
+        for name in os.listdir(mnt / "orders-0"):
+            if name.endswith(".index"):
+                os.unlink(mnt / "orders-0" / name)  # every index must be rebuilt, none can be written
+        fill(mnt / "filler")
+        log = PartitionLog(mnt / "orders-0", config, clock=clock)
+        try:
+            assert read_all(log) == stored
+            assert "kept in memory only" in caplog.text
+        finally:
+            log.close()
+        os.unlink(mnt / "filler")
+        log = PartitionLog(mnt / "orders-0", config, clock=clock)
+        try:
+            assert read_all(log) == stored, "rebuilt again once there is space"
+            assert all(os.path.getsize(mnt / "orders-0" / n) > 0 for n in os.listdir(mnt / "orders-0")
+                       if n.endswith(".index"))
+        finally:
+            log.close()
