@@ -5,11 +5,13 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import zmq
@@ -69,11 +71,14 @@ def pid_alive(pid: int) -> bool:
 class BrokerProcess:
     """A broker (``argv``) running as a subprocess, its stderr in ``log_path``."""
 
-    def __init__(self, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, argv: list[str], log_path: Path, env: dict[str, str] | None = None, *,
+                 nofile: tuple[int, int] | None = None) -> None:
+        """``nofile``: the (soft, hard) RLIMIT_NOFILE the broker starts with (default: ours)."""
         self.log_path = log_path
         self._log_file = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        limit = None if nofile is None else partial(resource.setrlimit, resource.RLIMIT_NOFILE, nofile)
         self.process = subprocess.Popen(argv, stdout=self._log_file, stderr=subprocess.STDOUT,
-                                        env={**os.environ, **(env or {})})
+                                        env={**os.environ, **(env or {})}, preexec_fn=limit)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -111,17 +116,18 @@ BROKER_TEST_ENV = {"HPBROKER_HEARTBEAT_INTERVAL_MS": "50", "HPBROKER_WORKER_TIME
 
 
 def start_broker(data_dir: Path, log_path: Path, *, workers: int = 2, port: int | None = None,
-                 env: dict[str, str] | None = None, config: Path | None = None) -> tuple[BrokerProcess, int]:
+                 env: dict[str, str] | None = None, config: Path | None = None,
+                 nofile: tuple[int, int] | None = None) -> tuple[BrokerProcess, int]:
     """A real ``hpbroker serve`` on 127.0.0.1, its front-end on ``port`` (free ports if None) and
     data ports after it, once every worker serves.  Start it again with the same ``port`` and
-    ``data_dir`` to restart it."""
+    ``data_dir`` to restart it.  ``nofile``: its (soft, hard) file-descriptor limit."""
     if port is None:
         port = free_ports(workers + 1)
     argv = [sys.executable, "-m", "hpbroker.cli", "serve", "--port", str(port), "--fetch-port", str(port + 1),
             "--workers", str(workers), "--data-dir", str(data_dir), "--host", "127.0.0.1"]
     if config is not None:
         argv += ["--config", str(config)]
-    process = BrokerProcess(argv, log_path, {**BROKER_TEST_ENV, **(env or {})})
+    process = BrokerProcess(argv, log_path, {**BROKER_TEST_ENV, **(env or {})}, nofile=nofile)
     process.wait_for_log(rf"all {workers} workers serving", timeout_s=20)
     return process, port
 

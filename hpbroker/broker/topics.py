@@ -26,7 +26,7 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -192,11 +192,12 @@ class TopicStore:
         """Every topic, by name; those being deleted only when asked for."""
         return [t for _, t in sorted(self._topics.items()) if include_deleting or not t.deleting]
 
-    def create(self, name: str, partitions: int,
-               configs: Mapping[str, Any] | Iterable[Any] = ()) -> Topic:
+    def create(self, name: str, partitions: int, configs: Mapping[str, Any] | Iterable[Any] = (), *,
+               admit: Callable[[Topic], None] | None = None) -> Topic:
         """Validate and persist a new topic.  Raises InvalidTopicError, InvalidPartitionsError,
         InvalidConfigError or TopicAlreadyExistsError (also while a topic of that name is still
-        being deleted)."""
+        being deleted).  ``admit``, given the validated topic, may refuse it by raising (the
+        broker's file-descriptor budget does so): nothing is persisted then."""
         check_topic_name(name)
         check_partitions(partitions)
         config = parse_topic_config(configs)
@@ -205,6 +206,8 @@ class TopicStore:
             being = " and is still being deleted" if existing.deleting else ""
             raise TopicAlreadyExistsError(f"topic {name!r} already exists{being}")
         topic = Topic(name, partitions, config)
+        if admit is not None:
+            admit(topic)
         self._save({**self._topics, name: topic})
         return topic
 

@@ -3,7 +3,9 @@ ensemble with ``--zookeeper``, and a broker registered in it, until Ctrl-C or SI
 
 ``hpbroker serve [--config FILE] [--port N] ...``: run a broker (``hpbroker.workers.arbiter``)
 until SIGTERM or SIGINT; settings come from the flags, then ``HPBROKER_*`` variables, then the
-TOML file (``hpbroker.broker.config``, docs/CONFIGURATION.md).  The log goes to stderr, one line
+TOML file (``hpbroker.broker.config``, docs/CONFIGURATION.md).  Before the workers are forked, the
+soft file-descriptor limit is raised to the hard one (``hpbroker.broker.descriptors``) and logged
+with the number of partitions a worker can hold open.  The log goes to stderr, one line
 per event, as text or JSON (``--log-format``, ``hpbroker.broker.logging_setup``); the line saying
 where the broker listens goes to stdout, or with JSON into the log as its first event.  Exit status:
 the arbiter's (0 after a graceful stop, 1 when it could not start or gave up), 2 for an invalid
@@ -45,6 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def serve_command(args: argparse.Namespace) -> int:
     """Load the configuration, run the arbiter, return its exit status."""
     from hpbroker.broker.config import BrokerConfig
+    from hpbroker.broker.descriptors import DescriptorBudget, raise_nofile_limit
     from hpbroker.broker.logging_setup import setup_logging
     from hpbroker.broker.memory import tune_allocator
     from hpbroker.errors import InvalidConfigError
@@ -69,6 +72,8 @@ def serve_command(args: argparse.Namespace) -> int:
         print(banner, flush=True)
     else:  # a plain line would break the stream of JSON objects where stdout and stderr meet
         logger.info("%s", banner)
+    raise_nofile_limit()  # before the workers are forked, like the allocator: they inherit it
+    logger.info("%s", DescriptorBudget.current(config.max_connections).describe())
     return Arbiter(config).run()
 
 

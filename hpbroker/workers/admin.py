@@ -8,7 +8,10 @@ workers in step with it without ever blocking the arbiter's loop:
   (``open``, ``delete``), each acknowledged by the worker.  ``_assigned[slot]`` is what the
   slot's current process was told to open, so :meth:`TopicAdmin.reconcile` sends exactly the
   difference when a slot becomes ready or the store changes.
-- **Creation.**  The topic is persisted first (so a slot forked from now on opens it), then every
+- **Creation.**  A topic whose partitions would not fit in the workers' file descriptors is
+  refused before anything is saved (``hpbroker.broker.descriptors``: InvalidPartitionsError,
+  error 14, naming the limit, what the topic would need and how to raise the limit).  Then the
+  topic is persisted first (so a slot forked from now on opens it), then every
   owning slot must confirm: by acknowledging its ``open``, or by reporting ready from a process
   forked with the topic.  The client is answered when all have, or with error 12 after
   ``timeout_s`` (the topic exists by then and its partitions come up as their slots do).
@@ -43,6 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpbroker.broker.descriptors import DescriptorBudget
 from hpbroker.broker.topics import Topic, TopicStore
 from hpbroker.errors import HPBrokerError, RequestTimedOutError, StorageError
 from hpbroker.workers.backend import PartitionSpec
@@ -83,8 +87,11 @@ class TopicAdmin:
     """Creates and deletes topics with the owning workers' help (module docstring)."""
 
     def __init__(self, store: TopicStore, slots: int, *, send_control: SendControl, reply: Reply,
-                 is_serving: Callable[[int], bool], timeout_s: float) -> None:
+                 is_serving: Callable[[int], bool], timeout_s: float, max_connections: int = 1024) -> None:
+        """``max_connections``: the workers' limit on data connections, whose descriptors are
+        kept out of the partitions' share (``hpbroker.broker.descriptors``)."""
         self._store = store
+        self._max_connections = max_connections
         self._slots = slots
         self._send_control = send_control
         self._reply = reply
@@ -103,6 +110,7 @@ class TopicAdmin:
         for topic in store.topics(include_deleting=True):
             if topic.deleting:  # interrupted by the last stop: resume
                 self._deletes[topic.name] = _Pending(self.owners(topic), float("inf"))
+        self._warn_if_over_budget()
 
     def owners(self, topic: Topic) -> set[int]:
         """The slots that own at least one partition of ``topic``."""
@@ -202,8 +210,9 @@ class TopicAdmin:
 
     def create(self, waiter: Any, name: str, partitions: int, configs: Any, now: float) -> Topic:
         """Persist a topic and have its owners open it; ``waiter`` (None: nobody) is answered
-        when they have.  Validation errors raise at once (nothing is persisted then)."""
-        topic = self._store.create(name, partitions, configs)
+        when they have.  Validation errors raise at once (nothing is persisted then), among them
+        InvalidPartitionsError for a topic that would not fit in the workers' file descriptors."""
+        topic = self._store.create(name, partitions, configs, admit=self._check_descriptors)
         logger.info("[arbiter] created topic %s with %d partitions%s", name, partitions,
                     f" (config {topic.config})" if topic.config else "")
         pending = _Pending(self.owners(topic), now + self._timeout_s)
@@ -283,6 +292,38 @@ class TopicAdmin:
             pending.waiters.clear()
 
     # --- internals --------------------------------------------------------------------------------
+
+    def partitions_per_slot(self, extra: Topic | None = None) -> list[int]:
+        """How many partitions each slot holds: of every stored topic (those being deleted too,
+        until they are), and of ``extra``."""
+        counts = [0] * self._slots
+        topics = self._store.topics(include_deleting=True)
+        for topic in [*topics, extra] if extra is not None else topics:
+            first = owner_slot(topic.name, 0, self._slots)
+            for slot in range(self._slots):
+                r = (slot - first) % self._slots  # the slot holds partitions r, r + slots, ...
+                counts[slot] += max(0, (topic.partitions - r + self._slots - 1) // self._slots)
+        return counts
+
+    def _check_descriptors(self, topic: Topic) -> None:
+        """Refuse a new topic after which some slot would hold more partitions than its file
+        descriptors allow (the soft RLIMIT_NOFILE, read now: the workers inherit it)."""
+        budget = DescriptorBudget.current(self._max_connections)
+        counts = self.partitions_per_slot(topic)
+        slot = max(range(self._slots), key=counts.__getitem__)
+        budget.check(topic.name, topic.partitions, slot, counts[slot], self._slots)
+
+    def _warn_if_over_budget(self) -> None:
+        """Say at start when the stored topics hold more partitions than the workers can open
+        (a lowered limit, or topics created by an older version): the workers serve what fits."""
+        budget = DescriptorBudget.current(self._max_connections)
+        counts = self.partitions_per_slot()
+        if counts and max(counts) > budget.partitions_per_worker:
+            over = sum(max(0, c - budget.partitions_per_worker) for c in counts)
+            logger.error("[arbiter] the topics hold up to %d partitions per worker but %s: about %d "
+                         "partitions will not be opened and answer with error 15 until the limit is "
+                         "raised; raise LimitNOFILE= in the systemd unit or `ulimit -n`, and restart",
+                         max(counts), budget.describe(), over)
 
     def _desired(self, slot: int) -> list[PartitionSpec]:
         """What the slot must hold: its partitions of every topic, except those of deleting

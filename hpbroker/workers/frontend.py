@@ -98,7 +98,8 @@ class Frontend:
         # (api key or UNKNOWN_API_KEY, error code) -> responses
         self.error_counts: dict[tuple[int, int], int] = {}
         self.admin = TopicAdmin(store, len(slots), send_control=self.send_control, reply=self._answer_waiter,
-                                is_serving=lambda index: slots[index].serving, timeout_s=admin_timeout_s)
+                                is_serving=lambda index: slots[index].serving, timeout_s=admin_timeout_s,
+                                max_connections=config.max_connections)
 
     def configure(self, front: zmq.Socket) -> FrontendPeers:
         """Set the front-end ROUTER's limits and start counting and capping its connections

@@ -548,6 +548,8 @@ class PartitionSet:
         self._by_key: dict[tuple[str, int], Partition] = {}
         self._dirty: set[Partition] = set()
         self._write_failed: set[Partition] = set()
+        # partitions this worker owns but could not open: requests for them get this error
+        self._unavailable: dict[tuple[str, int], HPBrokerError] = {}
         self.deadlines = DeadlineQueue()
 
     def __iter__(self) -> Iterator[Partition]:
@@ -559,6 +561,9 @@ class PartitionSet:
     def get(self, topic: str, partition: int) -> Partition:
         found = self._by_key.get((topic, partition))
         if found is None:
+            why = self._unavailable.get((topic, partition))
+            if why is not None:
+                raise type(why)(why.message)
             raise UnknownTopicOrPartitionError(f"partition {partition} of topic {topic!r} is not served by "
                                                f"this worker")
         return found
@@ -576,9 +581,15 @@ class PartitionSet:
         partition = Partition(spec.topic, spec.partition, log, self._flusher, self.deadlines, self._dirty,
                               self._stats, self._write_failed)
         self._by_key[key] = partition
+        self._unavailable.pop(key, None)
         if log.write_failure is not None:  # opened on a full disk: reads now, writes once it can
             partition.writes_failed()
         return partition
+
+    def mark_unavailable(self, spec: PartitionSpec, error: HPBrokerError) -> None:
+        """The worker owns ``spec``'s partition but could not open it: answer it with ``error``
+        (until an ``open`` succeeds or its topic is deleted)."""
+        self._unavailable[(spec.topic, spec.partition)] = error
 
     def configure(self, topic: str, config: dict[str, Any]) -> list[str]:
         """Apply a topic's new overrides of the default settings to its open partitions (the
@@ -592,6 +603,14 @@ class PartitionSet:
     def delete_topic(self, topic: str) -> list[str]:
         """Close the topic's partitions and delete their directories; the errors met, if any."""
         errors = []
+        for key in [key for key in self._unavailable if key[0] == topic]:
+            del self._unavailable[key]
+            directory = partition_directory(self._data_dir, *key)
+            try:
+                if os.path.isdir(directory):
+                    _remove_directory(directory)
+            except OSError as e:
+                errors.append(f"{key[0]}-{key[1]}: {e}")
         for key in [key for key in self._by_key if key[0] == topic]:
             partition = self._by_key.pop(key)
             partition.fail_waiters(UnknownTopicOrPartitionError(f"topic {topic!r} was deleted"))

@@ -40,7 +40,8 @@ Signals (the handlers only set a flag; gunicorn's rule):
   flushed (unacknowledged records may be lost; acknowledged ones are on disk).
 
 Exit statuses (``hpbroker.workers.backend``): EXIT_OK after a stop; EXIT_BOOT_FAILED when the
-partitions could not be opened or the backend could not be connected, so the arbiter stops
+backend could not be connected or the data port not served (a partition that cannot be opened
+is answered with an error instead, ``hpbroker.workers.opening``), so the arbiter stops
 instead of respawning in a loop; 1 when the loop itself failed (a bug: logged, logs closed).
 
 Run standalone (for a manual test; the arbiter normally forks it)::
@@ -66,6 +67,7 @@ import zmq
 
 from hpbroker import protocol
 from hpbroker.broker.config import BrokerConfig
+from hpbroker.broker.descriptors import DescriptorBudget
 from hpbroker.broker.logging_setup import add_process_context, setup_logging
 from hpbroker.errors import StorageError
 from hpbroker.io.files import pread_full
@@ -73,6 +75,7 @@ from hpbroker.workers import backend, heartbeat
 from hpbroker.workers.backend import EXIT_BOOT_FAILED, EXIT_OK, PartitionSpec
 from hpbroker.workers.fetch_server import FetchServer
 from hpbroker.workers.handlers import RequestHandler
+from hpbroker.workers.opening import PartitionOpener
 from hpbroker.workers.partitions import Flusher, PartitionSet
 from hpbroker.workers.replies import Reply, error_reply, with_payload_length
 from hpbroker.workers.stats import WorkerStats, write_stats
@@ -163,13 +166,10 @@ class Worker:
 
     def _boot(self, specs: Sequence[PartitionSpec]) -> bool:
         started = time.monotonic()
-        try:
-            for spec in specs:
-                self._partitions.open(spec)
-        except Exception as e:
-            logger.error("cannot open partition %s-%s: %s", spec.topic, spec.partition, e)
-            self._partitions.close_all()
-            return False
+        # A partition that cannot be opened (descriptors, a disk error) answers with an error;
+        # the worker serves the others (hpbroker.workers.opening).
+        budget = DescriptorBudget.current(self._config.max_connections)
+        PartitionOpener(self._partitions, budget).open_all(specs)
         try:
             self._context = zmq.Context()
             self._backend = self._context.socket(zmq.DEALER)
@@ -383,15 +383,15 @@ class Worker:
     def _open_partitions(self, specs: Any) -> list[str]:
         if not isinstance(specs, list):
             raise ValueError(f"open needs a list of partition specs, got {specs!r}")
-        errors = []
+        errors, parsed = [], []
         for obj in specs:
             try:
-                spec = PartitionSpec.from_json(obj)
-                self._partitions.open(spec)
-            except Exception as e:
+                parsed.append(PartitionSpec.from_json(obj))
+            except ValueError as e:
                 logger.error("cannot open partition %r: %s", obj, e)
                 errors.append(f"{obj!r}: {e}")
-        return errors
+        opener = PartitionOpener(self._partitions, DescriptorBudget.current(self._config.max_connections))
+        return errors + opener.open_all(parsed)
 
     # --- stopping ------------------------------------------------------------------------------
 

@@ -22,10 +22,10 @@ from worker_harness import (
     values_of,
 )
 
-from hpbroker.io import LogConfig, PartitionLog, _writer
+from hpbroker.io import _writer
 from hpbroker.protocol import EARLIEST_TIMESTAMP, ApiKey, ListOffsetsRequest
 from hpbroker.workers import backend, heartbeat
-from hpbroker.workers.backend import EXIT_BOOT_FAILED, EXIT_OK
+from hpbroker.workers.backend import EXIT_OK
 
 
 def test_control_open_then_delete_a_topic(start_worker, arbiter):
@@ -126,16 +126,33 @@ def test_kill_9_loses_no_acknowledged_record(start_worker, arbiter):
     assert worker2.wait() == EXIT_OK
 
 
-def test_a_worker_that_cannot_open_its_partitions_exits_with_boot_failed(arbiter, data_dir):
-    held = PartitionLog(os.path.join(data_dir, "orders-1"), LogConfig())  # holds the directory lock
+def test_a_partition_that_cannot_be_opened_is_answered_with_an_error_and_the_worker_serves_the_rest(
+        arbiter, data_dir):
+    # Another process holds orders-1's directory lock (one forked from here would inherit it).
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from hpbroker.io import PartitionLog; "
+         "log = PartitionLog(sys.argv[1]); print('held', flush=True); sys.stdin.read()",
+         os.path.join(data_dir, "orders-1")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=REPO_ROOT)
+    assert holder.stdout.readline() == b"held\n"
     worker = WorkerProcess(arbiter, data_dir)
     try:
-        worker.start(wait_ready=False)
-        assert worker.wait() == EXIT_BOOT_FAILED
-        assert arbiter.nothing_within(0.1)  # never said ready
+        worker.start()  # says ready
+        header, _ = arbiter.call(0, produce_request("orders", 1, make_batch("locked")))
+        assert header.error_code == 7
+        assert "orders-1 could not be opened" in header.error_message
+        assert "already open for writing" in header.error_message
+        assert arbiter.call(0, produce_request("orders", 0, make_batch("fine")))[0].error_code == 0
+        holder.kill()  # the kernel releases its lock
+        holder.wait(timeout=TIMEOUT_S)
+        # A later open of the partition (the arbiter reconciling) opens it now that it can.
+        assert arbiter.control(0, "open", partitions=[{"topic": "orders", "partition": 1}])["error"] is None
+        assert arbiter.call(0, produce_request("orders", 1, make_batch("now")))[0].error_code == 0
+        worker.signal(signal.SIGTERM)
+        assert worker.wait() == EXIT_OK
     finally:
         worker.close()
-        held.close()
+        holder.kill()
+        holder.wait()
 
 
 def test_sigquit_exits_at_once_without_flushing(start_worker, arbiter):
