@@ -130,6 +130,14 @@ def test_a_stored_topic_too_big_for_the_limit_does_not_stop_the_broker(low_limit
     broker, client = low_limit_broker()
     produce_and_fetch(client, "orders", 3, b"after a restart")
 
+    # Deleting the topic deletes what was opened and forgets the rest; then a topic that fits can be made.
+    header, _ = client.request(protocol.DeleteTopicRequest("abig"), timeout_s=60)
+    assert header.error_code == 0, header
+    assert "abig" not in TopicStore(tmp_path / "data")
+    assert not [name for name in os.listdir(tmp_path / "data") if name.startswith("abig")]
+    assert create(client, "wide", 2 * 25).error_code == 0
+    produce_and_fetch(client, "wide", 49, b"room again")
+
 
 def test_the_soft_limit_is_raised_to_the_hard_one_at_start(tmp_path):
     broker, port = start_broker(tmp_path / "data", tmp_path / "broker.log", workers=WORKERS,
