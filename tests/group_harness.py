@@ -182,9 +182,11 @@ def owners_by_member(registry: GroupRegistry) -> dict[str, list[tuple[str, int]]
 
 
 def wait_balanced(registry: GroupRegistry, members: list[str], partitions: int, topic: str,
-                  timeout_s: float = 30.0, what: str = "a balanced group") -> dict[str, list]:
+                  timeout_s: float = 30.0, what: str = "a balanced group",
+                  run: ConsumerGroupRun | None = None) -> dict[str, list]:
     """Until exactly ``members`` own every partition of ``topic``, sizes differing by one at most,
-    and each member's registration is there."""
+    and each member's registration is there.  With ``run``, a failure shows its members' exit
+    statuses and logs (a member missing from the group may have exited)."""
     def balanced():
         if sorted(registry.member_ids()) != sorted(members):
             return None
@@ -201,4 +203,5 @@ def wait_balanced(registry: GroupRegistry, members: list[str], partitions: int, 
         return wait_until(balanced, timeout_s, interval_s=0.1, what=what)
     except AssertionError:
         raise AssertionError(f"after {time.monotonic() - started:.1f} s: members {registry.member_ids()}, "
-                             f"owners {owners_by_member(registry)}") from None
+                             f"owners {owners_by_member(registry)}"
+                             + ("" if run is None else f"\n{run.logs()}")) from None

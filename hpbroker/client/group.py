@@ -8,6 +8,12 @@ ephemeral node in the consumer registry, ``hpbroker.coord.groups``) and from the
 which partitions the consumer reads.  This module is the only part of the client that imports
 ZooKeeper code, and only when a group is used.
 
+**Joining.**  The constructor connects, registers and sets its watches before it returns; a
+failure there (no server answering within ``zookeeper_timeout_ms``, the connection lost or a
+write refused meanwhile) is a :class:`~hpbroker.errors.CoordinationError` and leaves nothing
+running: a member that never joined is not retried.  Once it has joined, a member rides out
+ZooKeeper outages and restarts by itself (connection states, below).
+
 **One thread.**  kazoo calls back on its own threads (watches, connection states); those
 callbacks only set a flag and wake the consumer (a wake-up that does not end an iteration).
 Everything else (rebalancing, committing, confirming the lease) runs on the consumer's thread,
@@ -226,6 +232,10 @@ class GroupMember:
             for topic in config.topics:
                 self._watches.append(watch_data(self._session.client, self._paths.topic(topic),
                                                 self._changed))
+        except KazooException as e:  # connected, then refused or cut off while joining
+            self._session.close()
+            raise CoordinationError(f"{self._prefix} cannot join the group through ZooKeeper at "
+                                    f"{self._session.connect_string}: {e!r}") from e
         except BaseException:
             self._session.close()
             raise

@@ -55,20 +55,22 @@ def test_three_members_share_twelve_partitions_through_a_kill_and_a_join(group_c
     try:
         for name in ("c0", "c1", "c2"):
             run.start(name)
-        owned = wait_balanced(registry, ["c0", "c1", "c2"], PARTITIONS, topic, what="three members, 4 each")
+        owned = wait_balanced(registry, ["c0", "c1", "c2"], PARTITIONS, topic, what="three members, 4 each",
+                              run=run)
         assert {m: len(tps) for m, tps in owned.items()} == {"c0": 4, "c1": 4, "c2": 4}
         run.wait_consumed(dict.fromkeys(range(PARTITIONS), 30))
 
         produce(group_cluster.bootstrap, topic, PARTITIONS, 30, start=30)
         run.members["c1"].kill()  # its session lives on in ZooKeeper for the session timeout
         owned = wait_balanced(registry, ["c0", "c2"], PARTITIONS, topic,
-                              timeout_s=SESSION_TIMEOUT_MS / 1000 + 30, what="the survivors, 6 each")
+                              timeout_s=SESSION_TIMEOUT_MS / 1000 + 30, what="the survivors, 6 each", run=run)
         assert {m: len(tps) for m, tps in owned.items()} == {"c0": 6, "c2": 6}
         produce(group_cluster.bootstrap, topic, PARTITIONS, 30, start=60)
         run.wait_consumed(dict.fromkeys(range(PARTITIONS), 90))
 
         run.start("c3")
-        owned = wait_balanced(registry, ["c0", "c2", "c3"], PARTITIONS, topic, what="a new member in")
+        owned = wait_balanced(registry, ["c0", "c2", "c3"], PARTITIONS, topic, what="a new member in",
+                              run=run)
         assert sorted(len(tps) for tps in owned.values()) == [4, 4, 4]
         produce(group_cluster.bootstrap, topic, PARTITIONS, 30, start=90)
         run.wait_consumed(dict.fromkeys(range(PARTITIONS), 120))
@@ -91,7 +93,7 @@ def test_a_member_paused_past_its_session_timeout_hands_out_nothing_it_lost(grou
         slow = run.start("c0", delay_ms=10)  # owns partitions 0-3; far behind when paused
         run.start("c1")
         run.start("c2")
-        wait_balanced(registry, ["c0", "c1", "c2"], PARTITIONS, topic)
+        wait_balanced(registry, ["c0", "c1", "c2"], PARTITIONS, topic, run=run)
         for batch in range(end // 10):  # batches of 10 records: small fetches keep the next one buffered
             produce(group_cluster.bootstrap, topic, PARTITIONS, 10, start=batch * 10)
         wait_until(lambda: len(slow.records()) >= 30, 30, what="the slow member to get going")
@@ -101,7 +103,7 @@ def test_a_member_paused_past_its_session_timeout_hands_out_nothing_it_lost(grou
         assert min(behind.values()) < end - 20, f"the paused member must still have records to go: {behind}"
 
         wait_balanced(registry, ["c1", "c2"], PARTITIONS, topic, timeout_s=SESSION_TIMEOUT_MS / 1000 + 30,
-                      what="the others to take over the paused member's partitions")
+                      what="the others to take over the paused member's partitions", run=run)
         run.wait_consumed(dict.fromkeys(range(PARTITIONS), end))
         wait_until(lambda: all(o.offset == end for o in registry.committed_offsets().values())
                    and len(registry.committed_offsets()) == PARTITIONS, 20, what="the others' commits")
@@ -110,7 +112,7 @@ def test_a_member_paused_past_its_session_timeout_hands_out_nothing_it_lost(grou
         resumed_at = time.monotonic()
         slow.resume()
         wait_balanced(registry, ["c0", "c1", "c2"], PARTITIONS, topic, timeout_s=30,
-                      what="the resumed member back in the group")
+                      what="the resumed member back in the group", run=run)
         produce(group_cluster.bootstrap, topic, PARTITIONS, 10, start=end)
         run.wait_consumed(dict.fromkeys(range(PARTITIONS), end + 10))
     finally:
@@ -140,6 +142,12 @@ def test_zookeeper_stopped_and_restarted_under_a_consuming_group(tmp_path):
         for name in ("c0", "c1"):
             run.start(name)
         run.wait_consumed(dict.fromkeys(range(partitions), 30))
+        # Both members in the group before ZooKeeper goes: the first one alone can consume
+        # everything while the second is still starting, and a member that cannot reach ZooKeeper
+        # within its timeout when it is made fails to start (CoordinationError) rather than join.
+        with connect(zk_connect, session_timeout_s=5.0) as zk:
+            wait_balanced(GroupRegistry(zk, "g"), ["c0", "c1"], partitions, "orders",
+                          what="both members in the group before ZooKeeper stops", run=run)
 
         lease_s = SESSION_TIMEOUT_MS / 1000 / 3
         # A record a member took just before its lease ran out may be noted as received a little
@@ -155,7 +163,7 @@ def test_zookeeper_stopped_and_restarted_under_a_consuming_group(tmp_path):
         produce(bootstrap, "orders", partitions, 30, start=60)
         run.wait_consumed(dict.fromkeys(range(partitions), 90))
         with connect(zk_connect, session_timeout_s=5.0) as zk:
-            owned = wait_balanced(GroupRegistry(zk, "g"), ["c0", "c1"], partitions, "orders")
+            owned = wait_balanced(GroupRegistry(zk, "g"), ["c0", "c1"], partitions, "orders", run=run)
         assert sorted(len(tps) for tps in owned.values()) == [3, 3]
         during = [(name, p, o, round(received - stopped_at, 3)) for name, m in run.members.items()
                   for p, o, received in m.records()
