@@ -1,9 +1,11 @@
 """File descriptors: how many partitions a worker can hold open, and the limit that bounds it.
 
 What an open partition holds (``hpbroker.io.log``, ``hpbroker.io.segment``): the exclusive lock
-on its directory's ``.lock`` file, and for every segment a ``.log``, an ``.index`` and a
-``.timeindex`` descriptor.  A partition therefore costs ``1 + 3 * segments`` descriptors, at least
-:data:`DESCRIPTORS_PER_PARTITION` (4: one segment, the state of a new or empty partition).  Every
+on its directory's ``.lock`` file, a ``.log``, an ``.index`` and a ``.timeindex`` descriptor for
+its active segment, and only the ``.log`` of every closed segment (their index entries live in
+memory, ``Segment.release_index_files``).  A partition therefore costs ``3 + segments``
+descriptors, at least :data:`DESCRIPTORS_PER_PARTITION` (4: one segment, the state of a new or
+empty partition).  Every
 worker process holds its slot's partitions (``hpbroker.workers.ownership``) under the broker's
 ``RLIMIT_NOFILE``, which it inherits from the arbiter.
 
@@ -30,6 +32,7 @@ from hpbroker.errors import InvalidPartitionsError
 
 __all__ = [
     "DESCRIPTORS_PER_PARTITION",
+    "DESCRIPTORS_PER_CLOSED_SEGMENT",
     "DESCRIPTORS_PER_SEGMENT",
     "FIXED_RESERVE",
     "HOW_TO_RAISE",
@@ -40,7 +43,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-DESCRIPTORS_PER_SEGMENT = 3  # .log, .index, .timeindex
+DESCRIPTORS_PER_SEGMENT = 3  # the active segment's .log, .index and .timeindex
+DESCRIPTORS_PER_CLOSED_SEGMENT = 1  # its .log (sendfile); its indexes live in memory
 DESCRIPTORS_PER_PARTITION = 1 + DESCRIPTORS_PER_SEGMENT  # the directory lock and one segment
 FIXED_RESERVE = 64  # ZeroMQ context and sockets, listener, pipes, stdio, files opened for a moment
 _NR_OPEN_PATH = "/proc/sys/fs/nr_open"  # the kernel's ceiling for RLIMIT_NOFILE
@@ -50,7 +54,7 @@ HOW_TO_RAISE = ("raise it with LimitNOFILE= in the systemd unit (deploy/hpbroker
 
 def partition_descriptors(segments: int) -> int:
     """Descriptors an open partition of ``segments`` segments holds."""
-    return 1 + DESCRIPTORS_PER_SEGMENT * max(segments, 1)
+    return DESCRIPTORS_PER_PARTITION + DESCRIPTORS_PER_CLOSED_SEGMENT * max(segments - 1, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +89,8 @@ class DescriptorBudget:
         return (f"the file-descriptor limit (RLIMIT_NOFILE) is {self.limit} per worker, of which "
                 f"{self.reserve} are kept for connections and sockets, so a worker holds at most "
                 f"{self.partitions_per_worker} partitions ({DESCRIPTORS_PER_PARTITION} descriptors each: "
-                f"the directory lock and a .log, .index and .timeindex per segment)")
+                f"the directory lock and the active segment's .log, .index and .timeindex; one more per "
+                f"closed segment)")
 
     def check(self, topic: str, partitions: int, slot: int, slot_partitions: int, workers: int) -> None:
         """Refuse (InvalidPartitionsError, nothing is changed) a topic of ``partitions`` after

@@ -98,7 +98,7 @@ class _IndexFile:
         self._unsynced = False
 
     def _read_file(self) -> bytes:
-        return pread_full(self._fd, os.fstat(self._fd).st_size, 0)
+        return pread_full(self._descriptor(), os.fstat(self._descriptor()).st_size, 0)
 
     def to_bytes(self) -> bytes:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -116,7 +116,7 @@ class _IndexFile:
     def write_out(self) -> None:
         """Append the buffered entries to the file (no fsync)."""
         if self._unwritten:
-            write_all(self._fd, self._unwritten)
+            write_all(self._descriptor(), self._unwritten)
             self._unwritten.clear()
             self._unsynced = True
 
@@ -124,17 +124,17 @@ class _IndexFile:
         """Make the file hold exactly the in-memory entries; True if it had to be rewritten."""
         wanted = self.to_bytes()
         self._unwritten.clear()
-        if pread_full(self._fd, os.fstat(self._fd).st_size + 1, 0) == wanted:
+        if pread_full(self._descriptor(), os.fstat(self._descriptor()).st_size + 1, 0) == wanted:
             return False
-        os.ftruncate(self._fd, 0)
-        write_all(self._fd, wanted)
+        os.ftruncate(self._descriptor(), 0)
+        write_all(self._descriptor(), wanted)
         self._unsynced = True
         return True
 
     def empty_file(self) -> None:
         """Truncate the file to nothing (it takes no space to do so), keeping the entries in
         memory: a file that no longer holds them all is rebuilt from the log when next loaded."""
-        os.ftruncate(self._fd, 0)
+        os.ftruncate(self._descriptor(), 0)
         self._unwritten.clear()
         self._unsynced = True
 
@@ -146,8 +146,21 @@ class _IndexFile:
         """Write out and fdatasync, if anything changed since the last sync."""
         self.write_out()
         if self._unsynced:
-            os.fdatasync(self._fd)
+            os.fdatasync(self._descriptor())
             self._unsynced = False
+
+    def _descriptor(self) -> int:
+        """The file's descriptor, opened again if :meth:`release` closed it."""
+        if self._fd < 0:
+            self._fd = open_for_append(self.path, create=True)
+        return self._fd
+
+    def release(self) -> None:
+        """Close the descriptor of a file that is written out and synced (a closed segment's:
+        its entries live in memory, and it is only written again if it must be rebuilt, when it
+        is opened again).  Keeps it open while anything is unwritten or unsynced."""
+        if self._fd >= 0 and not self._unwritten and not self._unsynced:
+            self.close()
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -342,6 +342,8 @@ class PartitionLog:
         self._bases = [segment.base_offset for segment in self._segments]
         for segment in self._segments:
             segment.sync()  # recovered segments may hold what was only in the page cache
+        for segment in self._segments[:-1]:
+            segment.release_index_files()
         active = self._segments[-1]
         self._log_end_offset = self._recovery_point = active.next_offset
         self._active_first_timestamp = active.first_batch_timestamp  # -1: none yet
@@ -673,6 +675,7 @@ class PartitionLog:
         self._flush_pending(fsync=True)
         old = self._segments[-1]
         self._synced(old.sync())
+        old.release_index_files()
         new = Segment(self._directory, self._log_end_offset, self._config, create=True, now_ms=now_ms,
                       log_name=self._name)
         self._segments.append(new)
@@ -987,6 +990,8 @@ class PartitionLog:
         try:
             for segment in segments:
                 segment.sync()
+            for segment in segments[:-1]:
+                segment.release_index_files()
             self._checkpoint.write(segments[-1].next_offset)
         except BaseException:
             for segment in segments:

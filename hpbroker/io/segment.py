@@ -181,6 +181,14 @@ class Segment:
         self.offset_index.write_out()
         self.time_index.write_out()
 
+    def release_index_files(self) -> None:
+        """Close the descriptors of both index files once synced, for a segment that takes no
+        more appends: its entries live in memory, so a closed segment holds one descriptor (its
+        ``.log``, for sendfile) instead of three; an index file is opened again only if it must
+        be rewritten."""
+        self.offset_index.release()
+        self.time_index.release()
+
     def sync(self) -> int | None:
         """fdatasync the ``.log`` and both indexes (each only if it changed); the nanoseconds the
         ``.log``'s fdatasync took, None when it had nothing to sync."""

@@ -3,7 +3,7 @@
 A worker opens the partitions of its slot at boot and whenever the arbiter sends ``open``.  Two
 things can make a partition impossible to open, and neither may stop the worker:
 
-- **Descriptors.**  Every open partition holds ``1 + 3 * segments`` file descriptors
+- **Descriptors.**  Every open partition holds ``3 + segments`` file descriptors
   (``hpbroker.broker.descriptors``); the worker keeps a reserve of its ``RLIMIT_NOFILE`` for
   connections and its sockets.  A partition that would take the partitions' share beyond
   :attr:`DescriptorBudget.for_partitions` is not opened: it answers with

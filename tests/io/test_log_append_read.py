@@ -580,3 +580,32 @@ def test_an_immutable_buffer_is_held_without_a_copy(open_log):
     assert held.obj is source or getattr(held.obj, "obj", None) is source, "no copy was made"
     log.flush()
     assert log.read_bytes(0, 1 << 20)[16:] == bytes(source)[16:]
+
+
+def _descriptors_into(directory) -> list[str]:
+    """The names of the files in ``directory`` this process holds open."""
+    names = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if os.path.dirname(target) == os.path.abspath(directory):
+            names.append(os.path.basename(target))
+    return sorted(names)
+
+
+def test_a_closed_segment_holds_only_its_log_file_open(open_log, log_dir):
+    log = open_log(segment_bytes=1024)
+    for i in range(40):
+        log.append(make_batch(2, tag=i))
+    log.flush()
+    assert log.segment_count >= 4
+    active = log.segments[-1]
+    indexes = [os.path.basename(active.offset_index.path), os.path.basename(active.time_index.path)]
+    expected = sorted([".lock"] + [os.path.basename(s.path) for s in log.segments] + indexes)
+    assert _descriptors_into(log_dir) == expected
+    log.close()
+    log = open_log(segment_bytes=1024)
+    assert _descriptors_into(log_dir) == expected, "a reopened log holds the same"
+    assert [offset for offset, _ in read_all(log)] == [2 * i for i in range(40)]
