@@ -235,36 +235,30 @@ def _default_clock() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _disk_operation(method: Callable[..., _T]) -> Callable[..., _T]:
-    """The one place disk errors are handled: refuse calls on a closed or offline log, and turn
-    an ``OSError`` into StorageError, taking the log offline."""
+def _guarded(on_os_error: str) -> Callable[[Callable[..., _T]], Callable[..., _T]]:
+    """A decorator that refuses calls on a closed or offline log and hands an ``OSError`` to the
+    log's method ``on_os_error`` (``(operation, error) -> StorageError``), raising what it returns."""
 
-    @functools.wraps(method)
-    def guarded(self: PartitionLog, *args: object, **kwargs: object) -> _T:
-        self._check_usable()
-        try:
-            return method(self, *args, **kwargs)
-        except OSError as e:
-            raise self._go_offline(method.__name__, e) from e
+    def decorate(method: Callable[..., _T]) -> Callable[..., _T]:
+        @functools.wraps(method)
+        def guarded(self: PartitionLog, *args: object, **kwargs: object) -> _T:
+            self._check_usable()
+            try:
+                return method(self, *args, **kwargs)
+            except OSError as e:
+                raise getattr(self, on_os_error)(method.__name__, e) from e
 
-    return guarded
+        return guarded
+
+    return decorate
 
 
-def _write_operation(method: Callable[..., _T]) -> Callable[..., _T]:
-    """The one place write errors are handled: refuse calls on a closed or offline log, and turn
-    an ``OSError`` into StorageError, putting the log in the *writes failed* state (module
-    docstring): reads go on.  Whether a method also refuses to run while writes are failed is
-    its own business (:meth:`PartitionLog._check_writable`)."""
-
-    @functools.wraps(method)
-    def guarded(self: PartitionLog, *args: object, **kwargs: object) -> _T:
-        self._check_usable()
-        try:
-            return method(self, *args, **kwargs)
-        except OSError as e:
-            raise self._fail_writes(method.__name__, e) from e
-
-    return guarded
+# The one place disk errors are handled: an OSError takes the log offline.
+_disk_operation = _guarded("_go_offline")
+# The one place write errors are handled: an OSError puts the log in the *writes failed* state
+# (module docstring), and reads go on.  Whether a method also refuses to run while writes are
+# failed is its own business (PartitionLog._check_writable).
+_write_operation = _guarded("_fail_writes")
 
 
 # Write errors that mean "the filesystem is full": the log waits until it can allocate

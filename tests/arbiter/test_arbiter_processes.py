@@ -19,22 +19,6 @@ from hpbroker import protocol
 from hpbroker.workers.ownership import owner_slot
 
 
-@pytest.fixture
-def standin(tmp_path):
-    started = []
-
-    def start(**kwargs):
-        broker, config = start_standin(tmp_path, **kwargs)
-        client = Client(config["port"])
-        started.append((broker, client))
-        return broker, config, client
-
-    yield start
-    for broker, client in started:
-        client.close()
-        broker.stop()
-
-
 def create(client, name, partitions, configs=()):
     header, _ = client.request(protocol.CreateTopicRequest(name, partitions, list(configs)))
     assert header.error_code == 0, header

@@ -62,22 +62,6 @@ def test_a_retried_slot_serves_at_once_and_settles_after_serving_long_enough():
 # --- stand-in workers ---------------------------------------------------------------------------
 
 
-@pytest.fixture
-def standin(tmp_path):
-    started = []
-
-    def start(**kwargs):
-        broker, config = start_standin(tmp_path, **kwargs)
-        client = Client(config["port"])
-        started.append((broker, client))
-        return broker, config, client
-
-    yield start
-    for broker, client in started:
-        client.close()
-        broker.stop()
-
-
 def _partitions_of(topic: str, partitions: int, slot: int, slots: int) -> list[int]:
     return [p for p in range(partitions) if owner_slot(topic, p, slots) == slot]
 
