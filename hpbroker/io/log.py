@@ -37,9 +37,11 @@ Durability, exactly:
   process being killed (the kernel still writes them out and the next open finds them), but an
   OS crash or power loss may lose any of them that the kernel had not written back; segments
   are still fsynced when rolled, checkpointed and on close.
-- After any crash, opening the log keeps the longest valid prefix (length, CRC and offsets
-  checked) of every segment written since the last checkpoint and truncates the rest
-  (hpbroker.io.loader); with ``flush_fsync=True`` that prefix holds every acknowledged record.
+- After any crash, opening the log re-checks every segment written since the last checkpoint
+  (length, CRC and offsets) and cuts only a torn tail: bad bytes at the end of the last segment,
+  past the recovery point; with ``flush_fsync=True`` no acknowledged record is in it.  Damage
+  anywhere else is contained as a *damaged range* (hpbroker.io.loader, hpbroker.io.damage):
+  every valid batch after it stays, and the log end never moves below the recovery point.
   Segments below the checkpoint were fsynced when rolled and are checked cheaply (their indexes
   against batch headers and the end of their log), not re-read in full.
 - After a clean close (:meth:`PartitionLog.close` returned: everything flushed and fsynced, the
@@ -72,14 +74,15 @@ Errors: an ``OSError`` from any disk operation becomes :class:`~hpbroker.errors.
   later call raises StorageError; close it and reopen (recovery repairs what can be repaired).
 
 Damaged data met while reading (flushed bytes that do not parse as the batch the index or the
-previous batch says starts there, a batch running past the end of its segment, records that fail
-their CRC when ``offset_for_timestamp`` decodes them) is not a disk error: that read raises
-:class:`~hpbroker.errors.CorruptRecordError` naming the segment file and the position of the
-damage in it, and the log stays *online*: appends, and reads that do not reach the damage, go
-on.  Reading never changes a ``.log``: an index that disagrees with its log is rebuilt from the
-log, but damage in the log itself stays until retention deletes the segment, or until an open
-that scans the segment in full (recovery, see hpbroker.io.loader) truncates it there.  Reads hand
-out slices for sendfile without checking CRCs: consumers check them.
+previous batch says starts there, a batch running past the end of its segment) is not a disk
+error: the segment's indexes are rebuilt by a full scan, which contains the damage as a damaged
+range, and reads that reach it raise :class:`~hpbroker.errors.DamagedRangeError` naming the
+segment file, the positions and offsets, and the offset where reading can go on; records that
+fail their CRC when ``offset_for_timestamp`` decodes them raise CorruptRecordError.  The log
+stays *online*: appends, and reads that do not reach the damage, go on.  Reading never changes
+a ``.log``, and neither does opening, below the recovery point: damage stays until retention
+deletes its segment (:attr:`PartitionLog.damaged_ranges` lists what is known).  Reads hand out
+slices for sendfile without checking CRCs: consumers check them.
 
 Concurrency: not thread-safe.  One owner (the worker process that owns the partition) makes
 every call; other processes may read the files, never write them.  One writer per directory is
