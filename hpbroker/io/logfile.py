@@ -3,8 +3,9 @@ descriptor, see ``Segment.write``).
 
 On-disk format: whole batches back to back, exactly as ``hpbroker._core`` lays them out (its
 module docstring; base offsets stamped by the log), nothing before, between or after them.  A
-file that ends inside a batch, or holds bytes that do not parse as the next batch, is repaired by
-recovery: it scans with :meth:`LogFile.scan` and truncates at the first bad byte.
+file that ends inside a batch, or holds bytes that do not parse as the next batch, is handled by
+recovery (``hpbroker.io.segment``, ``hpbroker.io.loader``): it scans with :meth:`LogFile.scan`,
+truncates a torn tail and contains any other damage as a damaged range.
 
 Invariant: ``size`` is the number of bytes this process has written and recovery has validated;
 readers never look past it.  Single writer: the owning segment.  Any method may raise
