@@ -192,7 +192,8 @@ class DamagedRangeError(CorruptRecordError):
     checks when the log was opened or read (a damaged range), or a segment missing from the
     middle of the log (a gap).  Acknowledged records may have been there; they cannot be served.
 
-    ``first_offset`` is where the damaged range starts (-1 when unknown), ``next_offset`` the first
+    ``first_offset`` is where the damaged range starts (-1 when unknown; a client, told only where
+    the range ends, gives the offset it fetched, which lies in the range), ``next_offset`` the first
     offset after it, where reading can go on: a consumer may choose to skip to it.  It is a
     CorruptRecordError, so code that stops on corrupt data stops on it too, but it is not
     retriable: the same read gets the same answer until the range is deleted by retention.

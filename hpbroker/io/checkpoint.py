@@ -1,5 +1,5 @@
-"""The two small state files of a partition directory: the recovery-point checkpoint and the
-clean-shutdown marker.
+"""The small state files of a partition directory: the recovery-point checkpoint, the
+clean-shutdown marker and the list of damaged segments.
 
 File ``recovery-point-offset-checkpoint``, ASCII, two lines::
 
@@ -20,6 +20,13 @@ cleanly.  No atomic rename is needed: a
 crash while writing it leaves no file or a malformed one, which means "not clean".  What a clean
 shutdown changes on open is in ``hpbroker.io.loader``.
 
+File ``damaged-segments``, ASCII: the format version, then the base offset of every segment
+known to hold a damaged range (``hpbroker.io.damage``), one per line.  A trusted segment's open
+checks only its indexes and tail, which damage in its middle passes once the indexes were rebuilt
+around it; so the open scans every segment listed here in full, finds its damaged ranges again,
+and the list is rewritten with what was found.  Written atomically like the checkpoint; removed
+when no segment holds damage.
+
 Single writer: the partition log.  Reading never raises for bad content: a missing or malformed
 file reads as None (recover everything; not clean), which is always safe.
 """
@@ -32,13 +39,14 @@ import os
 from hpbroker.io.files import (
     CHECKPOINT_FILE_NAME,
     CLEAN_SHUTDOWN_FILE_NAME,
+    DAMAGED_SEGMENTS_FILE_NAME,
     TMP_SUFFIX,
     fsync_dir,
     unlink_if_exists,
     write_all,
 )
 
-__all__ = ["CHECKPOINT_VERSION", "CleanShutdownMarker", "RecoveryPointCheckpoint"]
+__all__ = ["CHECKPOINT_VERSION", "CleanShutdownMarker", "DamagedSegments", "RecoveryPointCheckpoint"]
 
 CHECKPOINT_VERSION = 0  # first line of the file
 _MAX_CHECKPOINT_BYTES = 64  # two short lines; anything longer is not ours
@@ -104,6 +112,48 @@ class CleanShutdownMarker:
             logger.warning("ignoring malformed clean-shutdown marker %s: %r", self.path,
                            content[:_MAX_CHECKPOINT_BYTES])
         return offset
+
+
+class DamagedSegments:
+    """Reads and atomically replaces ``<directory>/damaged-segments`` (module docstring)."""
+
+    _MAX_BYTES = 1 << 20  # far more segments than any partition has
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.path = os.path.join(directory, DAMAGED_SEGMENTS_FILE_NAME)
+        self.tmp_path = self.path + TMP_SUFFIX
+
+    def read(self) -> set[int]:
+        """The base offsets listed; empty when the file is missing.  A malformed file lists
+        nothing it can be sure of (logged): the segments are then checked as usual."""
+        try:
+            with open(self.path, "rb") as f:
+                content = f.read(self._MAX_BYTES + 1)
+        except FileNotFoundError:
+            return set()
+        lines = content.split(b"\n")
+        if (len(content) > self._MAX_BYTES or not content.endswith(b"\n")
+                or lines[0] != str(CHECKPOINT_VERSION).encode() or not all(x.isdigit() for x in lines[1:-1])):
+            logger.warning("ignoring malformed %s: %r", self.path, content[:_MAX_CHECKPOINT_BYTES])
+            return set()
+        return {int(x) for x in lines[1:-1]}
+
+    def write(self, base_offsets: set[int]) -> None:
+        """Replace the list, durably; remove the file when it is empty."""
+        if not base_offsets:
+            if unlink_if_exists(self.path):
+                fsync_dir(self.directory)
+            return
+        content = "".join(f"{base}\n" for base in sorted(base_offsets))
+        fd = os.open(self.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            write_all(fd, f"{CHECKPOINT_VERSION}\n{content}".encode("ascii"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(self.tmp_path, self.path)
+        fsync_dir(self.directory)
 
 
 def _write_synced(path: str, offset: int) -> None:

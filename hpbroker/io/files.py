@@ -8,6 +8,7 @@ closed, maybe a clean-shutdown marker::
     00000000000000000000.index      sparse offset index (see hpbroker.io.index)
     00000000000000000000.timeindex  sparse time index
     recovery-point-offset-checkpoint
+    damaged-segments                only while a segment holds a damaged range
     clean-shutdown                  only between a clean close and the next open
     .lock                           flock'ed by the one open log; holds its pid
 
@@ -25,6 +26,7 @@ import os
 __all__ = [
     "CHECKPOINT_FILE_NAME",
     "CLEAN_SHUTDOWN_FILE_NAME",
+    "DAMAGED_SEGMENTS_FILE_NAME",
     "DELETED_SUFFIX",
     "INDEX_SUFFIX",
     "LOG_SUFFIX",
@@ -50,6 +52,7 @@ TMP_SUFFIX = ".tmp"  # a file being written, renamed into place when complete
 DELETED_SUFFIX = ".deleted"  # a file on its way out (never created by us; cleaned up if found)
 CHECKPOINT_FILE_NAME = "recovery-point-offset-checkpoint"  # see hpbroker.io.checkpoint
 CLEAN_SHUTDOWN_FILE_NAME = "clean-shutdown"  # written by a clean close, removed by open; ditto
+DAMAGED_SEGMENTS_FILE_NAME = "damaged-segments"  # segments known to hold damaged ranges; ditto
 LOCK_FILE_NAME = ".lock"  # flock'ed by the one log that has the directory open; holds its pid
 _OFFSET_DIGITS = 20  # enough for any non-negative i64
 

@@ -17,7 +17,9 @@ fsynced when its successor began, so it is never cut; a segment missing from the
 log is a *gap* (a damaged range without bytes), and no later segment is deleted.  The log end
 never moves below the recovery point: when the last segment ends before it, or ends in damage
 below it, appends go to a new segment starting at the recovery point, so no offset that was
-acknowledged and reached the disk is ever handed out again.
+acknowledged and reached the disk is ever handed out again.  Segments the ``damaged-segments``
+file lists (``hpbroker.io.checkpoint``) are never trusted: their damaged ranges, which an index
+rebuilt around them would hide from the cheap check, are found again by a full scan.
 
 Clean shutdown (Kafka's ``.kafka_cleanshutdown``, per partition directory here): when the open
 found a ``clean-shutdown`` marker (``hpbroker.io.checkpoint``) holding the same offset as the
@@ -73,10 +75,13 @@ class LoadedSegments:
 
 
 def load_segments(directory: str, config: LogConfig, recovery_point: int, *, now_ms: int,
-                  log_name: str, clean_shutdown: bool = False) -> LoadedSegments:
+                  log_name: str, clean_shutdown: bool = False,
+                  damaged_bases: frozenset[int] | set[int] = frozenset()) -> LoadedSegments:
     """The segments of ``directory``, loaded or recovered (see the module docstring); a new
     empty segment if there are none.  ``clean_shutdown``: the log was closed cleanly and
-    ``recovery_point`` is its end.  Raises OSError; closes what it opened then."""
+    ``recovery_point`` is its end.  ``damaged_bases``: segments known to hold damaged ranges
+    (``hpbroker.io.checkpoint.DamagedSegments``), never trusted: scanned in full, so their ranges
+    are found again.  Raises OSError; closes what it opened then."""
     bases = _clean_directory(directory, log_name)
     segments: list[Segment] = []
     gaps: list[DamagedRange] = []
@@ -89,7 +94,8 @@ def load_segments(directory: str, config: LogConfig, recovery_point: int, *, now
             segment = Segment(directory, base, config, create=False, now_ms=now_ms, log_name=log_name)
             segments.append(segment)
             last = i == len(bases) - 1
-            _open_segment(segment, trusted=i < holding, recovery_point=recovery_point,
+            _open_segment(segment, trusted=i < holding and base not in damaged_bases,
+                          recovery_point=recovery_point,
                           next_base=None if last else bases[i + 1], clean_end=clean_shutdown and last,
                           log_name=log_name)
             if i:

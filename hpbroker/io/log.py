@@ -114,7 +114,7 @@ from hpbroker.errors import (
     StorageError,
 )
 from hpbroker.io._writer import WriteJob
-from hpbroker.io.checkpoint import CleanShutdownMarker, RecoveryPointCheckpoint
+from hpbroker.io.checkpoint import CleanShutdownMarker, DamagedSegments, RecoveryPointCheckpoint
 from hpbroker.io.config import LogConfig
 from hpbroker.io.damage import DamagedRange
 from hpbroker.io.files import fsync_dir, lock_directory, make_directory, pread_full
@@ -316,6 +316,8 @@ class PartitionLog:
         self._doomed: list[tuple[int, Segment]] = []  # (close at ms, deleted segment)
         self._checkpoint = RecoveryPointCheckpoint(self._directory)
         self._clean_shutdown = CleanShutdownMarker(self._directory)
+        self._damaged_segments = DamagedSegments(self._directory)
+        self._damage_listed: set[int] = set()  # what the damaged-segments file says
         self._lock_fd = -1
         self.on_flush: Callable[[FlushJob], None] | None = None
         self.on_sync: Callable[[int], None] | None = None
@@ -333,9 +335,11 @@ class PartitionLog:
         closed_at = self._clean_shutdown.take()  # before anything is written
         clean = closed_at is not None and closed_at == checkpointed
         now = self._clock()
+        self._damage_listed = self._damaged_segments.read()
         loaded = load_segments(self._directory, self._config, checkpointed or 0, now_ms=now,
-                               log_name=self._name, clean_shutdown=clean)
+                               log_name=self._name, clean_shutdown=clean, damaged_bases=self._damage_listed)
         self._segments, self._gaps = loaded.segments, loaded.gaps
+        self._list_damaged_segments()
         self._bases = [segment.base_offset for segment in self._segments]
         for segment in self._segments:
             segment.sync()  # recovered segments may hold what was only in the page cache
@@ -753,11 +757,31 @@ class PartitionLog:
         except IndexCorruptError as e:
             logger.warning("[%s] %s; rebuilding the indexes of %s", self._name, e, segment.path)
         segment.rebuild_indexes()
+        self._list_damaged_segments()
+        if segment is not self._segments[-1]:
+            self._synced(segment.sync())  # what the rebuild rewrote, then closed again
+            segment.release_index_files()
         try:
             return lookup()
         except IndexCorruptError as e:  # the log changed under the rebuild: no way to read it
             raise CorruptRecordError(f"[{self._name}] {segment.path} cannot be read after rebuilding its "
                                      f"indexes: {e}") from None
+
+    def _list_damaged_segments(self) -> None:
+        """Keep the damaged-segments file (hpbroker.io.checkpoint) in step with the segments that
+        hold damaged ranges, so that the next open scans them in full and finds them again.  A
+        failure to write it is logged, not raised: the damage is then found again by the reads
+        that reach it (and the log must stay readable on a full disk)."""
+        damaged = {segment.base_offset for segment in self._segments if segment.damaged}
+        if damaged == self._damage_listed:
+            return
+        try:
+            self._damaged_segments.write(damaged)
+        except OSError as e:
+            logger.warning("[%s] cannot record the damaged segments %s in %s: %s", self._name,
+                           sorted(damaged), self._damaged_segments.path, e)
+            return
+        self._damage_listed = damaged
 
     @property
     def damaged_ranges(self) -> list[DamagedRange]:
@@ -807,6 +831,7 @@ class PartitionLog:
         del self._bases[:count]
         if count:
             fsync_dir(self._directory)  # else the files may come back after a power loss
+            self._list_damaged_segments()
         return count
 
     def _close_doomed(self, now_ms: int) -> None:
@@ -982,7 +1007,8 @@ class PartitionLog:
         os.fdatasync(active.log.fd)
         os.posix_fadvise(active.log.fd, 0, 0, os.POSIX_FADV_DONTNEED)
         now = self._clock()
-        loaded = load_segments(self._directory, self._config, recovery_point, now_ms=now, log_name=self._name)
+        loaded = load_segments(self._directory, self._config, recovery_point, now_ms=now, log_name=self._name,
+                               damaged_bases=self._damage_listed)
         segments = loaded.segments
         try:
             for segment in segments:
@@ -997,6 +1023,7 @@ class PartitionLog:
         self._doomed.extend((now + self._config.file_delete_delay_ms, segment) for segment in old)
         self._segments, self._gaps = segments, loaded.gaps
         self._bases = [segment.base_offset for segment in segments]
+        self._list_damaged_segments()
         active = segments[-1]
         if active.next_offset < high_watermark:
             logger.error("[%s] the log re-read from the disk ends at offset %d, below the high watermark "

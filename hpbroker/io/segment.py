@@ -389,7 +389,7 @@ class Segment:
                     reason: str) -> None:
         damaged = DamagedRange(self.path, first_position, end_position, first_offset, next_offset, reason)
         self.damaged.append(damaged)
-        logger.error("[%s] damaged range: %s; %d offsets cannot be read, the valid batches after it are "
+        logger.error("[%s] damaged range: %s; %d offsets cannot be read, the valid batches around it are "
                      "kept", self._name, damaged.describe(), damaged.record_count)
 
     def _clear_indexes(self) -> None:
@@ -499,10 +499,15 @@ class Segment:
             headers = self._checked_headers(entry, stop)
         else:
             headers = self.log.headers(end, stop)
-        for position, header in headers:
-            if position + header.size > limit:
-                break
-            end, next_offset = position + header.size, header.next_offset
+        try:
+            for position, header in headers:
+                if position + header.size > limit:
+                    break
+                end, next_offset = position + header.size, header.next_offset
+        except IndexCorruptError:
+            raise
+        except HPBrokerError as e:  # damage the indexes do not know of: the caller rebuilds them
+            raise IndexCorruptError(f"{self.path}: no batch header where the batches go on: {e}") from e
         return end, next_offset
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int | None:

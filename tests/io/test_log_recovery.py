@@ -368,8 +368,10 @@ def test_a_read_that_meets_a_damaged_batch_names_the_file_and_position_and_keeps
     log, batches, size = _damaged_closed_segment(open_log, log_dir, _bad_length_at_batch_5)
     path = _segment_file(log_dir, 0, ".log")
     where = rf"{path}: .*batch at position {5 * size}\b.*batch_length 7"
-    with pytest.raises(CorruptRecordError, match=where):
-        log.read(offset, max_bytes)
+    if offset < 5:  # a read from before the damage gets the batches up to it
+        assert log.read(offset, max_bytes).next_offset == 5
+    with pytest.raises(DamagedRangeError, match=where):
+        log.read(5, max_bytes)
     assert not log.offline
     assert log.read_bytes(0, size) == stamped(batches[0], 0), "reads before the damage go on"
     assert log.read_bytes(60, 1) == stamped(batches[60], 60), "and in other segments"
@@ -682,3 +684,42 @@ def test_flushed_records_without_fsync_survive_kill_9(log_dir, tmp_path):
         assert log.log_end_offset == 100
         records = _core.decode_records(b"".join(batch for _, batch in read_all(log)))
         assert [r.value for r in records] == [b"record %d" % i for i in range(100)]
+
+
+def test_damage_found_in_the_middle_of_a_segment_is_found_again_by_every_later_open(open_log, log_dir):
+    log, batches, size = _damaged_closed_segment(open_log, log_dir, _bad_length_at_batch_5)
+    with pytest.raises(DamagedRangeError):
+        log.read(5, 100)  # found by a read: the indexes are rebuilt around it
+    assert [(r.first_offset, r.next_offset) for r in log.damaged_ranges] == [(5, 6)]
+    with open(os.path.join(log_dir, "damaged-segments")) as f:
+        assert f.read() == "0\n0\n", "the segment is listed"
+    log.close()
+    for crash in (False, True):
+        log = open_log(segment_bytes=4096, index_interval_bytes=1000)
+        assert [(r.first_offset, r.next_offset) for r in log.damaged_ranges] == [(5, 6)], \
+            "known at open, before any read reaches it"
+        slice_ = log.read(0, 1 << 20)
+        assert slice_.next_offset == 5, "a read before the damage stops before its bytes"
+        batches_read, skipped = read_around_damage(log)
+        assert skipped == [(5, 6)] and [o for o, _ in batches_read] == [o for o in range(80) if o != 5]
+        if crash:
+            log._abandon()
+        else:
+            log.close()
+
+
+def test_garbage_between_two_batches_is_a_range_of_no_offsets_and_stays_known(open_log, log_dir):
+    def insert_garbage_before_batch_4(f, size):
+        data = f.read()
+        f.seek(0)
+        f.write(data[: 4 * size] + b"\xa5" * 10 + data[4 * size :])
+
+    log, batches, size = _damaged_closed_segment(open_log, log_dir, insert_garbage_before_batch_4)
+    assert read_around_damage(log) == ([(i, stamped(b, i)) for i, b in enumerate(batches)], [])
+    [damaged] = log.damaged_ranges  # found by the first read that walked into it
+    assert (damaged.first_offset, damaged.next_offset, damaged.first_position) == (4, 4, 4 * size)
+    log.close()
+    log = open_log(segment_bytes=4096, index_interval_bytes=1000)
+    assert [(r.first_offset, r.next_offset) for r in log.damaged_ranges] == [(4, 4)]
+    assert log.read(0, 1 << 20).next_offset == 4, "the garbage is never sent"
+    assert read_around_damage(log) == ([(i, stamped(b, i)) for i, b in enumerate(batches)], [])
