@@ -60,7 +60,7 @@ from hpbroker.io.files import (
 from hpbroker.io.index import IndexCorruptError
 from hpbroker.io.segment import Segment
 
-__all__ = ["LoadedSegments", "load_segments"]
+__all__ = ["LoadedSegments", "load_segments", "reload_last_segment"]
 
 logger = logging.getLogger(__name__)
 
@@ -100,21 +100,51 @@ def load_segments(directory: str, config: LogConfig, recovery_point: int, *, now
                           log_name=log_name)
             if i:
                 _check_continuity(segments[-2], segment, gaps, log_name)
-        last_end = segments[-1].next_offset if segments else 0
-        if not segments or segments[-1].sealed or last_end < recovery_point:
-            if segments and last_end < recovery_point:
-                gaps.append(_gap(directory, last_end, recovery_point,
-                                 f"the log ends at offset {last_end}, below the recovery point "
-                                 f"{recovery_point}: records that were on disk are missing", log_name))
-            segment = Segment(directory, max(last_end, recovery_point), config, create=True, now_ms=now_ms,
-                              log_name=log_name)
-            segments.append(segment)
-            fsync_dir(directory)  # its records must not vanish with its directory entry
+        _end_at_or_past(directory, config, segments, gaps, recovery_point, now_ms=now_ms, log_name=log_name)
     except BaseException:
         for segment in segments:
             segment.close()
         raise
     return LoadedSegments(segments, gaps)
+
+
+def reload_last_segment(directory: str, config: LogConfig, base_offset: int, recovery_point: int, *,
+                        now_ms: int, log_name: str) -> LoadedSegments:
+    """The last segment, at ``base_offset``, opened again and recovered in full from the disk
+    as an open would (a torn tail past ``recovery_point`` cut, damage below it contained), and
+    a new segment at ``recovery_point`` after it when it ends below it or in damage.  For a log
+    that resumes writes after a failed one: its closed segments are unchanged and stay as they
+    are.  The ``segments`` returned are the replacement for the last one; ``gaps``, what lies
+    between them.  Raises OSError; closes what it opened then."""
+    segments: list[Segment] = []
+    gaps: list[DamagedRange] = []
+    try:
+        segment = Segment(directory, base_offset, config, create=False, now_ms=now_ms, log_name=log_name)
+        segments.append(segment)
+        segment.recover(recovery_point)
+        _end_at_or_past(directory, config, segments, gaps, recovery_point, now_ms=now_ms, log_name=log_name)
+    except BaseException:
+        for segment in segments:
+            segment.close()
+        raise
+    return LoadedSegments(segments, gaps)
+
+
+def _end_at_or_past(directory: str, config: LogConfig, segments: list[Segment], gaps: list[DamagedRange],
+                    recovery_point: int, *, now_ms: int, log_name: str) -> None:
+    """Append a new segment at ``recovery_point`` when there is none, or the last one is sealed
+    or ends below it (reporting the offsets below it it lacks as a gap): the log end never moves
+    below the recovery point."""
+    last_end = segments[-1].next_offset if segments else 0
+    if segments and not segments[-1].sealed and last_end >= recovery_point:
+        return
+    if segments and last_end < recovery_point:
+        gaps.append(_gap(directory, last_end, recovery_point,
+                         f"the log ends at offset {last_end}, below the recovery point "
+                         f"{recovery_point}: records that were on disk are missing", log_name))
+    segments.append(Segment(directory, max(last_end, recovery_point), config, create=True, now_ms=now_ms,
+                            log_name=log_name))
+    fsync_dir(directory)  # its records must not vanish with its directory entry
 
 
 def _open_segment(segment: Segment, *, trusted: bool, recovery_point: int, next_base: int | None,

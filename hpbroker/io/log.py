@@ -119,7 +119,7 @@ from hpbroker.io.config import LogConfig
 from hpbroker.io.damage import DamagedRange
 from hpbroker.io.files import fsync_dir, lock_directory, make_directory, pread_full
 from hpbroker.io.index import IndexCorruptError
-from hpbroker.io.loader import load_segments
+from hpbroker.io.loader import load_segments, reload_last_segment
 from hpbroker.io.logfile import FileSlice
 from hpbroker.io.segment import STAMP_BYTES, PendingBatch, Segment
 
@@ -326,6 +326,9 @@ class PartitionLog:
         except OSError as e:
             self._release()
             raise StorageError(f"[{self._name}] cannot open the log in {self._directory}: {e}") from e
+        except BaseException:
+            self._release()  # the directory's lock above all: a later open in this process must work
+            raise
 
     def _open(self) -> None:
         started = time.monotonic()
@@ -672,18 +675,33 @@ class PartitionLog:
             self._roll(self._clock(), "requested")
 
     def _roll(self, now_ms: int, reason: str) -> None:
-        """Flush and fsync the active segment, start a new one at the log end, checkpoint."""
-        self._flush_pending(fsync=True)
-        old = self._segments[-1]
-        self._synced(old.sync())
-        old.release_index_files()
+        """Start a new segment at the log end: flush and fsync the active one, checkpoint.
+
+        The new segment is made first, as it is what a full disk refuses: a roll that fails has
+        written nothing, not even the batches of the request being appended before it (the
+        failure drops everything pending, so no part of a refused request becomes readable).
+        The checkpoint after it is best effort: a stale one only makes the next open scan more."""
         new = Segment(self._directory, self._log_end_offset, self._config, create=True, now_ms=now_ms,
                       log_name=self._name)
+        old = self._segments[-1]
+        try:
+            self._flush_pending(fsync=True)
+            self._synced(old.sync())
+            fsync_dir(self._directory)  # the new segment's entry, before anything is written to it
+        except BaseException:
+            new.close()
+            new.delete_files()
+            raise
+        old.release_index_files()
         self._segments.append(new)
         self._bases.append(new.base_offset)
         self._active_first_timestamp = -1
         self._recovery_point = new.base_offset
-        self._checkpoint.write(self._recovery_point)
+        try:
+            self._checkpoint.write(self._recovery_point)
+        except OSError as e:
+            logger.warning("[%s] the checkpoint at the roll to %s was not written: %s", self._name, new.path,
+                           e)
         logger.info("[%s] rolled to segment %s at offset %d: %s", self._name, new.path, new.base_offset,
                     reason)
 
@@ -879,6 +897,7 @@ class PartitionLog:
                     self._checkpoint.write(self._recovery_point)
                     self._clean_shutdown.write(self._recovery_point)  # last: all above is durable
                 except OSError as e:
+                    self._drop_unacknowledged()  # what the failed flush wrote must not be found on open
                     raise self._go_offline("close", e) from e
         finally:
             self._release()
@@ -999,36 +1018,42 @@ class PartitionLog:
         return True
 
     def _reload(self) -> None:
-        """resume_writes's re-read: reload the segments, and take them only if all went well."""
-        old, recovery_point = self._segments, self._recovery_point
-        active = old[-1]
-        high_watermark = active.next_offset
-        os.ftruncate(active.log.fd, active.size_in_bytes)
-        os.fdatasync(active.log.fd)
-        os.posix_fadvise(active.log.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        """resume_writes's re-read of the active segment (the closed ones are unchanged: the
+        recovery point lies in the active one), taken only if all went well.
+
+        It is recovered from the high watermark, not the recovery point: every offset below
+        it was handed to readers, so what the disk lost of it (records written without
+        fdatasync whose write-back failed) becomes a damaged range, and no such offset is ever
+        handed out again."""
+        old = self._segments[-1]
+        high_watermark = old.next_offset
+        os.ftruncate(old.log.fd, old.size_in_bytes)
+        os.fdatasync(old.log.fd)
+        os.posix_fadvise(old.log.fd, 0, 0, os.POSIX_FADV_DONTNEED)
         now = self._clock()
-        loaded = load_segments(self._directory, self._config, recovery_point, now_ms=now, log_name=self._name,
-                               damaged_bases=self._damage_listed)
-        segments = loaded.segments
+        loaded = reload_last_segment(self._directory, self._config, old.base_offset, high_watermark,
+                                     now_ms=now, log_name=self._name)
         try:
-            for segment in segments:
+            for segment in loaded.segments:
                 segment.sync()
-            for segment in segments[:-1]:
+            for segment in loaded.segments[:-1]:
                 segment.release_index_files()
-            self._checkpoint.write(segments[-1].next_offset)
+            self._checkpoint.write(loaded.segments[-1].next_offset)
         except BaseException:
-            for segment in segments:
+            for segment in loaded.segments:
                 segment.close()
             raise
-        self._doomed.extend((now + self._config.file_delete_delay_ms, segment) for segment in old)
-        self._segments, self._gaps = segments, loaded.gaps
-        self._bases = [segment.base_offset for segment in segments]
+        self._doomed.append((now + self._config.file_delete_delay_ms, old))  # slices handed out stay readable
+        self._segments = self._segments[:-1] + loaded.segments
+        self._gaps += loaded.gaps
+        self._bases = [segment.base_offset for segment in self._segments]
         self._list_damaged_segments()
-        active = segments[-1]
-        if active.next_offset < high_watermark:
-            logger.error("[%s] the log re-read from the disk ends at offset %d, below the high watermark "
-                         "%d: records written without fdatasync were lost with a failed write-back",
-                         self._name, active.next_offset, high_watermark)
+        active = self._segments[-1]
+        if loaded.gaps or active.base_offset != old.base_offset:
+            logger.error("[%s] the active segment re-read from the disk lacks records below the high "
+                         "watermark %d (written without fdatasync, lost with a failed write-back): a "
+                         "damaged range; the log goes on at %d", self._name, high_watermark,
+                         active.next_offset)
         self._log_end_offset = self._recovery_point = active.next_offset
         self._active_first_timestamp = active.first_batch_timestamp
 

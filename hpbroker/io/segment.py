@@ -36,7 +36,14 @@ from hpbroker import _core
 from hpbroker.errors import CorruptRecordError, DamagedRangeError, HPBrokerError
 from hpbroker.io.config import LogConfig
 from hpbroker.io.damage import DamagedRange, find_next_batch
-from hpbroker.io.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, pread_full, segment_file_name
+from hpbroker.io.files import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    pread_full,
+    segment_file_name,
+    unlink_if_exists,
+)
 from hpbroker.io.index import IndexCorruptError, OffsetIndex, TimeIndex
 from hpbroker.io.logfile import FileSlice, LogFile, core_detail
 
@@ -98,12 +105,15 @@ class Segment:
         try:
             self.offset_index = OffsetIndex(path + INDEX_SUFFIX)
             self.time_index = TimeIndex(path + TIME_INDEX_SUFFIX)
+            if create:
+                self.offset_index.rewrite_if_changed()
+                self.time_index.rewrite_if_changed()
         except BaseException:
             self.close()
+            if create:  # a segment half made (a full disk): no file of it may block the next try
+                for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+                    unlink_if_exists(path + suffix)
             raise
-        if create:
-            self.offset_index.rewrite_if_changed()
-            self.time_index.rewrite_if_changed()
 
     def __repr__(self) -> str:
         return (f"Segment(base_offset={self.base_offset}, next_offset={self.next_offset}, "

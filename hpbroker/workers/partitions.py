@@ -475,7 +475,12 @@ class Partition:
         if log.closed or log.offline:
             self._write_failed.discard(self)
             return
-        if log.resume_writes():
+        try:
+            resumed = log.resume_writes()
+        except Exception:  # a bug in the re-read must not end the worker: try again later
+            logger.exception("[%s] resuming writes failed", log.name)
+            resumed = False
+        if resumed:
             self._write_failed.discard(self)
             self.resume_at = None
             logger.info("[%s] takes writes again", log.name)

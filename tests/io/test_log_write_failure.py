@@ -9,7 +9,7 @@ import os
 
 import pytest
 from small_fs import KINDS, fill, small_filesystem
-from storage_helpers import TEST_CONFIG, make_batch, read_all, stamped
+from storage_helpers import TEST_CONFIG, make_batch, make_unwritable, read_all, read_around_damage, stamped
 
 from hpbroker.errors import StorageError
 from hpbroker.io import PartitionLog, _writer
@@ -236,3 +236,63 @@ def test_a_log_whose_indexes_must_be_rebuilt_opens_for_reads_on_a_full_disk(tmp_
                        if n.endswith(".index"))
         finally:
             log.close()
+
+
+def test_records_a_failed_write_back_lost_become_a_damaged_range_and_no_offset_is_reused(log_dir, clock):
+    log = PartitionLog(log_dir, TEST_CONFIG.replace(flush_fsync=False, segment_bytes=1024), clock=clock)
+    try:
+        batches = [make_batch(2, value_bytes=150, tag=i) for i in range(9)]
+        for batch in batches:
+            log.append(batch)
+        log.flush()  # acknowledged, in the page cache only
+        closed = log.segments[:-1]
+        assert closed, "a few segments were rolled"
+        active = log.segments[-1]
+        fd, path, end = active.log.fd, active.path, log.high_watermark
+        last = len(stamped(batches[-1], 0))
+        os.truncate(path, active.size_in_bytes - last + 5)  # the last batch's write-back failed
+        make_unwritable(fd, path)
+        log.append(make_batch(1))
+        with pytest.raises(StorageError):
+            log.flush()
+        writable = os.open(path, os.O_RDWR | os.O_APPEND)  # the disk is back
+        os.dup2(writable, fd)
+        os.close(writable)
+        assert log.resume_writes()
+        assert log.segments[: len(closed)] == closed, "the closed segments are not opened again"
+        assert log.log_end_offset == end, "no offset a reader was given is handed out again"
+        assert [(r.first_offset, r.next_offset) for r in log.damaged_ranges] == [(end - 2, end)]
+        log.append(make_batch(1, tag=99))
+        log.flush()
+        batches_read, skipped = read_around_damage(log)
+        assert skipped == [(end - 2, end)]
+        assert [o for o, _ in batches_read] == [*range(0, end - 2, 2), end]
+    finally:
+        log.close()
+
+
+def test_a_roll_that_fails_in_the_middle_of_a_request_leaves_none_of_it_readable(log_dir, clock, monkeypatch):
+    from hpbroker.io import index
+
+    log = PartitionLog(log_dir, TEST_CONFIG.replace(segment_bytes=1024), clock=clock)
+    try:
+        first = make_batch(1, value_bytes=550, tag=0)
+        log.append(first)
+        log.flush()
+        request = make_batch(1, value_bytes=300, tag=1) + make_batch(1, value_bytes=300, tag=2)
+
+        def no_space(self, path):  # the roll's new segment cannot be made
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+
+        monkeypatch.setattr(index.OffsetIndex, "__init__", no_space)
+        with pytest.raises(StorageError, match="no space left on device"):
+            log.append(request)  # its first batch fits the active segment, its second needs a roll
+        assert log.high_watermark == log.log_end_offset == 1, "nothing of the refused request is readable"
+        monkeypatch.undo()
+        assert log.resume_writes()
+        assert log.append(request).first_offset == 1
+        log.flush()
+        assert [offset for offset, _ in read_all(log)] == [0, 1, 2]
+        assert [s.base_offset for s in log.segments] == [0, 2]
+    finally:
+        log.close()
