@@ -351,7 +351,8 @@ def _program(name: str, module: str) -> str:
 
 class _ZooKeeperKeeper:
     """Starts the managed ZooKeeper again whenever it exits (module docstring).  Only the stack's
-    main loop calls it, through :meth:`tick`, which never waits longer than one ``srvr`` probe.
+    main loop calls it, through :meth:`tick`, which waits at most one ``srvr`` probe, or up to 2 s
+    to stop a launched process that did not serve in time.
 
     States: *serving* (``down_since`` is None and no attempt is under way), *down* (waiting
     until ``next_attempt_at``) and *starting* (``starting_until`` is set: a launched process

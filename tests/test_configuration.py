@@ -22,7 +22,7 @@ _TYPES = {"int": "int", "str": "string", "bool": "bool"}
 # Defaults the document describes in words, and what they are.
 _DESCRIBED_DEFAULTS = {("broker", "workers"): ("the number of CPU cores", os.cpu_count() or 1)}
 # Integer settings whose range depends on another setting.
-_RANGES_IN_WORDS = {"fetch_port", "worker_timeout_ms"}
+_RANGES_IN_WORDS = {"fetch_port", "worker_timeout_ms", "frontend_heartbeat_interval_ms"}
 _BOUND = r"[-\d_]+|2\^\d+ − 1"  # a number, or 2^31 − 1 and the like
 
 
@@ -162,3 +162,11 @@ def test_log_settings_come_from_the_environment_above_the_file(tmp_path):
 def test_the_client_bootstrap_variable_does_not_stop_a_broker():
     config = BrokerConfig.load(None, environ={"HPBROKER_BOOTSTRAP": "10.0.0.1:9092", "HPBROKER_PORT": "9300"})
     assert config.port == 9300
+
+
+def test_a_front_end_heartbeat_no_shorter_than_its_timeout_is_refused():
+    BrokerConfig(frontend_heartbeat_interval_ms=0)  # no heartbeats at all: fine
+    BrokerConfig(frontend_heartbeat_interval_ms=100, frontend_heartbeat_timeout_ms=500)
+    for interval, timeout in ((30_000, 30_000), (60_000, 30_000), (99, 30_000)):
+        with pytest.raises(InvalidConfigError, match="frontend_heartbeat_interval_ms must be 0 or at least"):
+            BrokerConfig(frontend_heartbeat_interval_ms=interval, frontend_heartbeat_timeout_ms=timeout)

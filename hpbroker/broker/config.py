@@ -85,6 +85,7 @@ class BrokerConfig:
     #: Default 10_000.  Range [1, 1_000_000].
     frontend_max_connections: int = 10_000
     #: ms between the front-end's ZMTP heartbeats (PING) to each client; 0: none.  Default 10_000.
+    #: Range 0 or [100, ``frontend_heartbeat_timeout_ms``).
     frontend_heartbeat_interval_ms: int = 10_000
     #: ms after which a front-end peer that sent nothing (no request, no heartbeat answer, or no
     #: handshake after connecting) is disconnected.  Default 30_000.  Range [100, 6_553_500].
@@ -134,6 +135,13 @@ class BrokerConfig:
         _check_int("frontend_max_connections", self.frontend_max_connections, 1, 1_000_000)
         _check_int("frontend_heartbeat_interval_ms", self.frontend_heartbeat_interval_ms, 0, 6_553_500)
         _check_int("frontend_heartbeat_timeout_ms", self.frontend_heartbeat_timeout_ms, 100, 6_553_500)
+        if self.frontend_heartbeat_interval_ms and not (
+                100 <= self.frontend_heartbeat_interval_ms < self.frontend_heartbeat_timeout_ms):
+            # The peers' own libzmq drops the connection when no PING comes within the timeout.
+            raise InvalidConfigError(
+                f"frontend_heartbeat_interval_ms must be 0 or at least 100 and below "
+                f"frontend_heartbeat_timeout_ms {self.frontend_heartbeat_timeout_ms}, "
+                f"got {self.frontend_heartbeat_interval_ms}")
         _check_int("retention_check_interval_ms", self.retention_check_interval_ms, 10, 2**31 - 1)
         _check_int("admin_timeout_ms", self.admin_timeout_ms, 1, 2**31 - 1)
         _check_int("default_partitions", self.default_partitions, 1, 100_000)

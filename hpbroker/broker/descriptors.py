@@ -15,7 +15,7 @@ it opens for a moment (heartbeat, stats, checkpoints).  :class:`DescriptorBudget
 ``max_connections + FIXED_RESERVE`` of the limit for them, but never more than half the limit,
 and gives the rest to partitions.  Topic creation is refused when a slot's partitions would not
 fit (:meth:`DescriptorBudget.check`, error 14), and a worker that finds more partitions than fit
-at boot serves those that do and answers the rest with error 15 (``hpbroker.workers.descriptors``).
+at boot serves those that do and answers the rest with error 15 (``hpbroker.workers.opening``).
 
 :func:`raise_nofile_limit` lifts the soft limit to the hard one at broker start, as Kafka's and
 most servers' packaging do; the hard limit is the operator's to raise (``LimitNOFILE=`` in the

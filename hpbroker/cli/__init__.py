@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import select
 import signal
 import sys
 from collections.abc import Sequence
 
 from hpbroker import __version__
 from hpbroker.cli import audit, check, consume, groups, produce, segments, server, topics
+from hpbroker.cli.common import stdout_broken
 
 __all__ = ["FILE_COMMANDS", "build_parser", "main"]
 
@@ -86,21 +86,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # e.g. `hpbroker consume ... | head`
-        if not _stdout_broken():
+        if not stdout_broken():
             raise  # a socket's, which the command should have reported: a bug worth a traceback
         _die_of_sigpipe()
         return 1  # pragma: no cover - where SIGPIPE does not exist
-
-
-def _stdout_broken() -> bool:
-    """Whether standard output is a pipe whose reader has gone (poll reports an error on it)."""
-    try:
-        fd = sys.__stdout__.fileno()
-        poller = select.poll()
-        poller.register(fd, select.POLLOUT)
-        return any(events & select.POLLERR for _, events in poller.poll(0))
-    except (AttributeError, OSError, ValueError):
-        return False
 
 
 def _die_of_sigpipe() -> None:

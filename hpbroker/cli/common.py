@@ -15,6 +15,7 @@ import argparse
 import functools
 import os
 import re
+import select
 import sys
 from collections.abc import Callable
 
@@ -55,6 +56,17 @@ def describe_error(error: HPBrokerError) -> str:
     return f"{error_name(error)}: {error.message} ({type(error).__name__}, error {error.code})"
 
 
+def stdout_broken() -> bool:
+    """Whether standard output is a pipe whose reader has gone (poll reports an error on it)."""
+    try:
+        fd = sys.__stdout__.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
 def reports_errors(command: str) -> Callable[[Callable[[argparse.Namespace], int]],
                                               Callable[[argparse.Namespace], int]]:
     """Run the command; an hpbroker error, a refused value, a timeout, an address ZeroMQ cannot
@@ -66,8 +78,10 @@ def reports_errors(command: str) -> Callable[[Callable[[argparse.Namespace], int
         def guarded(args: argparse.Namespace) -> int:
             try:
                 return run(args)
-            except BrokenPipeError:
-                raise  # the reader went away (`| head`): main() ends quietly
+            except BrokenPipeError as e:
+                if stdout_broken():
+                    raise  # the reader went away (`| head`): main() ends quietly
+                print(f"hpbroker {command}: {type(e).__name__}: {e}", file=sys.stderr)  # a socket's
             except HPBrokerError as e:
                 print(f"hpbroker {command}: {describe_error(e)}", file=sys.stderr)
             except (ValueError, TypeError, TimeoutError, OSError, RuntimeError, zmq.ZMQError) as e:

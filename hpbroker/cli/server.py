@@ -8,7 +8,7 @@ soft file-descriptor limit is raised to the hard one (``hpbroker.broker.descript
 with the number of partitions a worker can hold open.  The log goes to stderr, one line
 per event, as text or JSON (``--log-format``, ``hpbroker.broker.logging_setup``); the line saying
 where the broker listens goes to stdout, or with JSON into the log as its first event.  Exit status:
-the arbiter's (0 after a graceful stop, 1 when it could not start or gave up), 2 for an invalid
+the arbiter's (0 after a graceful stop, 1 when it could not start), 2 for an invalid
 configuration."""
 
 from __future__ import annotations

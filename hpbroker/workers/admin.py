@@ -46,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpbroker.broker.descriptors import DescriptorBudget
+from hpbroker.broker.descriptors import HOW_TO_RAISE, DescriptorBudget
 from hpbroker.broker.topics import Topic, TopicStore
 from hpbroker.errors import HPBrokerError, RequestTimedOutError, StorageError
 from hpbroker.workers.backend import PartitionSpec
@@ -309,8 +309,11 @@ class TopicAdmin:
         """Refuse a new topic after which some slot would hold more partitions than its file
         descriptors allow (the soft RLIMIT_NOFILE, read now: the workers inherit it)."""
         budget = DescriptorBudget.current(self._max_connections)
-        counts = self.partitions_per_slot(topic)
-        slot = max(range(self._slots), key=counts.__getitem__)
+        before, counts = self.partitions_per_slot(), self.partitions_per_slot(topic)
+        touched = [slot for slot in range(self._slots) if counts[slot] > before[slot]]
+        # Only the slots the new topic adds to: one already over the limit (a lowered limit)
+        # must not refuse a topic that lands elsewhere.
+        slot = max(touched, key=counts.__getitem__)
         budget.check(topic.name, topic.partitions, slot, counts[slot], self._slots)
 
     def _warn_if_over_budget(self) -> None:
@@ -322,8 +325,7 @@ class TopicAdmin:
             over = sum(max(0, c - budget.partitions_per_worker) for c in counts)
             logger.error("[arbiter] the topics hold up to %d partitions per worker but %s: about %d "
                          "partitions will not be opened and answer with error 15 until the limit is "
-                         "raised; raise LimitNOFILE= in the systemd unit or `ulimit -n`, and restart",
-                         max(counts), budget.describe(), over)
+                         "raised; %s", max(counts), budget.describe(), over, HOW_TO_RAISE)
 
     def _desired(self, slot: int) -> list[PartitionSpec]:
         """What the slot must hold: its partitions of every topic, except those of deleting

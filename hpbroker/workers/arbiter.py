@@ -38,9 +38,10 @@ then SIGKILL after :data:`KILL_GRACE_S`.  Children are reaped with ``waitpid(WNO
 its old process has been reaped: a partition never has two writers.
 
 **Crash loops.**  A slot that dies more than ``slots.RESTART_LIMIT`` times in
-``slots.RESTART_WINDOW_S``, whose worker exits with ``EXIT_BOOT_FAILED`` (it could not open its
-partitions: retrying at once would only fork in a loop), or that cannot be forked, is held back
-(``SlotState.BACKOFF``) and forked again after a backoff of 1 s doubling up to 60 s with each
+``slots.RESTART_WINDOW_S``, whose worker exits with ``EXIT_BOOT_FAILED`` (it could not connect
+its backend or serve its data port: retrying at once would only fork in a loop), or that cannot
+be forked, is held back (``SlotState.BACKOFF``) and forked again after a backoff of 1 s doubling
+up to 60 s with each
 further death (``hpbroker.workers.slots``).  Only its partitions are unavailable meanwhile:
 requests for them are answered with error 15 saying that the slot is crash-looping and when it
 is retried, metadata gives them error 15, and every other slot keeps serving.  The log says so
@@ -116,7 +117,6 @@ from hpbroker.workers.exporter import MetricsEndpoint, SlotView
 from hpbroker.workers.frontend import Frontend
 from hpbroker.workers.heartbeat import heartbeat_path
 from hpbroker.workers.notify import ServiceNotifier
-from hpbroker.workers.ownership import owner_slot
 from hpbroker.workers.slots import (
     BACKOFF_MAX_S,
     BACKOFF_RESET_S,
@@ -186,6 +186,7 @@ class Arbiter:
         self._all_serving_logged = False
         self._notifier = ServiceNotifier()  # systemd's sd_notify, when $NOTIFY_SOCKET is set
         self._ready_notified = False
+        self._started = False  # sockets bound and ZooKeeper joined: READY=1 may go
         self._slots_by_identity = {backend.worker_identity(s.index): s for s in self._slots}
 
     # --- life cycle -------------------------------------------------------------------------------
@@ -213,6 +214,8 @@ class Arbiter:
             if not self._join_zookeeper():
                 self._wait_all(self._stop_deadline)
                 return self._exit_status
+            self._started = True
+            self._notify_slots()  # every slot may have settled before the sockets were bound
             self._loop()
             return self._exit_status
         except BaseException:
@@ -564,14 +567,9 @@ class Arbiter:
             self._notify_slots()
 
     def _partitions_of(self, index: int) -> int:
-        """How many partitions the slot owns."""
-        assert self._store is not None
-        count = len(self._slots)
-        total = 0
-        for topic in self._store.topics():
-            first = (index - owner_slot(topic.name, 0, count)) % count  # its first partition's number
-            total += 0 if first >= topic.partitions else (topic.partitions - 1 - first) // count + 1
-        return total
+        """How many partitions the slot owns (those of topics being deleted too, until they are)."""
+        assert self._frontend is not None
+        return self._frontend.admin.partitions_per_slot()[index]
 
     def _on_ready(self, slot: Slot, body: dict) -> None:
         if slot.state is not SlotState.BOOTING or body.get("pid") != slot.pid \
@@ -599,8 +597,8 @@ class Arbiter:
 
     def _notify_slots(self) -> None:
         """Tell the service manager how the slots are.  ``READY=1`` the first time every slot
-        serves or is crash-looping (the front-end is bound and every partition that can be
-        recovered is by then); afterwards a STATUS line."""
+        serves or is crash-looping once the front-end is bound and ZooKeeper joined (every
+        partition that can be recovered is by then); afterwards a STATUS line."""
         assert self._store is not None
         serving = sum(1 for s in self._slots if s.serving)
         looping = [s for s in self._slots if s.crash_looping]
@@ -622,7 +620,7 @@ class Arbiter:
             status = f"{health}: {status}; {serving} of {len(self._slots)} workers serving"
         if self._ready_notified:
             self._notifier.status(status)
-        elif all(s.serving or s.crash_looping for s in self._slots):
+        elif self._started and all(s.serving or s.crash_looping for s in self._slots):
             self._ready_notified = True
             self._notifier.ready(status)
         else:

@@ -70,7 +70,6 @@ class FrontendPeers:
         self._monitor: zmq.Socket | None = front.get_monitor_socket(_PEER_EVENTS)
         # Descriptors of the open connections, oldest accepted first (dicts keep insertion order).
         self._open: dict[int, None] = {}
-        self._refused: set[int] = set()  # shut down, their disconnection not seen yet
         self._refusals = 0  # since the last WARNING
         self._warned_at = -_REFUSAL_LOG_INTERVAL_S
 
@@ -97,7 +96,6 @@ class FrontendPeers:
                 self._open[fd] = None
             elif event["event"] == zmq.EVENT_DISCONNECTED:
                 self._open.pop(fd, None)  # unknown: accepted before the monitor, or refused
-                self._refused.discard(fd)
         while len(self._open) > self._max_connections:
             fd = next(reversed(self._open))
             del self._open[fd]
@@ -115,13 +113,13 @@ class FrontendPeers:
             return
         with sock:
             try:
-                if sock.type != socket.SOCK_STREAM or sock.getsockname()[1] != self._port:
-                    return
+                if (sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM
+                        or sock.getsockname()[1] != self._port):
+                    return  # the number now names another socket (a socketpair, a client's)
                 peer = sock.getpeername()
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 return
-        self._refused.add(fd)
         self._refusals += 1
         now = time.monotonic()
         if now - self._warned_at >= _REFUSAL_LOG_INTERVAL_S:

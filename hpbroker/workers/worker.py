@@ -41,8 +41,9 @@ Signals (the handlers only set a flag; gunicorn's rule):
 
 Exit statuses (``hpbroker.workers.backend``): EXIT_OK after a stop; EXIT_BOOT_FAILED when the
 backend could not be connected or the data port not served (a partition that cannot be opened
-is answered with an error instead, ``hpbroker.workers.opening``), so the arbiter stops
-instead of respawning in a loop; 1 when the loop itself failed (a bug: logged, logs closed).
+is answered with an error instead, ``hpbroker.workers.opening``), so the arbiter holds the
+slot back with backoff instead of respawning it in a loop; 1 when the loop itself failed (a
+bug: logged, logs closed).
 
 Run standalone (for a manual test; the arbiter normally forks it)::
 

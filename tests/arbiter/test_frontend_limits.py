@@ -9,7 +9,8 @@ import socket
 import time
 
 import pytest
-from harness import Client, start_standin, wait_until
+import zmq
+from harness import Client, wait_until
 
 from hpbroker import protocol
 
@@ -21,20 +22,15 @@ READY = bytes([0x04, len(_READY_BODY)]) + _READY_BODY
 
 
 @pytest.fixture
-def standin(tmp_path):
-    started = []
+def one_worker(standin):
+    """``one_worker(**config)``: the shared stand-in arbiter with one worker, once it serves."""
 
     def start(**config):
-        broker, spec = start_standin(tmp_path, workers=1, **config)
-        client = Client(spec["port"])
-        started.append((broker, client))
+        broker, spec, client = standin(workers=1, **config)
         broker.wait_for_log(r"all 1 workers serving")
         return broker, spec, client
 
-    yield start
-    for broker, client in started:
-        client.close()
-        broker.stop()
+    return start
 
 
 def raw_connection(port: int) -> socket.socket:
@@ -57,15 +53,14 @@ def closed_by_broker(sock: socket.socket, timeout_s: float) -> bool:
     return False
 
 
-def test_connections_over_frontend_max_connections_are_disconnected(standin):
-    broker, spec, first = standin(frontend_max_connections=2)
+def test_connections_over_frontend_max_connections_are_disconnected(one_worker):
+    broker, spec, first = one_worker(frontend_max_connections=2)
     assert first.request(protocol.MetadataRequest([]))[0].error_code == 0
     second = Client(spec["port"])
     try:
         assert second.request(protocol.MetadataRequest([]))[0].error_code == 0
         extra = raw_connection(spec["port"])
-        started = time.monotonic()
-        assert closed_by_broker(extra, 10) and time.monotonic() - started < 10
+        assert closed_by_broker(extra, 10)
         extra.close()
         broker.wait_for_log(r"refused 1 connections .* frontend_max_connections 2 reached")
         for client in (first, second):  # the two kept still serve
@@ -74,18 +69,13 @@ def test_connections_over_frontend_max_connections_are_disconnected(standin):
         second.close()
     later = Client(spec["port"])  # a place is free again: a new client gets in
     try:
-        def served() -> bool:
-            try:
-                return later.request(protocol.MetadataRequest([]), timeout_s=0.5)[0].error_code == 0
-            except TimeoutError:
-                return False
-        wait_until(served, 10, what="a client served once a connection closed")
+        wait_until(lambda: _served(later), 10, what="a client served once a connection closed")
     finally:
         later.close()
 
 
-def test_a_peer_silent_after_its_handshake_is_disconnected(standin):
-    _broker, spec, client = standin(frontend_heartbeat_interval_ms=100, frontend_heartbeat_timeout_ms=500)
+def test_a_peer_silent_after_its_handshake_is_disconnected(one_worker):
+    _broker, spec, client = one_worker(frontend_heartbeat_interval_ms=100, frontend_heartbeat_timeout_ms=500)
     silent = raw_connection(spec["port"])
     silent.sendall(GREETING + READY)  # a ZeroMQ peer, then nothing: no request, no PONG
     started = time.monotonic()
@@ -95,12 +85,18 @@ def test_a_peer_silent_after_its_handshake_is_disconnected(standin):
     mute = raw_connection(spec["port"])  # connects and never even greets
     assert closed_by_broker(mute, 10)
     mute.close()
-    time.sleep(1.5)  # three timeouts: a live client's libzmq answers the PINGs, so it stays connected
-    assert client.request(protocol.MetadataRequest([]), timeout_s=0.3)[0].error_code == 0
+    monitor = client.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    try:
+        time.sleep(1.5)  # three timeouts: a live client's libzmq answers the PINGs, so it stays connected
+        assert not monitor.poll(0), "the live client was disconnected"
+    finally:
+        client.socket.disable_monitor()
+        monitor.close()
+    assert client.request(protocol.MetadataRequest([]), timeout_s=2)[0].error_code == 0
 
 
-def test_a_message_of_three_frames_whose_header_parses_gets_error_10(standin):
-    broker, _spec, client = standin()
+def test_a_message_of_three_frames_whose_header_parses_gets_error_10(one_worker):
+    broker, _spec, client = one_worker()
     head = protocol.encode_request(protocol.MetadataRequest([]), 51, "x")[0]
     client.socket.send_multipart([head, b"payload", b"one too many"])
     header, _ = client.receive(protocol.ApiKey.METADATA, 51)
@@ -111,19 +107,21 @@ def test_a_message_of_three_frames_whose_header_parses_gets_error_10(standin):
     assert client.request(protocol.MetadataRequest([]))[0].error_code == 0
 
 
-def test_requests_over_max_request_bytes(standin):
+def test_requests_over_max_request_bytes(one_worker):
     """Frames together over the limit: error 10.  One frame over it: ZeroMQ's ZMQ_MAXMSGSIZE
     disconnects the peer unanswered, and the client's libzmq connects again."""
-    _broker, _spec, client = standin(max_request_bytes=4096)
+    _broker, _spec, client = one_worker(max_request_bytes=4096)
     produce = protocol.ProduceRequest("orders", 0, payload=b"x" * 4090)  # head + payload > 4096
     header, _ = client.request(produce)
     assert header.error_code == 10 and "exceeds max_request_bytes 4096" in header.error_message
     client.send(protocol.ProduceRequest("orders", 0, payload=b"x" * 5000))
     assert client.silent_for(1.0)
+    wait_until(lambda: _served(client), 10, what="the client served again after its reconnection")
 
-    def served() -> bool:
-        try:
-            return client.request(protocol.MetadataRequest([]), timeout_s=0.5)[0].error_code == 0
-        except TimeoutError:
-            return False
-    wait_until(served, 10, what="the client served again after its reconnection")
+
+def _served(client: Client) -> bool:
+    """Whether ``client`` gets a metadata answer within half a second."""
+    try:
+        return client.request(protocol.MetadataRequest([]), timeout_s=0.5)[0].error_code == 0
+    except TimeoutError:
+        return False

@@ -57,12 +57,17 @@ def test_partitions_per_slot_follows_the_ownership_rule(tmp_path, slots):
     assert admin.partitions_per_slot(extra) == expected
 
 
-def test_create_refuses_a_topic_beyond_the_budget_and_saves_nothing(tmp_path):
-    slots = 3
+@pytest.fixture
+def limit_256(monkeypatch):
+    """The workers' soft RLIMIT_NOFILE read as 256: 32 partitions a worker (1024 connections)."""
+    monkeypatch.setattr(DescriptorBudget, "current",
+                        classmethod(lambda cls, max_connections: cls(256, max_connections)))
+    return DescriptorBudget(256, 1024).partitions_per_worker
+
+
+def test_create_refuses_a_topic_beyond_the_budget_and_saves_nothing(tmp_path, limit_256):
+    slots, per_worker = 3, limit_256
     admin = _admin(tmp_path, slots)
-    per_worker = DescriptorBudget.current(1024).partitions_per_worker  # this process's own limit
-    if slots * (per_worker + 1) > 100_000:
-        pytest.skip(f"the descriptor limit allows {per_worker} partitions a worker: no topic exceeds it")
     with pytest.raises(InvalidPartitionsError, match="RLIMIT_NOFILE"):
         admin.create(None, "huge", slots * (per_worker + 1), (), now=0)
     assert "huge" not in TopicStore(tmp_path)
@@ -70,3 +75,16 @@ def test_create_refuses_a_topic_beyond_the_budget_and_saves_nothing(tmp_path):
     with pytest.raises(InvalidPartitionsError, match="would hold"):
         admin.create(None, "one-more", 1, (), now=0)
     assert [t.name for t in TopicStore(tmp_path).topics()] == ["fits"]
+
+
+def test_a_slot_already_over_the_budget_does_not_refuse_a_topic_that_lands_elsewhere(tmp_path, limit_256):
+    store = TopicStore(tmp_path)
+    on_slot_0 = [f"o{i}" for i in range(1000) if owner_slot(f"o{i}", 0, 2) == 0]
+    for name in on_slot_0[: limit_256 + 1]:  # saved under a higher limit: slot 0 holds 33 of 32
+        store.create(name, 1, {})
+    admin = _admin(tmp_path, 2)
+    elsewhere = next(f"t{i}" for i in range(1000) if owner_slot(f"t{i}", 0, 2) == 1)
+    admin.create(None, elsewhere, 1, (), now=0)  # lands on slot 1, which has room
+    assert elsewhere in TopicStore(tmp_path)
+    with pytest.raises(InvalidPartitionsError, match="worker slot 0 "):
+        admin.create(None, on_slot_0[limit_256 + 1], 1, (), now=0)
