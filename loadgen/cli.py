@@ -94,6 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
     client.add_argument("--compression", choices=("none", "lz4"), default="none", help="default none")
     client.add_argument("--linger-ms", type=float, default=5.0, help="default 5")
     client.add_argument("--batch-bytes", type=_count, default=1 << 20, help="default 1048576")
+    client.add_argument("--idempotence", choices=("on", "off"), default=None,
+                        help="producer enable_idempotence: one copy of each record across retries "
+                        "(default: the client's, on unless --acks 0)")
+    client.add_argument("--max-in-flight", type=int, default=None, metavar="N",
+                        help="producer max_in_flight_requests_per_partition, 1..5 (default: the client's)")
+    client.add_argument("--request-timeout-ms", type=int, default=None, metavar="MS",
+                        help="producer request_timeout_ms: a request unanswered that long is retried "
+                        "(default: the client's)")
     client.add_argument("--chunk-records", type=int, default=1000,
                         help="records per send_many call at most (default 1000)")
     client.add_argument("--pace-ms", type=float, default=1.0,
@@ -132,7 +140,10 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig:
         duration_s=args.duration, records=args.records, until_end=args.until_end,
         max_duration_s=args.max_duration, acks=args.acks,
         compression=None if args.compression == "none" else args.compression, linger_ms=args.linger_ms,
-        batch_bytes=args.batch_bytes, chunk_records=args.chunk_records, pace_ms=args.pace_ms,
+        batch_bytes=args.batch_bytes,
+        enable_idempotence=None if args.idempotence is None else args.idempotence == "on",
+        max_in_flight=args.max_in_flight, request_timeout_ms=args.request_timeout_ms,
+        chunk_records=args.chunk_records, pace_ms=args.pace_ms,
         start_from=args.start_from, check=args.check, fetch_max_wait_ms=args.fetch_max_wait_ms,
         max_partition_fetch_bytes=args.fetch_bytes, drain_timeout_s=args.drain_timeout,
         interval_s=args.interval, window_ms=max(1, round(args.window * 1000)), seed=args.seed,

@@ -56,6 +56,12 @@ class LoadConfig:
     compression: str | None = None
     linger_ms: float = 5.0
     batch_bytes: int = 1 << 20
+    #: the producer's ``enable_idempotence`` (one copy of each record across retries) and
+    #: ``max_in_flight_requests_per_partition`` (1..5), and its ``request_timeout_ms``; None: not
+    #: passed, the client's default.
+    enable_idempotence: bool | None = None
+    max_in_flight: int | None = None
+    request_timeout_ms: int | None = None
     #: records per send_many call at most; the pacing interval (a chunk of rate * pace_ms records).
     chunk_records: int = 1000
     pace_ms: float = 1.0
@@ -109,6 +115,16 @@ class LoadConfig:
             raise ValueError(f"compression {self.compression!r}: choose lz4 or none")
         _check("linger_ms", self.linger_ms, 0, 3_600_000)
         _check("batch_bytes", self.batch_bytes, 1024, 64 << 20)
+        if self.enable_idempotence is not None and not isinstance(self.enable_idempotence, bool):
+            raise ValueError(f"enable_idempotence must be True, False or None, "
+                             f"got {self.enable_idempotence!r}")
+        if self.enable_idempotence and self.acks == 0:
+            raise ValueError("idempotence needs acks=1: with acks=0 the producer never learns what was "
+                             "stored")
+        if self.max_in_flight is not None:
+            _check("max_in_flight", self.max_in_flight, 1, 5)
+        if self.request_timeout_ms is not None:
+            _check("request_timeout_ms", self.request_timeout_ms, 1, 3_600_000)
         _check("chunk_records", self.chunk_records, 1, 1_000_000)
         _check("pace_ms", self.pace_ms, 0.01, 10_000)
         if self.start_from not in (None, "earliest", "latest"):
@@ -144,6 +160,18 @@ class LoadConfig:
     @property
     def consumer_start(self) -> str:
         return self.start_from or ("latest" if self.workload == "e2e" else "earliest")
+
+    def producer_options(self) -> dict:
+        """The producer settings passed to ``hpbroker.Producer``: those left None are not passed,
+        so the client's defaults apply."""
+        options = {"acks": self.acks, "linger_ms": self.linger_ms, "batch_bytes": self.batch_bytes,
+                   "compression": self.compression}
+        for name, value in (("enable_idempotence", self.enable_idempotence),
+                            ("max_in_flight_requests_per_partition", self.max_in_flight),
+                            ("request_timeout_ms", self.request_timeout_ms)):
+            if value is not None:
+                options[name] = value
+        return options
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

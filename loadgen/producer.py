@@ -72,8 +72,7 @@ class _ProducerRun:
         config, task = self.config, self.task
         source = PayloadSource(config.record_size, config.payload, task.index, task.run_id, task.seed)
         keys = KeyChooser(config.keys, np.random.default_rng(task.seed + 1))
-        producer = Producer(config.bootstrap, acks=config.acks, linger_ms=config.linger_ms,
-                            batch_bytes=config.batch_bytes, compression=config.compression, name=task.name)
+        producer = Producer(config.bootstrap, name=task.name, **config.producer_options())
         first_error = None
         try:
             self.link.put("producer", task.index, "ready")

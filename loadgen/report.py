@@ -100,6 +100,8 @@ class Collector:
             out["consume"] = self._consume_section(consumers_started)
             if config.check:
                 out["check"] = self._check_section()
+        # Copies read back beyond the first, per (run, producer, sequence): None when nothing was checked.
+        out["duplicates"] = out["check"]["duplicated"] if "check" in out else None
         out["failures"] = [{"role": r, "index": i, "error": m["error"], "traceback": m.get("traceback")}
                            for (r, i), m in sorted(self.failed.items())]
         out["timeline"] = self.timeline()
@@ -214,6 +216,15 @@ def _latency_line(name: str, summary: dict) -> str:
             f"max {_fmt_ms(summary['max'])} ms  ({summary['count']:,} samples)")
 
 
+def _setting(value: object, on_off: bool = False) -> str:
+    """A producer setting as the header shows it: "default" when loadgen left it to the client."""
+    if value is None:
+        return "default"
+    if on_off:
+        return "on" if value else "off"
+    return str(value)
+
+
 def format_report(report: dict) -> str:
     """The report as text, for a person."""
     s = report["settings"]
@@ -221,6 +232,8 @@ def format_report(report: dict) -> str:
              f"({report['partitions']} partitions), producers {s['producers']}, consumers {s['consumers']}, "
              f"records {s['record_size']} B {s['payload']}, keys {s['keys']}, acks {s['acks']}, "
              f"compression {s['compression'] or 'none'}, linger {s['linger_ms']:g} ms, "
+             f"idempotence {_setting(s.get('enable_idempotence'), on_off=True)}, "
+             f"in flight {_setting(s.get('max_in_flight'))}, "
              f"rate {'max' if s['rate'] is None else format(s['rate'], ',.0f') + '/s'}"]
     p = report.get("produce")
     if p:
@@ -249,6 +262,8 @@ def format_report(report: dict) -> str:
                      f"distinct {k['distinct']:,}, missing {k['missing']:,}, duplicated {k['duplicated']:,}, "
                      f"out of order {k['out_of_order']:,}, unexpected {k['unexpected']:,}, "
                      f"foreign {k['foreign']:,}")
+        lines.append(f"duplicates: {k['duplicated']:,} (records read back more than once: same producer "
+                     "and sequence number)")
         for part, counts in k["per_partition"].items():
             if counts["duplicated"] or counts["out_of_order"]:
                 lines.append(f"  partition {part}: {counts['records']:,} records, duplicated "
