@@ -1,0 +1,514 @@
+"""The producer state of one partition: what deduplicates idempotent producers at the single writer.
+
+Kafka's ``ProducerStateManager``, adapted.  Per producer id the partition remembers the newest
+producer epoch it stored, the time of its last append, and its last :data:`MAX_BATCHES_PER_PRODUCER`
+batches as ``(first_sequence, last_sequence, first_offset, last_offset)``.  The log updates it as
+it gives offsets to a batch (pending batches included: a retry arriving while the first copy
+waits for its flush is caught), and checks every batch that carries a producer identity
+(``attributes`` bit 3, docs/FORMAT.md) *before* any offset of the request is given:
+
+- no state for the id: any ``base_sequence`` is accepted if the id was issued
+  (``producer_id_issued(pid)``, None: every id is), else UnknownProducerIdError (22);
+- an epoch older than the stored one: ProducerFencedError (21); a newer one must start at
+  sequence 0 (else OutOfOrderSequenceError, 20) and replaces the entry;
+- the same epoch: a ``(first_sequence, last_sequence)`` equal to a remembered batch is a
+  *duplicate* (answered with that batch's offsets, not appended again); ``base_sequence`` one
+  after the last remembered ``last_sequence`` is new; anything else is OutOfOrderSequenceError;
+- a request is all or nothing: every idempotent batch of it a duplicate (and no other batch),
+  or none; a mix is OutOfOrderSequenceError.  An error appends nothing of the request.
+
+Snapshots (Kafka's ``.snapshot``): ``<base offset, 20 digits>.snapshot`` beside the segments holds
+the state with every batch below that offset applied.  Layout (little-endian, docs/FORMAT.md)::
+
+    u16 version (0) | u32 CRC32C of every byte after it | u32 entry count
+    entry count x { i64 producer_id | i32 producer_epoch | i64 last_timestamp | u8 batch_count (1..5)
+                    batch_count x { i64 first_sequence | i64 last_sequence |
+                                    i64 first_offset | i64 last_offset } }
+
+Entries are sorted by producer id, batches oldest first.  A snapshot is written (``.tmp``, fsync,
+rename, fsync of the directory) by the log at each roll, at the new segment's base offset, and by
+a clean close at the log end; the newest :data:`SNAPSHOTS_KEPT` are kept, those below the log
+start (retention) and above the log end (truncation) are deleted.  One that does not parse is
+logged and removed.  Loading takes the newest valid snapshot at or below the log end and replays
+the batch headers from its offset to the log end (:meth:`ProducerStateManager.load`).
+
+``last_timestamp`` is the broker's clock at the append (ms since the epoch); a state rebuilt from
+the log takes the batch's ``max_timestamp`` instead (the clock at the rebuild when the batch has
+none or it lies ahead), which is what the log still knows.  Producers with no append for
+``producer_id_expiration_ms`` are dropped by the retention pass (:meth:`expire`).
+
+Single writer: only the log's owner calls this, on its thread.  File operations raise OSError.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from hpbroker import _core
+from hpbroker.errors import OutOfOrderSequenceError, ProducerFencedError, UnknownProducerIdError
+from hpbroker.io.files import (
+    TMP_SUFFIX,
+    fsync_dir,
+    parse_segment_file_name,
+    segment_file_name,
+    unlink_if_exists,
+)
+
+__all__ = [
+    "ISSUED_CEILING_FILE_NAME",
+    "MAX_BATCHES_PER_PRODUCER",
+    "SNAPSHOTS_KEPT",
+    "SNAPSHOT_SUFFIX",
+    "IssuedProducerIds",
+    "ProducerBatch",
+    "ProducerEntry",
+    "ProducerStateManager",
+    "ProducerStateTable",
+    "SnapshotCorruptError",
+    "decode_snapshot",
+    "encode_snapshot",
+    "read_issued_ceiling",
+]
+
+logger = logging.getLogger(__name__)
+
+MAX_BATCHES_PER_PRODUCER = 5  # batches remembered per producer id (Kafka's 5)
+SNAPSHOTS_KEPT = 2  # newest snapshot files kept per partition
+SNAPSHOT_SUFFIX = ".snapshot"  # <base offset, 20 digits>.snapshot: the producer state below that offset
+SNAPSHOT_VERSION = 0  # the u16 that starts a snapshot
+ISSUED_CEILING_FILE_NAME = "producer-ids-issued"  # in the broker's data_dir, written by the arbiter
+ISSUED_CEILING_VERSION = "0"  # line 1 of that file
+
+_HEAD = struct.Struct("<HII")  # version, crc32c, entry count
+_CRC_START = 6  # the CRC covers every byte from here (the entry count on)
+_ENTRY = struct.Struct("<qiqB")  # producer_id, producer_epoch, last_timestamp, batch_count
+_BATCH = struct.Struct("<qqqq")  # first_sequence, last_sequence, first_offset, last_offset
+
+# (first_sequence, last_sequence, first_offset, last_offset) of one stored batch
+ProducerBatch = tuple[int, int, int, int]
+
+
+class SnapshotCorruptError(ValueError):
+    """A snapshot file's bytes do not parse as a snapshot (never reaches a client: the state is
+    then rebuilt from the log)."""
+
+
+class ProducerEntry:
+    """One producer id's state at this partition: its newest ``epoch``, ``last_timestamp`` (ms)
+    and its last batches of that epoch, oldest first (1 to MAX_BATCHES_PER_PRODUCER, offsets
+    ascending)."""
+
+    __slots__ = ("producer_id", "epoch", "last_timestamp", "batches")
+
+    def __init__(self, producer_id: int, epoch: int, last_timestamp: int,
+                 batches: list[ProducerBatch] | None = None) -> None:
+        self.producer_id = producer_id
+        self.epoch = epoch
+        self.last_timestamp = last_timestamp
+        self.batches: list[ProducerBatch] = batches if batches is not None else []
+
+    def __repr__(self) -> str:
+        return (f"ProducerEntry(producer_id={self.producer_id}, epoch={self.epoch}, "
+                f"last_timestamp={self.last_timestamp}, batches={self.batches})")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ProducerEntry) and (
+            (self.producer_id, self.epoch, self.last_timestamp, self.batches)
+            == (other.producer_id, other.epoch, other.last_timestamp, other.batches))
+
+    @property
+    def last_sequence(self) -> int:
+        return self.batches[-1][1]
+
+    @property
+    def last_offset(self) -> int:
+        return self.batches[-1][3]
+
+    def find(self, first_sequence: int, last_sequence: int) -> ProducerBatch | None:
+        """The remembered batch with exactly these sequences, or None."""
+        for batch in self.batches:
+            if batch[0] == first_sequence and batch[1] == last_sequence:
+                return batch
+        return None
+
+
+class ProducerStateTable:
+    """Every producer id's :class:`ProducerEntry` at one partition, with the checks and updates of
+    the module docstring.  ``last_offset`` is the largest ``last_offset`` of a batch applied (-1
+    when none): what the state may know beyond a given log end."""
+
+    __slots__ = ("entries", "last_offset")
+
+    def __init__(self) -> None:
+        self.entries: dict[int, ProducerEntry] = {}
+        self.last_offset = -1
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ProducerStateTable) and self.entries == other.entries
+
+    def get(self, producer_id: int) -> ProducerEntry | None:
+        return self.entries.get(producer_id)
+
+    def check(self, producer_ids: Iterable[int], producer_epochs: Iterable[int],
+              base_sequences: Iterable[int], last_offset_deltas: Iterable[int],
+              issued: Callable[[int], bool] | None = None, log_name: str = "") -> ProducerBatch | None:
+        """Check one request's batches (one element per batch in each sequence; producer id -1:
+        a batch without identity) against the state, changing nothing.
+
+        Returns None when every batch is new (append them, then :meth:`update` each idempotent
+        one), or, when every batch is an idempotent duplicate, ``(first_sequence, last_sequence,
+        first_offset, last_offset)`` spanning the stored copies (the first's firsts, the last's
+        lasts).  Raises OutOfOrderSequenceError, ProducerFencedError or UnknownProducerIdError
+        (module docstring); later batches of the request see the earlier ones as stored."""
+        prefix = f"[{log_name}] " if log_name else ""
+        entries = self.entries
+        seen: dict[int, tuple[int, int]] = {}  # producer id -> (epoch, last_sequence) of new batches
+        new = 0
+        first: ProducerBatch | None = None
+        last: ProducerBatch | None = None
+        for i, (pid, epoch, first_seq, delta) in enumerate(zip(producer_ids, producer_epochs, base_sequences,
+                                                              last_offset_deltas, strict=True)):
+            if pid < 0:
+                new += 1
+                continue
+            last_seq = first_seq + delta
+            where = f"{prefix}batch {i} of the request (producer id {pid}, epoch {epoch}, sequences " \
+                    f"{first_seq}..{last_seq})"
+            earlier = seen.get(pid)
+            if earlier is not None:
+                if epoch != earlier[0] or first_seq != earlier[1] + 1:
+                    raise OutOfOrderSequenceError(
+                        f"{where}: does not follow the request's earlier batch of epoch {earlier[0]} ending "
+                        f"at sequence {earlier[1]}")
+            else:
+                entry = entries.get(pid)
+                if entry is None:
+                    if issued is not None and not issued(pid):
+                        raise UnknownProducerIdError(f"{where}: this producer id was never issued; get one "
+                                                     f"with InitProducerId")
+                elif epoch < entry.epoch:
+                    raise ProducerFencedError(f"{where}: epoch {epoch} is older than epoch {entry.epoch} "
+                                              f"stored for this producer id")
+                elif epoch > entry.epoch:
+                    if first_seq != 0:
+                        raise OutOfOrderSequenceError(
+                            f"{where}: a new epoch (stored: {entry.epoch}) must start at sequence 0")
+                else:
+                    stored = entry.find(first_seq, last_seq)
+                    if stored is not None:
+                        if first is None:
+                            first = stored
+                        last = stored
+                        continue
+                    if first_seq != entry.last_sequence + 1:
+                        raise OutOfOrderSequenceError(
+                            f"{where}: expected sequence {entry.last_sequence + 1} (the stored batches hold "
+                            f"{_ranges(entry)})")
+            seen[pid] = (epoch, last_seq)
+            new += 1
+        if first is None:
+            return None
+        assert last is not None
+        if new:
+            raise OutOfOrderSequenceError(
+                f"{prefix}the request mixes batches already stored (offsets {first[2]}..{last[3]}) with "
+                f"{new} new ones: nothing appended")
+        return (first[0], last[1], first[2], last[3])
+
+    def update(self, producer_id: int, epoch: int, first_sequence: int, last_sequence: int, first_offset: int,
+               last_offset: int, timestamp: int) -> None:
+        """Apply one stored batch: a new epoch (or a different one, met when replaying the log)
+        restarts the entry; the oldest batch goes beyond MAX_BATCHES_PER_PRODUCER."""
+        entry = self.entries.get(producer_id)
+        if entry is None:
+            entry = self.entries[producer_id] = ProducerEntry(producer_id, epoch, timestamp)
+        elif entry.epoch != epoch:
+            entry.epoch, entry.batches = epoch, []
+        batches = entry.batches
+        batches.append((first_sequence, last_sequence, first_offset, last_offset))
+        if len(batches) > MAX_BATCHES_PER_PRODUCER:
+            del batches[0]
+        if timestamp > entry.last_timestamp:
+            entry.last_timestamp = timestamp
+        if last_offset > self.last_offset:
+            self.last_offset = last_offset
+
+    def expire(self, before_ms: int) -> list[int]:
+        """Drop producers whose last append is older than ``before_ms``; their ids."""
+        gone = [pid for pid, entry in self.entries.items() if entry.last_timestamp < before_ms]
+        for pid in gone:
+            del self.entries[pid]
+        return gone
+
+    def drop_below(self, log_start_offset: int) -> list[int]:
+        """Drop producers whose last batch lies wholly below ``log_start_offset`` (retention
+        deleted it); their ids."""
+        gone = [pid for pid, entry in self.entries.items() if entry.last_offset < log_start_offset]
+        for pid in gone:
+            del self.entries[pid]
+        return gone
+
+
+def _ranges(entry: ProducerEntry) -> str:
+    return ", ".join(f"{b[0]}..{b[1]}" for b in entry.batches)
+
+
+# --- snapshots --------------------------------------------------------------------------------
+
+
+def encode_snapshot(table: ProducerStateTable) -> bytes:
+    """The snapshot bytes of ``table`` (layout in the module docstring)."""
+    parts = [struct.pack("<I", len(table.entries))]
+    for pid in sorted(table.entries):
+        entry = table.entries[pid]
+        parts.append(_ENTRY.pack(pid, entry.epoch, entry.last_timestamp, len(entry.batches)))
+        parts.extend(_BATCH.pack(*batch) for batch in entry.batches)
+    body = b"".join(parts)
+    return struct.pack("<HI", SNAPSHOT_VERSION, _core.crc32c(body)) + body
+
+
+def decode_snapshot(data: bytes, snapshot_offset: int | None = None) -> ProducerStateTable:
+    """The table in ``data``; SnapshotCorruptError (saying why) when it is not a valid snapshot.
+    ``snapshot_offset``: the offset the file is named by, which every batch must lie below."""
+    if len(data) < _HEAD.size:
+        raise SnapshotCorruptError(f"{len(data)} bytes, shorter than the {_HEAD.size}-byte head")
+    version, crc, count = _HEAD.unpack_from(data)
+    if version != SNAPSHOT_VERSION:
+        raise SnapshotCorruptError(f"version {version}, expected {SNAPSHOT_VERSION}")
+    computed = _core.crc32c(memoryview(data)[_CRC_START:])
+    if crc != computed:
+        raise SnapshotCorruptError(f"CRC mismatch: stored 0x{crc:08x}, computed 0x{computed:08x}")
+    table = ProducerStateTable()
+    position = _HEAD.size
+    for _ in range(count):
+        if position + _ENTRY.size > len(data):
+            raise SnapshotCorruptError(f"entry at position {position} cut off by the end at {len(data)}")
+        pid, epoch, timestamp, batch_count = _ENTRY.unpack_from(data, position)
+        position += _ENTRY.size
+        if pid < 0 or epoch < 0 or not 1 <= batch_count <= MAX_BATCHES_PER_PRODUCER or pid in table.entries:
+            raise SnapshotCorruptError(f"entry at position {position - _ENTRY.size}: producer id {pid}, "
+                                       f"epoch {epoch}, {batch_count} batches (repeated or impossible)")
+        if position + batch_count * _BATCH.size > len(data):
+            raise SnapshotCorruptError(f"the batches of producer id {pid} are cut off by the end at "
+                                       f"{len(data)}")
+        batches = [_BATCH.unpack_from(data, position + k * _BATCH.size) for k in range(batch_count)]
+        position += batch_count * _BATCH.size
+        _check_batches(pid, batches, snapshot_offset)
+        table.entries[pid] = ProducerEntry(pid, epoch, timestamp, batches)
+        table.last_offset = max(table.last_offset, batches[-1][3])
+    if position != len(data):
+        raise SnapshotCorruptError(f"{len(data) - position} bytes after the last of {count} entries")
+    return table
+
+
+def _check_batches(pid: int, batches: list[ProducerBatch], snapshot_offset: int | None) -> None:
+    previous_end = -1
+    for first_seq, last_seq, first_offset, last_offset in batches:
+        if (not 0 <= first_seq <= last_seq or not 0 <= first_offset <= last_offset
+                or last_seq - first_seq != last_offset - first_offset or first_offset <= previous_end
+                or (snapshot_offset is not None and last_offset >= snapshot_offset)):
+            raise SnapshotCorruptError(
+                f"producer id {pid}: impossible batch (sequences {first_seq}..{last_seq}, offsets "
+                f"{first_offset}..{last_offset}, snapshot at {snapshot_offset})")
+        previous_end = last_offset
+
+
+def snapshot_file_name(offset: int) -> str:
+    return segment_file_name(offset, SNAPSHOT_SUFFIX)
+
+
+def list_snapshots(directory: str) -> list[int]:
+    """The offsets of the snapshot files in ``directory``, ascending."""
+    offsets = []
+    for name in os.listdir(directory):
+        parsed = parse_segment_file_name(name)
+        if parsed is not None and parsed[1] == SNAPSHOT_SUFFIX:
+            offsets.append(parsed[0])
+    return sorted(offsets)
+
+
+def write_snapshot(directory: str, offset: int, table: ProducerStateTable) -> str:
+    """Write ``table`` as the snapshot at ``offset``, durably (``.tmp``, fsync, rename, fsync of
+    the directory); its path."""
+    path = os.path.join(directory, snapshot_file_name(offset))
+    tmp = path + TMP_SUFFIX
+    data = encode_snapshot(table)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        unlink_if_exists(tmp)
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(directory)
+    return path
+
+
+# --- the issued ceiling -------------------------------------------------------------------------
+
+
+def read_issued_ceiling(data_dir: str) -> int:
+    """One more than the highest producer id the broker has handed out, from
+    ``<data_dir>/producer-ids-issued`` (ASCII: line 1 the format version ``0``, line 2 the
+    ceiling; written atomically by the arbiter before it answers an InitProducerId).  0 when the
+    file is missing (no id issued yet).  ValueError when it does not parse."""
+    path = os.path.join(data_dir, ISSUED_CEILING_FILE_NAME)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(256)
+    except FileNotFoundError:
+        return 0
+    lines = raw.decode("ascii", "replace").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if len(lines) != 2 or lines[0] != ISSUED_CEILING_VERSION or not (lines[1].isascii()
+                                                                    and lines[1].isdigit()):
+        raise ValueError(f"{path} does not hold version {ISSUED_CEILING_VERSION} and a ceiling: {raw[:64]!r}")
+    return int(lines[1])
+
+
+class IssuedProducerIds:
+    """``producer_id_issued`` for the logs of one broker: whether a producer id was handed out.
+    An id below the ceiling last read is; otherwise the file is read again (only then: a miss
+    means a producer the partitions have no state for), and an id at or above the new ceiling
+    was never issued.  A file that cannot be read keeps the ceiling read before (logged)."""
+
+    def __init__(self, data_dir: str) -> None:
+        self._data_dir = data_dir
+        self.ceiling = 0
+        self.reads = 0
+
+    def __call__(self, producer_id: int) -> bool:
+        if producer_id < self.ceiling:
+            return True
+        self.reads += 1
+        try:
+            self.ceiling = max(self.ceiling, read_issued_ceiling(self._data_dir))
+        except (OSError, ValueError) as e:
+            logger.warning("cannot read the issued producer ids from %s: %s", self._data_dir, e)
+        return producer_id < self.ceiling
+
+
+# --- the manager --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayedBatch:
+    """What replaying needs of one stored batch's header."""
+
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    base_offset: int
+    last_offset: int
+    max_timestamp: int
+
+
+class ProducerStateManager:
+    """The producer state of the partition log in ``directory``: the :class:`ProducerStateTable`
+    the log checks and updates, and its snapshot files (module docstring).  Owned by the log."""
+
+    def __init__(self, directory: str, *, name: str = "",
+                 producer_id_issued: Callable[[int], bool] | None = None) -> None:
+        self.directory = directory
+        self.name = name
+        self.producer_id_issued = producer_id_issued
+        self.table = ProducerStateTable()
+        self.loaded_from: int | None = None  # the snapshot offset the last load started from
+
+    def check(self, scan: _core.ScanResult) -> ProducerBatch | None:
+        """:meth:`ProducerStateTable.check` of a validated request."""
+        return self.table.check(scan.producer_ids, scan.producer_epochs, scan.base_sequences,
+                                scan.last_offset_deltas, self.producer_id_issued, self.name)
+
+    def load(self, log_start_offset: int, log_end_offset: int, *, now_ms: int, expiration_ms: int,
+             unexpired_offset: int, replay: Callable[[int], Iterator[ReplayedBatch]]) -> None:
+        """Rebuild the state of a log holding ``[log_start_offset, log_end_offset)``: delete the
+        snapshots outside that range (a snapshot at either end stays), take the newest one that
+        parses (removing those that do not), then apply every batch ``replay(start)`` yields from
+        its offset on (without one: from ``unexpired_offset``, the first segment whose records
+        may not have expired), and drop the producers expired at ``now_ms``.  Raises OSError."""
+        self.table = ProducerStateTable()
+        self.loaded_from = None
+        snapshots = list_snapshots(self.directory)
+        beyond = False
+        for offset in snapshots:
+            if offset < log_start_offset or offset > log_end_offset:
+                self._delete(offset, "outside the log's offsets "
+                             f"[{log_start_offset}, {log_end_offset}]")
+                beyond = beyond or offset > log_end_offset
+        if beyond:  # durably: back after a power loss, it would describe offsets given again since
+            fsync_dir(self.directory)
+        start = max(unexpired_offset, log_start_offset)
+        for offset in reversed([o for o in snapshots if log_start_offset <= o <= log_end_offset]):
+            path = os.path.join(self.directory, snapshot_file_name(offset))
+            with open(path, "rb") as f:
+                data = f.read()
+            try:
+                self.table = decode_snapshot(data, offset)
+            except SnapshotCorruptError as e:
+                logger.warning("[%s] removing the producer snapshot %s: %s", self.name, path, e)
+                unlink_if_exists(path)
+                continue
+            self.loaded_from = start = offset
+            break
+        replayed = 0
+        for batch in replay(start):
+            timestamp = batch.max_timestamp if 0 <= batch.max_timestamp <= now_ms else now_ms
+            self.table.update(batch.producer_id, batch.producer_epoch, batch.base_sequence,
+                              batch.base_sequence + batch.last_offset - batch.base_offset, batch.base_offset,
+                              batch.last_offset, timestamp)
+            replayed += 1
+        expired = self.table.expire(now_ms - expiration_ms)
+        logger.info("[%s] producer state: %d producer ids, from %s and %d batches replayed from offset %d "
+                    "(%d expired)", self.name, len(self.table),
+                    "no snapshot" if self.loaded_from is None else f"the snapshot at {self.loaded_from}",
+                    replayed, start, len(expired))
+
+    def take_snapshot(self, offset: int) -> bool:
+        """Write the state as the snapshot at ``offset`` (every batch below it applied, none at
+        or above it), keep the newest SNAPSHOTS_KEPT.  Best effort: a failure is logged (the next
+        open replays more of the log) and False returned."""
+        try:
+            write_snapshot(self.directory, offset, self.table)
+            for old in list_snapshots(self.directory)[:-SNAPSHOTS_KEPT]:
+                self._delete(old, "older than the newest two")
+        except OSError as e:
+            logger.warning("[%s] the producer snapshot at offset %d was not written: %s", self.name, offset,
+                           e)
+            return False
+        return True
+
+    def truncate_head(self, log_start_offset: int) -> None:
+        """Retention moved the log start: drop the producers wholly below it and the snapshots
+        below it.  Raises OSError."""
+        gone = self.table.drop_below(log_start_offset)
+        if gone:
+            logger.info("[%s] dropped %d producer ids whose batches are all below the log start %d",
+                        self.name, len(gone), log_start_offset)
+        for offset in list_snapshots(self.directory):
+            if offset < log_start_offset:
+                self._delete(offset, f"below the log start {log_start_offset}")
+
+    def expire(self, now_ms: int, expiration_ms: int) -> None:
+        gone = self.table.expire(now_ms - expiration_ms)
+        if gone:
+            logger.info("[%s] expired %d producer ids with no append for %d ms", self.name, len(gone),
+                        expiration_ms)
+
+    def _delete(self, offset: int, why: str) -> None:
+        path = os.path.join(self.directory, snapshot_file_name(offset))
+        if unlink_if_exists(path):
+            logger.info("[%s] removed the producer snapshot %s: %s", self.name, path, why)
