@@ -25,6 +25,7 @@ TOPIC_SETTINGS: dict[str, type] = {
     "flush_fsync": bool,
     "file_delete_delay_ms": int,
     "message_timestamp_after_max_ms": int,
+    "producer_id_expiration_ms": int,
 }
 
 

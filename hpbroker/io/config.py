@@ -68,6 +68,11 @@ class LogConfig:
     #: time-based retention and rolling of every later segment (Kafka's setting of the same
     #: name).  Default 3_600_000 (1 hour); 2**63 - 1 accepts any.  Range [0, 2**63 - 1].
     message_timestamp_after_max_ms: int = 3_600_000
+    #: ms; the partition forgets an idempotent producer (its epoch and last batches, the state
+    #: that deduplicates its retries, hpbroker.io.producer_state) once it has appended nothing
+    #: for this long; checked by each retention pass (Kafka's ``producer.id.expiration.ms``).
+    #: Default 86_400_000 (1 day).  Range [1, 2**63 - 1].
+    producer_id_expiration_ms: int = _DAY_MS
 
     def __post_init__(self) -> None:
         _check_int("segment_bytes", self.segment_bytes, MIN_SEGMENT_BYTES, MAX_SEGMENT_BYTES)
@@ -80,6 +85,7 @@ class LogConfig:
         _check_int("flush_ms", self.flush_ms, 0, _MAX_I32)
         _check_int("file_delete_delay_ms", self.file_delete_delay_ms, 0, _MAX_I32)
         _check_int("message_timestamp_after_max_ms", self.message_timestamp_after_max_ms, 0, _MAX_I64)
+        _check_int("producer_id_expiration_ms", self.producer_id_expiration_ms, 1, _MAX_I64)
         if not isinstance(self.flush_fsync, bool):
             raise InvalidConfigError(f"flush_fsync must be a bool, got {self.flush_fsync!r}")
 
