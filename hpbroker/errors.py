@@ -32,6 +32,9 @@ code  class                            retriable  meaning
 17    CoordinationError                yes        ZooKeeper cannot be reached, or a registration there failed
 18    DamagedRangeError                no         the offset is in a damaged range; says where reading resumes
 19    InvalidTimestampError            no         a record's timestamp is too far ahead of the broker's clock
+20    OutOfOrderSequenceError          no         a producer's sequence does not follow its last stored batch
+21    ProducerFencedError              no         a producer's epoch is older than the partition has stored
+22    UnknownProducerIdError           no         the producer id was never issued (see InitProducerId)
 ====  ===============================  =========  =====================================================
 """
 
@@ -51,11 +54,14 @@ __all__ = [
     "InvalidTimestampError",
     "InvalidTopicError",
     "OffsetOutOfRangeError",
+    "OutOfOrderSequenceError",
     "PartitionNotAvailableError",
+    "ProducerFencedError",
     "RecordTooLargeError",
     "RequestTimedOutError",
     "StorageError",
     "TopicAlreadyExistsError",
+    "UnknownProducerIdError",
     "UnknownServerError",
     "UnknownTopicOrPartitionError",
     "UnsupportedVersionError",
@@ -180,8 +186,9 @@ class BrokerNotAvailableError(HPBrokerError):
 class CoordinationError(HPBrokerError):
     """ZooKeeper cannot be reached within the connect timeout, its session was lost in the middle
     of an operation, or a registration there conflicts with another live process (a broker id
-    already registered by a broker at another address).  Raised by ``hpbroker.coord``; no request
-    sends it today."""
+    already registered by a broker at another address).  Raised by ``hpbroker.coord``; sent to an
+    InitProducerId request when no producer id can be allocated now (the broker's next block of
+    ids is not yet stored, in ZooKeeper or its data directory)."""
 
     code = 17
     retriable = True
@@ -215,6 +222,30 @@ class InvalidTimestampError(HPBrokerError):
     code = 19
 
 
+class OutOfOrderSequenceError(HPBrokerError):
+    """An idempotent batch's ``base_sequence`` is not the one after the producer's last stored
+    batch on the partition (a gap, a partial overlap, a sequence older than the batches
+    remembered, a new epoch not starting at 0, or a request mixing stored and new batches).
+    Nothing of the request is appended; the producer must take a new identity."""
+
+    code = 20
+
+
+class ProducerFencedError(HPBrokerError):
+    """An idempotent batch's ``producer_epoch`` is older than the newest epoch the partition has
+    stored for its producer id: a newer incarnation of the producer took over.  Nothing of the
+    request is appended."""
+
+    code = 21
+
+
+class UnknownProducerIdError(HPBrokerError):
+    """An idempotent batch names a producer id the broker (or cluster) never issued.  Nothing of
+    the request is appended; get an id with InitProducerId."""
+
+    code = 22
+
+
 ERRORS_BY_CODE: dict[int, type[HPBrokerError]] = {
     cls.code: cls
     for cls in (
@@ -237,6 +268,9 @@ ERRORS_BY_CODE: dict[int, type[HPBrokerError]] = {
         CoordinationError,
         DamagedRangeError,
         InvalidTimestampError,
+        OutOfOrderSequenceError,
+        ProducerFencedError,
+        UnknownProducerIdError,
     )
 }
 

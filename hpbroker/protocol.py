@@ -16,6 +16,13 @@ Integers are little-endian.  ``string`` is a u16 byte length and UTF-8 bytes; ``
 u32 count and that many ``T``.  Schemas are declared once, in :data:`REQUEST_TYPES` and
 :data:`RESPONSE_TYPES`, and drive both the codec and the protocol document.
 
+**Versions.**  Each message class serves ``MIN_VERSION`` .. ``VERSION`` (its ``api_version`` on
+the wire).  A schema entry is ``(name, type)``, or ``(name, type, since)`` for a field that exists
+from version ``since`` on: version *v* of a message is the entries whose ``since`` is at most *v*,
+in order.  A field absent from the version decoded takes its dataclass default.  A request and
+its response share a version: the broker answers in the version it was asked in
+(:func:`response_version` for a request whose version it does not serve).
+
 Decoding never trusts a length: every count and size is checked against the bytes present and
 against :data:`MAX_MESSAGE_BYTES`, and any mismatch raises
 :class:`~hpbroker.errors.InvalidRequestError` (or UnsupportedVersionError for an unknown API key
@@ -24,6 +31,7 @@ or version), which the broker turns into an error response.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
@@ -33,6 +41,9 @@ from hpbroker.errors import InvalidRequestError, UnsupportedVersionError
 
 __all__ = [
     "EARLIEST_TIMESTAMP",
+    "MAX_PRODUCER_EPOCH",
+    "NO_PRODUCER_EPOCH",
+    "NO_PRODUCER_ID",
     "LATEST_TIMESTAMP",
     "MAX_MESSAGE_BYTES",
     "REQUEST_TYPES",
@@ -47,6 +58,8 @@ __all__ = [
     "DeleteTopicResponse",
     "FetchRequest",
     "FetchResponse",
+    "InitProducerIdRequest",
+    "InitProducerIdResponse",
     "ListOffsetsRequest",
     "ListOffsetsResponse",
     "Message",
@@ -65,6 +78,8 @@ __all__ = [
     "encode_request",
     "encode_response",
     "frame_tcp",
+    "response_version",
+    "schema_of",
 ]
 
 # The largest message either framing accepts (header, body and payload): a 64 MiB produce is
@@ -77,6 +92,10 @@ DATA_PORT_MAX_REQUEST_BYTES = 256 << 10
 # ListOffsets timestamps with a special meaning.
 LATEST_TIMESTAMP = -1  # the high watermark: the offset the next flushed record will get
 EARLIEST_TIMESTAMP = -2  # the log start offset
+# InitProducerId: "no producer id" and "no epoch" (ask for a new id), the newest epoch an id may reach.
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+MAX_PRODUCER_EPOCH = 2**31 - 1
 # The payload of a FetchResponse with error 18 (DamagedRangeError): the offset after the damaged range.
 DAMAGED_RANGE_PAYLOAD = struct.Struct("<q")
 
@@ -91,6 +110,7 @@ class ApiKey:
     CREATE_TOPIC = 4
     DELETE_TOPIC = 5
     ALTER_TOPIC_CONFIG = 6
+    INIT_PRODUCER_ID = 7
 
 
 # --- field types -----------------------------------------------------------------------------
@@ -174,14 +194,16 @@ class _StructType:
         return _decode_fields(self.cls, reader)
 
     def min_size(self) -> int:
-        return sum(kind.min_size() for _, kind in self.cls.SCHEMA)
+        return sum(kind.min_size() for _, kind in schema_of(self.cls))
 
 
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 I8 = _Scalar("i8", "b")
+U8 = _Scalar("u8", "B")
 U16 = _Scalar("u16", "H")
 U32 = _Scalar("u32", "I")
+I32 = _Scalar("i32", "i")
 I64 = _Scalar("i64", "q")
 STRING = _String()
 
@@ -218,13 +240,21 @@ class _Reader:
         return chunk
 
 
-def _encode_fields(obj: Any, out: bytearray) -> None:
-    for name, kind in obj.SCHEMA:
+def schema_of(cls: type, version: int | None = None) -> tuple[tuple[str, Any], ...]:
+    """``(name, type)`` of each field of ``cls`` in ``version`` (None: every field, the newest),
+    in wire order: the schema entries whose ``since`` (third element, 0 when absent) is at most
+    ``version``."""
+    return tuple((entry[0], entry[1]) for entry in cls.SCHEMA
+                 if version is None or (entry[2] if len(entry) > 2 else 0) <= version)
+
+
+def _encode_fields(obj: Any, out: bytearray, version: int | None = None) -> None:
+    for name, kind in schema_of(type(obj), version):
         kind.encode(getattr(obj, name), out)
 
 
 def _decode_fields(cls: type, reader: _Reader) -> Any:
-    return cls(**{name: kind.decode(reader) for name, kind in cls.SCHEMA})
+    return cls(**{name: kind.decode(reader) for name, kind in schema_of(cls)})
 
 
 # --- headers -----------------------------------------------------------------------------------
@@ -259,18 +289,24 @@ class ResponseHeader:
 
 
 class Message:
-    """Base of every request and response body; ``payload`` is raw record batches (or b"")."""
+    """Base of every request and response body; ``payload`` is raw record batches (or b"").
+
+    ``MIN_VERSION`` .. ``VERSION``: the versions served (a request and its response type keep the
+    same range); ``SCHEMA`` entries are ``(name, type)`` or ``(name, type, since)`` (module
+    docstring).  A field with a ``since`` has a default, which a decoded older version keeps."""
 
     API_KEY: ClassVar[int]
+    MIN_VERSION: ClassVar[int] = 0
     VERSION: ClassVar[int] = 0
-    SCHEMA: ClassVar[tuple[tuple[str, Any], ...]] = ()
+    SCHEMA: ClassVar[tuple[tuple[Any, ...], ...]] = ()
     payload: bytes | memoryview
 
 
 @dataclass(slots=True)
 class ProduceRequest(Message):
     """Append the record batches in ``payload`` to one partition.  ``acks``: 1 = respond once the
-    records are flushed (durable per the topic's flush policy), 0 = send no response at all."""
+    records are flushed (durable per the topic's flush policy), 0 = send no response at all.
+    Version 1 has the same body as 0; it asks for a version 1 response (``duplicate``)."""
 
     topic: str
     partition: int
@@ -278,18 +314,23 @@ class ProduceRequest(Message):
     timeout_ms: int = 30_000
     payload: bytes | memoryview = b""
     API_KEY: ClassVar = ApiKey.PRODUCE
+    VERSION: ClassVar = 1
     SCHEMA: ClassVar = (("topic", STRING), ("partition", U32), ("acks", I8), ("timeout_ms", U32))
 
 
 @dataclass(slots=True)
 class ProduceResponse(Message):
-    """``base_offset`` of the first record appended (-1 on error); ``log_start_offset``."""
+    """``base_offset`` of the first record appended (-1 on error); ``log_start_offset``.
+    ``duplicate`` (version 1 on): 1 when every batch of the request was already stored, nothing
+    was appended and ``base_offset`` is the stored copy's."""
 
     base_offset: int = -1
     log_start_offset: int = -1
+    duplicate: int = 0
     payload: bytes | memoryview = b""
     API_KEY: ClassVar = ApiKey.PRODUCE
-    SCHEMA: ClassVar = (("base_offset", I64), ("log_start_offset", I64))
+    VERSION: ClassVar = 1
+    SCHEMA: ClassVar = (("base_offset", I64), ("log_start_offset", I64), ("duplicate", U8, 1))
 
 
 @dataclass(slots=True)
@@ -460,28 +501,76 @@ class AlterTopicConfigResponse(Message):
     API_KEY: ClassVar = ApiKey.ALTER_TOPIC_CONFIG
 
 
+@dataclass(slots=True)
+class InitProducerIdRequest(Message):
+    """Get an idempotent producer's identity, answered by the broker's arbiter.
+
+    - ``(-1, -1)``: a new producer id, epoch 0;
+    - an id this broker (or cluster) has issued, with ``producer_epoch`` >= 0: the same id with
+      the epoch one higher, which fences the older epoch;
+    - an id never issued, or ``producer_epoch`` at :data:`MAX_PRODUCER_EPOCH`: a new id, epoch 0;
+    - anything else (a negative id other than -1, -1 with an epoch, an id with epoch -1):
+      InvalidRequestError."""
+
+    producer_id: int = NO_PRODUCER_ID
+    producer_epoch: int = NO_PRODUCER_EPOCH
+    payload: bytes | memoryview = b""
+    API_KEY: ClassVar = ApiKey.INIT_PRODUCER_ID
+    SCHEMA: ClassVar = (("producer_id", I64), ("producer_epoch", I32))
+
+
+@dataclass(slots=True)
+class InitProducerIdResponse(Message):
+    """The identity the producer's batches carry; -1 each on error (CoordinationError, retriable,
+    when no id can be allocated now)."""
+
+    producer_id: int = NO_PRODUCER_ID
+    producer_epoch: int = NO_PRODUCER_EPOCH
+    payload: bytes | memoryview = b""
+    API_KEY: ClassVar = ApiKey.INIT_PRODUCER_ID
+    SCHEMA: ClassVar = (("producer_id", I64), ("producer_epoch", I32))
+
+
 REQUEST_TYPES: dict[int, type[Message]] = {
     cls.API_KEY: cls
     for cls in (ProduceRequest, FetchRequest, ListOffsetsRequest, MetadataRequest, CreateTopicRequest,
-                DeleteTopicRequest, AlterTopicConfigRequest)
+                DeleteTopicRequest, AlterTopicConfigRequest, InitProducerIdRequest)
 }
 RESPONSE_TYPES: dict[int, type[Message]] = {
     cls.API_KEY: cls
     for cls in (ProduceResponse, FetchResponse, ListOffsetsResponse, MetadataResponse, CreateTopicResponse,
-                DeleteTopicResponse, AlterTopicConfigResponse)
+                DeleteTopicResponse, AlterTopicConfigResponse, InitProducerIdResponse)
 }
 # Every payload-less message still ends its body with payload_length 0.
 assert all({f.name for f in fields(cls)} >= {"payload"} for cls in (*REQUEST_TYPES.values(),
                                                                        *RESPONSE_TYPES.values()))
+# A request and its response serve the same versions; a field added in a version has a default.
+assert all((REQUEST_TYPES[key].MIN_VERSION, REQUEST_TYPES[key].VERSION)
+           == (RESPONSE_TYPES[key].MIN_VERSION, RESPONSE_TYPES[key].VERSION) for key in REQUEST_TYPES)
+assert all(len(entry) == 2 or any(f.name == entry[0] and (f.default is not dataclasses.MISSING
+                                                           or f.default_factory is not dataclasses.MISSING)
+                                   for f in fields(cls))
+           for cls in (*REQUEST_TYPES.values(), *RESPONSE_TYPES.values()) for entry in cls.SCHEMA)
 
 
 # --- encoding and decoding ----------------------------------------------------------------------
 
 
-def _encode(header: Any, message: Message) -> list[bytes | memoryview]:
+def _check_version(message_type: type[Message], version: int | None) -> int:
+    """``version`` (None: the newest) if ``message_type`` has it, else UnsupportedVersionError."""
+    if version is None:
+        return message_type.VERSION
+    if not message_type.MIN_VERSION <= version <= message_type.VERSION:
+        raise UnsupportedVersionError(
+            f"{message_type.__name__} version {version} is not served; "
+            f"versions {message_type.MIN_VERSION}..{message_type.VERSION} are")
+    return version
+
+
+def _encode(header: Any, message: Message, version: int) -> list[bytes | memoryview]:
     out = bytearray()
     _encode_fields(header, out)
-    _encode_fields(message, out)
+    _encode_fields(message, out, version)
     payload = message.payload
     payload_length = memoryview(payload).nbytes
     out += _U32.pack(payload_length)
@@ -490,16 +579,31 @@ def _encode(header: Any, message: Message) -> list[bytes | memoryview]:
     return [bytes(out), payload] if payload_length else [bytes(out)]
 
 
-def encode_request(message: Message, correlation_id: int, client_id: str = "") -> list[bytes | memoryview]:
-    """ZeroMQ frames of a request: header + body, then the payload frame if any."""
-    header = RequestHeader(message.API_KEY, message.VERSION, correlation_id, client_id)
-    return _encode(header, message)
+def encode_request(message: Message, correlation_id: int, client_id: str = "",
+                   version: int | None = None) -> list[bytes | memoryview]:
+    """ZeroMQ frames of a request in ``version`` (None: ``message.VERSION``, the newest): header +
+    body, then the payload frame if any."""
+    version = _check_version(type(message), version)
+    header = RequestHeader(message.API_KEY, version, correlation_id, client_id)
+    return _encode(header, message, version)
 
 
 def encode_response(message: Message, correlation_id: int, error_code: int = 0,
-                    error_message: str = "") -> list[bytes | memoryview]:
-    """ZeroMQ frames of a response: header + body, then the payload frame if any."""
-    return _encode(ResponseHeader(correlation_id, error_code, error_message), message)
+                    error_message: str = "", version: int | None = None) -> list[bytes | memoryview]:
+    """ZeroMQ frames of a response in ``version`` (None: the newest; the broker passes the
+    request's): header + body, then the payload frame if any."""
+    version = _check_version(type(message), version)
+    return _encode(ResponseHeader(correlation_id, error_code, error_message), message, version)
+
+
+def response_version(api_key: int, api_version: int) -> int:
+    """The version to answer a request of ``api_key`` asked in ``api_version`` with: that one
+    when served, else the nearest served (an UnsupportedVersionError answer to a version too new
+    or too old carries a body the broker can encode; the client reads the header's error)."""
+    message_type = RESPONSE_TYPES.get(api_key)
+    if message_type is None:
+        return 0
+    return min(max(api_version, message_type.MIN_VERSION), message_type.VERSION)
 
 
 def _split(frames: Sequence[bytes | memoryview]) -> tuple[_Reader, memoryview]:
@@ -519,8 +623,8 @@ def _payload(frames: Sequence[bytes | memoryview]) -> memoryview:
     return memoryview(frames[1]).cast("B") if len(frames) == 2 else memoryview(b"")
 
 
-def _finish(reader: _Reader, message_type: type[Message], payload: memoryview) -> Message:
-    values = {name: kind.decode(reader) for name, kind in message_type.SCHEMA}
+def _finish(reader: _Reader, message_type: type[Message], payload: memoryview, version: int) -> Message:
+    values = {name: kind.decode(reader) for name, kind in schema_of(message_type, version)}
     (payload_length,) = reader.unpack(_U32, "payload_length")
     if reader.remaining:
         raise InvalidRequestError(
@@ -534,7 +638,8 @@ def _finish(reader: _Reader, message_type: type[Message], payload: memoryview) -
 
 
 def decode_request(frames: Sequence[bytes | memoryview]) -> tuple[RequestHeader, Message]:
-    """Parse a request from its frames.  When the header parses but the rest does not, the
+    """Parse a request from its frames, its body in the header's ``api_version`` (any of the
+    type's ``MIN_VERSION`` .. ``VERSION``).  When the header parses but the rest does not, the
     InvalidRequestError or UnsupportedVersionError raised carries it as ``.header``, so the broker
     can still answer with the correlation id; without a header there is nobody to answer.  So a
     message of more than two frames, or over MAX_MESSAGE_BYTES, whose header parses is answered."""
@@ -549,25 +654,24 @@ def decode_request(frames: Sequence[bytes | memoryview]) -> tuple[RequestHeader,
             raise UnsupportedVersionError(
                 f"unknown api_key {header.api_key}; this broker serves {sorted(REQUEST_TYPES)}"
             )
-        if header.api_version != message_type.VERSION:
-            raise UnsupportedVersionError(
-                f"{message_type.__name__} version {header.api_version} is not served; "
-                f"versions {message_type.VERSION}..{message_type.VERSION} are"
-            )
-        return header, _finish(reader, message_type, payload)
+        version = _check_version(message_type, header.api_version)
+        return header, _finish(reader, message_type, payload, version)
     except (InvalidRequestError, UnsupportedVersionError) as e:
         e.header = header  # type: ignore[attr-defined]
         raise
 
 
-def decode_response(api_key: int, frames: Sequence[bytes | memoryview]) -> tuple[ResponseHeader, Message]:
-    """Parse the response to a request of ``api_key`` (the client knows what it asked)."""
+def decode_response(api_key: int, frames: Sequence[bytes | memoryview],
+                    version: int | None = None) -> tuple[ResponseHeader, Message]:
+    """Parse the response to a request of ``api_key`` sent in ``version`` (None: the newest; the
+    client knows what it asked)."""
     message_type = RESPONSE_TYPES.get(api_key)
     if message_type is None:
         raise UnsupportedVersionError(f"unknown api_key {api_key}")
+    version = _check_version(message_type, version)
     reader, payload = _split(frames)
     header = _decode_fields(ResponseHeader, reader)
-    return header, _finish(reader, message_type, payload)
+    return header, _finish(reader, message_type, payload, version)
 
 
 # --- TCP framing --------------------------------------------------------------------------------
@@ -627,18 +731,22 @@ class TcpFrameDecoder:
 
 def schema_table(cls: type) -> str:
     """The markdown table of ``cls``'s fields as docs/PROTOCOL.md shows it (a test keeps the two
-    equal).  Messages end with ``payload_length``."""
-    rows = ["| field | type |", "|---|---|"]
-    rows += [f"| `{name}` | `{kind.name}` |" for name, kind in cls.SCHEMA]
+    equal): a field added in a later version has ``v<since>+`` in its third column, where the
+    document's meaning starts.  Messages end with ``payload_length``."""
+    rows = ["| field | type | meaning |", "|---|---|---|"]
+    for entry in cls.SCHEMA:
+        since = f" v{entry[2]}+ " if len(entry) > 2 else " "
+        rows.append(f"| `{entry[0]}` | `{entry[1].name}` |{since}|")
     if isinstance(cls, type) and issubclass(cls, Message):
-        rows.append("| `payload_length` | `u32` |")
+        rows.append("| `payload_length` | `u32` | |")
     return "\n".join(rows)
 
 
 def _main() -> None:  # pragma: no cover - a documentation helper
     nested = (RequestHeader, ResponseHeader, BrokerInfo, TopicMetadata, PartitionMetadata, TopicConfigEntry)
     for cls in (*nested, *REQUEST_TYPES.values(), *RESPONSE_TYPES.values()):
-        print(f"### {cls.__name__}\n\n{schema_table(cls)}\n")
+        versions = f"versions {cls.MIN_VERSION}..{cls.VERSION}\n\n" if issubclass(cls, Message) else ""
+        print(f"### {cls.__name__}\n\n{versions}{schema_table(cls)}\n")
 
 
 if __name__ == "__main__":  # pragma: no cover
