@@ -298,13 +298,14 @@ class FetchServer:
                 if header is None:  # nobody to answer
                     self._close(conn, f"unparsable stream: {e}")
                     return
-                responder(error_reply(header.api_key, header.correlation_id, e))
+                responder(error_reply(header.api_key, header.correlation_id, e, version=header.api_version))
             else:
                 if header.api_key not in SERVED_API_KEYS:  # answered even when an acks=0 produce
                     error = InvalidRequestError(f"{type(request).__name__} (api_key {header.api_key}) is not "
                                                 f"served on a data port; it serves api keys "
                                                 f"{sorted(SERVED_API_KEYS)}")
-                    responder(error_reply(header.api_key, header.correlation_id, error))
+                    responder(error_reply(header.api_key, header.correlation_id, error,
+                                          version=header.api_version))
                 else:
                     self._handler.dispatch(header, request, responder, conn, SERVED_API_KEYS, "tcp")
             if conn.closed:

@@ -15,6 +15,11 @@ returns, so that the worker's measurements count what the client gets: the ZeroM
 cannot read the slice, answers with an error instead and sets ``error_code`` to it and
 ``file_slice`` to None; the data port, when the connection is closed already, sets
 ``file_slice`` to None.
+
+**Versions.**  A reply is encoded in the version its request was asked in (``version``, the
+request header's ``api_version``; 0 by default): a client that sends version 0 gets version 0
+bytes.  An error reply to a version the broker does not serve is encoded in the nearest version
+it serves (``protocol.response_version``).
 """
 
 from __future__ import annotations
@@ -46,9 +51,10 @@ _PAYLOAD_LENGTH = struct.Struct("<I")  # the u32 that ends every message body
 class Reply:
     """One response: ``head`` (header + body), then ``payload`` or the bytes of ``file_slice``.
 
-    ``api_key`` and ``correlation_id`` travel along so a transport that fails to read the slice
-    can still answer with an error; ``error_code`` (the header's, 0 for none) so the worker can
-    count errors without parsing the head."""
+    ``api_key``, ``correlation_id`` and ``api_version`` (the version ``head`` is encoded in)
+    travel along so a transport that fails to read the slice can still answer with an error in
+    the same version; ``error_code`` (the header's, 0 for none) so the worker can count errors
+    without parsing the head."""
 
     api_key: int
     correlation_id: int
@@ -56,6 +62,7 @@ class Reply:
     payload: bytes | memoryview = b""
     file_slice: FileSlice | None = None
     error_code: int = 0
+    api_version: int = 0
 
 
 Responder = Callable[[Reply], None]
@@ -76,24 +83,34 @@ def with_payload_length(head: bytes, payload_length: int) -> bytes:
 
 
 def _reply(api_key: int, correlation_id: int, message: protocol.Message, error: HPBrokerError | None = None,
-           ) -> Reply:
+           version: int = 0) -> Reply:
     code, text = (0, "") if error is None else (error.code, error.message)
-    frames = protocol.encode_response(message, correlation_id, code, text)
-    return Reply(api_key, correlation_id, frames[0], frames[1] if len(frames) > 1 else b"", error_code=code)
+    frames = protocol.encode_response(message, correlation_id, code, text, version=version)
+    return Reply(api_key, correlation_id, frames[0], frames[1] if len(frames) > 1 else b"", error_code=code,
+                 api_version=version)
 
 
-def error_reply(api_key: int, correlation_id: int, error: HPBrokerError, **body: Any) -> Reply:
-    """The error response to a request of ``api_key``: the body's numbers are -1 except those
-    given in ``body`` (e.g. the offsets of an OffsetOutOfRangeError)."""
+def error_reply(api_key: int, correlation_id: int, error: HPBrokerError, *, version: int = 0,
+                **body: Any) -> Reply:
+    """The error response to a request of ``api_key`` asked in ``version``: the body's numbers
+    are -1 except those given in ``body`` (e.g. the offsets of an OffsetOutOfRangeError).  A
+    version not served (the request was refused for it) is answered in the nearest served."""
     response_type = protocol.RESPONSE_TYPES.get(api_key, _BareResponse)
     if len(error.message.encode("utf-8")) > 0xFFFF:  # a string field holds at most 65535 bytes
         error = type(error)(error.message.encode("utf-8")[:0xFF00].decode("utf-8", "ignore"))
-    return _reply(api_key, correlation_id, response_type(**body), error)
+    return _reply(api_key, correlation_id, response_type(**body), error,
+                  protocol.response_version(api_key, version))
 
 
-def produce_reply(correlation_id: int, base_offset: int, log_start_offset: int) -> Reply:
-    response = protocol.ProduceResponse(base_offset=base_offset, log_start_offset=log_start_offset)
-    return _reply(protocol.ApiKey.PRODUCE, correlation_id, response)
+def produce_reply(correlation_id: int, base_offset: int, log_start_offset: int, *, version: int = 0,
+                  duplicate: bool = False) -> Reply:
+    """A produce acknowledged, in the request's ``version``.  ``duplicate``: every batch of the
+    request was already stored and ``base_offset`` is the stored copy's (nothing appended);
+    version 1 says so with ``duplicate`` 1, version 0 has no such field and answers it like an
+    append."""
+    response = protocol.ProduceResponse(base_offset=base_offset, log_start_offset=log_start_offset,
+                                        duplicate=int(duplicate))
+    return _reply(protocol.ApiKey.PRODUCE, correlation_id, response, version=version)
 
 
 def fetch_reply(correlation_id: int, high_watermark: int, log_start_offset: int,
