@@ -11,6 +11,7 @@ JSON, who creates it and what happens on session expiry)::
         ids/<consumer_id>                               ephemeral: one live consumer of the group
         owners/<topic>/<partition>                      ephemeral: the consumer that owns a partition
         offsets/<topic>/<partition>                     persistent: the group's committed offset
+      producer-id-block                                 persistent: the newest block of producer ids taken
 
 Two prefixes may stand in front of it.  The connect string's *chroot*
 (``host:2181,host:2182/prod``) is ZooKeeper's own: the client sees ``/`` where the server has
@@ -150,6 +151,12 @@ class ZkPaths:
     def topic(self, topic: str) -> str:
         """A topic's metadata: partitions and settings (persistent)."""
         return self._join("brokers", "topics", check_topic(topic))
+
+    @property
+    def producer_id_block(self) -> str:
+        """The newest block of producer ids a broker took (persistent, replaced with conditional
+        sets: ``hpbroker.coord.producer_ids``)."""
+        return self._join("producer-id-block")
 
     # --- consumer groups ------------------------------------------------------------------------
 
