@@ -100,7 +100,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -121,6 +121,7 @@ from hpbroker.io.files import fsync_dir, lock_directory, make_directory, pread_f
 from hpbroker.io.index import IndexCorruptError
 from hpbroker.io.loader import load_segments, reload_last_segment
 from hpbroker.io.logfile import FileSlice
+from hpbroker.io.producer_state import ProducerStateManager, ProducerStateTable, ReplayedBatch, slice_headers
 from hpbroker.io.segment import STAMP_BYTES, PendingBatch, Segment
 
 __all__ = ["MAX_PENDING_BYTES", "AppendInfo", "FlushJob", "PartitionLog"]
@@ -132,6 +133,8 @@ logger = logging.getLogger(__name__)
 MAX_PENDING_BYTES = 64 << 20
 # Index entries hold offsets relative to the segment's base offset as u32.
 _MAX_RELATIVE_OFFSET = 2**32 - 1
+# Replaying the producer state reads the log through its read path this much at a time.
+_REPLAY_READ_BYTES = 4 << 20
 _T = TypeVar("_T")
 BytesLike = bytes | bytearray | memoryview
 
@@ -139,12 +142,15 @@ BytesLike = bytes | bytearray | memoryview
 @dataclass(frozen=True, slots=True)
 class AppendInfo:
     """What :meth:`PartitionLog.append` assigned: offsets ``first_offset..last_offset`` to
-    ``record_count`` records in ``batch_count`` batches."""
+    ``record_count`` records in ``batch_count`` batches.  ``duplicate``: every batch of the
+    request was stored already (an idempotent producer's retry); nothing was appended, and the
+    offsets are those of the stored copy, which may still be pending."""
 
     first_offset: int
     last_offset: int
     record_count: int
     batch_count: int
+    duplicate: bool = False
 
 
 class FlushJob:
@@ -282,7 +288,8 @@ class PartitionLog:
 
     def __init__(self, directory: str | os.PathLike[str], config: LogConfig | None = None, *,
                  clock: Callable[[], int] | None = None, name: str | None = None,
-                 flush_on_append: bool = True) -> None:
+                 flush_on_append: bool = True,
+                 producer_id_issued: Callable[[int], bool] | None = None) -> None:
         """Open (creating it and its missing parents if needed, durably: each new directory's
         parent is fsynced) and recover the log in ``directory``.  ``clock`` returns
         the time in ms since the epoch (for tests); ``name`` prefixes log messages (default:
@@ -297,7 +304,11 @@ class PartitionLog:
         call the log.  :attr:`on_sync`, likewise, is called with the nanoseconds of every other
         fdatasync of a segment's ``.log`` the log issues once open (a roll's, a checkpoint's, a
         close's, a synchronous flush's catching up on what flushes wrote without syncing): with
-        the flush jobs that synced, every data sync the log makes."""
+        the flush jobs that synced, every data sync the log makes.
+
+        ``producer_id_issued(producer_id) -> bool`` tells whether an idempotent producer the
+        partition has no state for got its id from the broker (UnknownProducerIdError if not);
+        None: every id is taken as issued (hpbroker.io.producer_state)."""
         self._directory = os.fspath(directory)
         self._config = config if config is not None else LogConfig()
         self._clock = clock if clock is not None else _default_clock
@@ -321,6 +332,8 @@ class PartitionLog:
         self._lock_fd = -1
         self.on_flush: Callable[[FlushJob], None] | None = None
         self.on_sync: Callable[[int], None] | None = None
+        self._producers = ProducerStateManager(self._directory, name=self._name,
+                                               producer_id_issued=producer_id_issued)
         try:
             self._open()
         except OSError as e:
@@ -356,6 +369,7 @@ class PartitionLog:
                 self._checkpoint.write(self._recovery_point)
             except OSError as e:  # a full disk: open for reads, appends wait for resume_writes
                 self._fail_writes("open", e)
+        self._load_producer_state(now)
         logger.info("[%s] opened %s: %d segments, offsets [%d, %d), %d bytes, in %.3f s",
                     self._name, self._directory, len(self._segments), self.log_start_offset,
                     self._log_end_offset, self.size_in_bytes, time.monotonic() - started)
@@ -484,7 +498,11 @@ class PartitionLog:
         Raises CorruptRecordError, InvalidRecordError or RecordTooLargeError (the log unchanged)
         when ``buf`` is not one or more valid batches of at most ``max_message_bytes`` each, and
         InvalidTimestampError when one holds a timestamp too far ahead of the clock
-        (``message_timestamp_after_max_ms``).  The
+        (``message_timestamp_after_max_ms``).  Batches of idempotent producers are checked
+        against the producer state first (hpbroker.io.producer_state): OutOfOrderSequenceError,
+        ProducerFencedError or UnknownProducerIdError append nothing; a request whose batches
+        are all stored already appends nothing either and returns the stored copy's offsets
+        with ``duplicate`` set.  The
         records are pending until flushed.  A ``bytes`` object, or a view of one, is held, not
         copied, until then; so is any buffer the caller declares ``immutable`` (a received
         ZeroMQ message: libzmq never changes one).  Anything else is copied first (a bytearray,
@@ -501,6 +519,12 @@ class PartitionLog:
         scan = _core.validate_batches(view, max_batch_bytes=self._config.max_message_bytes)
         now = self._clock()
         self._check_timestamps(scan, now)
+        idempotent = getattr(scan, "idempotent_batches", 0) != 0
+        if idempotent:  # per batch, before any offset is given (hpbroker.io.producer_state)
+            stored = self._producers.check(scan)
+            if stored is not None:
+                return AppendInfo(stored[2], stored[3], scan.record_count, scan.batch_count, duplicate=True)
+            producers, table = scan.producer_ids, self._producers.table
         first_offset = self._log_end_offset
         for i in range(scan.batch_count):
             position, size, max_timestamp = scan.positions[i], scan.sizes[i], scan.max_timestamps[i]
@@ -518,6 +542,10 @@ class PartitionLog:
             self._pending_bytes += size
             self._pending_records += next_offset - base_offset
             self._log_end_offset = next_offset
+            if idempotent and producers[i] >= 0:  # after a roll: its snapshot holds what is below it
+                sequence = scan.base_sequences[i]
+                table.update(producers[i], scan.producer_epochs[i], sequence,
+                             sequence + scan.last_offset_deltas[i], base_offset, next_offset - 1, now)
         if self._pending_since_ms is None:
             self._pending_since_ms = now
         if self._flush_on_append and self._flush_due(now):
@@ -702,6 +730,7 @@ class PartitionLog:
         except OSError as e:
             logger.warning("[%s] the checkpoint at the roll to %s was not written: %s", self._name, new.path,
                            e)
+        self._producers.take_snapshot(new.base_offset)  # best effort, like the checkpoint
         logger.info("[%s] rolled to segment %s at offset %d: %s", self._name, new.path, new.base_offset,
                     reason)
 
@@ -727,6 +756,10 @@ class PartitionLog:
         """
         if not isinstance(max_bytes, int) or max_bytes <= 0:
             raise ValueError(f"max_bytes must be a positive int, got {max_bytes!r}")
+        return self._read(offset, max_bytes)
+
+    def _read(self, offset: int, max_bytes: int) -> FileSlice:
+        """:meth:`read` whose OSError is the caller's business."""
         self._check_offset(offset)
         if offset >= self.high_watermark:
             active = self._segments[-1]
@@ -810,6 +843,65 @@ class PartitionLog:
             ranges += segment.damaged
         return sorted(ranges, key=lambda r: (r.first_offset, r.first_position))
 
+    # --- producer state (hpbroker.io.producer_state) ---------------------------------------------
+
+    @property
+    def producer_state(self) -> ProducerStateTable:
+        """The idempotent producers' state, as the next append checks it.  Look, do not touch."""
+        return self._producers.table
+
+    def _load_producer_state(self, now_ms: int) -> None:
+        """Rebuild the producer state from the newest valid snapshot at or below the high
+        watermark and the batch headers after it (at open, and when writes resume: the batches
+        a write failure dropped must leave it, else their retry would be taken for a duplicate
+        and never stored).  Raises OSError."""
+        self._producers.load(self.log_start_offset, self.high_watermark, now_ms=now_ms,
+                             expiration_ms=self._config.producer_id_expiration_ms,
+                             unexpired_offset=self._unexpired_offset(now_ms), replay=self._replay_batches)
+
+    def _unexpired_offset(self, now_ms: int) -> int:
+        """Where replaying must start without a snapshot: the first segment whose ``.log`` was
+        written to within ``producer_id_expiration_ms`` (every producer appending only to the
+        ones before it has expired)."""
+        cutoff_ms = now_ms - self._config.producer_id_expiration_ms
+        for segment in self._segments:
+            if os.fstat(segment.log.fd).st_mtime_ns // 1_000_000 >= cutoff_ms:
+                return segment.base_offset
+        return self.high_watermark
+
+    def _replay_batches(self, start: int) -> Iterator[ReplayedBatch]:
+        """The idempotent batches from ``start`` to the high watermark, read through the read
+        path, so damaged ranges are stepped over as a consumer would (their batches are lost
+        to the state too)."""
+        offset, end = max(start, self.log_start_offset), self.high_watermark
+        while offset < end:
+            try:
+                file_slice = self._read(offset, _REPLAY_READ_BYTES)
+            except DamagedRangeError as e:
+                offset = max(e.next_offset, offset + 1)
+                continue
+            except CorruptRecordError as e:  # cannot be read at all: go on with the next segment
+                offset = self._next_segment_base(offset)
+                logger.error("[%s] producer state: batches below offset %d skipped: %s", self._name, offset,
+                             e)
+                continue
+            if not file_slice.length:
+                return
+            mtime_ms = os.fstat(file_slice.fd).st_mtime_ns // 1_000_000
+            try:
+                for header in slice_headers(file_slice.fd, file_slice.position, file_slice.length):
+                    if getattr(header, "producer_id", -1) >= 0 and header.base_offset >= offset:
+                        yield ReplayedBatch(header.producer_id, header.producer_epoch, header.base_sequence,
+                                            header.base_offset, header.last_offset, mtime_ms)
+            except CorruptRecordError as e:
+                logger.error("[%s] producer state: a batch header in [%d, %d) does not parse: %s", self._name,
+                             file_slice.first_offset, file_slice.next_offset, e)
+            offset = file_slice.next_offset
+
+    def _next_segment_base(self, offset: int) -> int:
+        i = bisect.bisect_right(self._bases, offset)
+        return self._bases[i] if i < len(self._bases) else self.high_watermark
+
     # --- retention -----------------------------------------------------------------------------
 
     @_write_operation
@@ -824,7 +916,8 @@ class PartitionLog:
         Files are unlinked at once, durably (the directory is fsynced before this returns, so
         ``log_start_offset`` cannot move back after a power loss); descriptors stay open
         ``file_delete_delay_ms`` longer (closed by a later call) so slices handed out earlier
-        remain readable.
+        remain readable.  The producer state forgets the producers whose batches are all below
+        the new log start, and those with no append for ``producer_id_expiration_ms``.
         """
         now = self._clock() if now_ms is None else now_ms
         self._close_doomed(now)
@@ -848,8 +941,10 @@ class PartitionLog:
         del self._segments[:count]
         del self._bases[:count]
         if count:
+            self._producers.truncate_head(self.log_start_offset)
             fsync_dir(self._directory)  # else the files may come back after a power loss
             self._list_damaged_segments()
+        self._producers.expire(now, config.producer_id_expiration_ms)
         return count
 
     def _close_doomed(self, now_ms: int) -> None:
@@ -893,6 +988,7 @@ class PartitionLog:
                     self._flush_pending(fsync=True)
                     for segment in self._segments:
                         self._synced(segment.sync())
+                    self._producers.take_snapshot(self.high_watermark)  # best effort: else the open replays
                     self._recovery_point = self.high_watermark
                     self._checkpoint.write(self._recovery_point)
                     self._clean_shutdown.write(self._recovery_point)  # last: all above is durable
@@ -1005,6 +1101,7 @@ class PartitionLog:
             return False
         try:
             self._reload()
+            self._load_producer_state(self._clock())  # without the dropped batches, nor what the disk lost
         except OSError as e:
             self._fail_writes("resume", e)
             logger.info("[%s] cannot resume writes yet: %s", self._name, e)

@@ -33,8 +33,9 @@ logged and removed.  Loading takes the newest valid snapshot at or below the log
 the batch headers from its offset to the log end (:meth:`ProducerStateManager.load`).
 
 ``last_timestamp`` is the broker's clock at the append (ms since the epoch); a state rebuilt from
-the log takes the batch's ``max_timestamp`` instead (the clock at the rebuild when the batch has
-none or it lies ahead), which is what the log still knows.  Producers with no append for
+the log takes the modification time of the ``.log`` holding the batch instead (no earlier than
+the append, so a rebuild never expires a producer sooner than the append itself would have; the
+clock at the rebuild if that is earlier).  Producers with no append for
 ``producer_id_expiration_ms`` are dropped by the retention pass (:meth:`expire`).
 
 Single writer: only the log's owner calls this, on its thread.  File operations raise OSError.
@@ -54,6 +55,7 @@ from hpbroker.io.files import (
     TMP_SUFFIX,
     fsync_dir,
     parse_segment_file_name,
+    pread_full,
     segment_file_name,
     unlink_if_exists,
 )
@@ -72,6 +74,7 @@ __all__ = [
     "decode_snapshot",
     "encode_snapshot",
     "read_issued_ceiling",
+    "slice_headers",
 ]
 
 logger = logging.getLogger(__name__)
@@ -406,14 +409,39 @@ class IssuedProducerIds:
 
 @dataclass(frozen=True, slots=True)
 class ReplayedBatch:
-    """What replaying needs of one stored batch's header."""
+    """What replaying needs of one stored idempotent batch: its identity, sequence and offsets,
+    and ``timestamp``, no earlier than its append (its ``.log``'s modification time: the log no
+    longer knows when exactly it was appended, and a later time only keeps the producer longer)."""
 
     producer_id: int
     producer_epoch: int
     base_sequence: int
     base_offset: int
     last_offset: int
-    max_timestamp: int
+    timestamp: int
+
+
+# Replaying walks headers a window at a time; past a batch larger than a window it reads one
+# header's worth at most (the fixed header, the producer identity block, the longest name).
+_REPLAY_WINDOW_BYTES = 64 << 10
+_MAX_HEADER_BYTES = 512
+
+
+def slice_headers(fd: int, position: int, length: int) -> Iterator[_core.BatchHeader]:
+    """The headers of the whole batches in ``[position, position + length)`` of the file ``fd``
+    (a slice the log's read path handed out: its framing was walked already).  Raises
+    CorruptRecordError when the bytes at a batch boundary are not a header, OSError."""
+    end = position + length
+    window, window_at, want = b"", position, _REPLAY_WINDOW_BYTES
+    while position < end:
+        relative = position - window_at
+        if relative + _MAX_HEADER_BYTES > len(window) and window_at + len(window) < end:
+            window = pread_full(fd, min(want, end - position), position)
+            window_at, relative = position, 0
+        header = _core.read_header(window, relative)
+        yield header
+        position += header.size
+        want = _MAX_HEADER_BYTES if header.size > _REPLAY_WINDOW_BYTES else _REPLAY_WINDOW_BYTES
 
 
 class ProducerStateManager:
@@ -466,7 +494,7 @@ class ProducerStateManager:
             break
         replayed = 0
         for batch in replay(start):
-            timestamp = batch.max_timestamp if 0 <= batch.max_timestamp <= now_ms else now_ms
+            timestamp = min(batch.timestamp, now_ms)
             self.table.update(batch.producer_id, batch.producer_epoch, batch.base_sequence,
                               batch.base_sequence + batch.last_offset - batch.base_offset, batch.base_offset,
                               batch.last_offset, timestamp)

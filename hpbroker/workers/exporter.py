@@ -102,6 +102,9 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...], str]] = {
         "Every fdatasync of segment data: group commits (flush_fsync), rolls, checkpoints, closing."),
     "hpbroker_produced_records_total": (COUNTER, _P, "Records appended by produce requests."),
     "hpbroker_produced_bytes_total": (COUNTER, _P, "Bytes of record batches appended by produce requests."),
+    "hpbroker_produce_duplicate_records_total": (
+        COUNTER, _P, "Records of produce requests an idempotent producer retried after they were stored: "
+                     "answered with the stored copy's offsets, not appended again."),
     "hpbroker_fetched_records_total": (COUNTER, _P, "Records in the batches fetch responses handed out."),
     "hpbroker_fetched_bytes_total": (COUNTER, _P, "Bytes of record batches fetch responses handed out."),
     "hpbroker_log_flushes_total": (COUNTER, _P, "Group commits applied to the partition's log."),
@@ -132,6 +135,7 @@ _UNKNOWN_REQUEST = "unknown"  # every api key the broker does not know: one seri
 _PARTITION_FIELDS = (  # stats file field -> family
     ("produced_records", "hpbroker_produced_records_total"),
     ("produced_bytes", "hpbroker_produced_bytes_total"),
+    ("duplicate_records", "hpbroker_produce_duplicate_records_total"),
     ("fetched_records", "hpbroker_fetched_records_total"),
     ("fetched_bytes", "hpbroker_fetched_bytes_total"),
     ("flushes", "hpbroker_log_flushes_total"),

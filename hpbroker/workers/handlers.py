@@ -58,7 +58,7 @@ class RequestHandler:
             if header is None:
                 logger.warning("dropped a relayed request whose header does not parse: %s", e)
             else:
-                responder(error_reply(header.api_key, header.correlation_id, e))
+                responder(error_reply(header.api_key, header.correlation_id, e, version=header.api_version))
             return
         except Exception:
             logger.exception("dropped a relayed request that could not be decoded")
@@ -84,13 +84,13 @@ class RequestHandler:
                 self._list_offsets(header, request, responder)  # type: ignore[arg-type]
         except HPBrokerError as e:
             if not _silent(request):
-                responder(error_reply(api_key, header.correlation_id, e))
+                responder(error_reply(api_key, header.correlation_id, e, version=header.api_version))
         except Exception as e:
             logger.exception("unexpected error serving %s %d from %r", type(request).__name__,
                              header.correlation_id, header.client_id)
             if not _silent(request):
                 error = UnknownServerError(f"unexpected {type(e).__name__} in the broker: {e}")
-                responder(error_reply(api_key, header.correlation_id, error))
+                responder(error_reply(api_key, header.correlation_id, error, version=header.api_version))
 
     def _produce(self, header: protocol.RequestHeader, request: protocol.ProduceRequest,
                  responder: Responder) -> None:
@@ -100,7 +100,7 @@ class RequestHandler:
         payload = memoryview(request.payload).toreadonly()
         deadline = time.monotonic() + request.timeout_ms / 1000
         partition.produce(payload, request.acks, header.correlation_id, responder, deadline,
-                          request.timeout_ms, immutable=_received_frame(payload))
+                          request.timeout_ms, immutable=_received_frame(payload), version=header.api_version)
 
     def _fetch(self, header: protocol.RequestHeader, request: protocol.FetchRequest,
                responder: TimedResponder, order_key: Hashable) -> None:

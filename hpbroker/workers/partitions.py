@@ -13,7 +13,11 @@ A :class:`Partition` is one :class:`~hpbroker.io.PartitionLog` opened with
 - *produce waiters*: acks=1 produce requests, answered once the high watermark passes their last
   offset.  They are answered in request order (an error decided at once, e.g. a corrupt batch,
   waits behind the earlier requests of the same partition), so a producer that pipelines sees its
-  responses in order;
+  responses in order.  An idempotent producer's retry of a request already stored (the log says
+  ``duplicate``) appends nothing and waits the same way for the high watermark to pass the stored
+  copy, which may still be pending or in a flush in flight, then is answered with the stored
+  copy's base offset and ``duplicate=1`` (a version 0 request: the same, without the flag); a
+  write failure that drops the stored copy fails it like the original;
 - *fetch waiters*: long polls parked because less than ``min_bytes`` was readable, re-tried each
   time a flush moves the high watermark and answered with what there is at their deadline.
   Fetches of one client (or TCP connection) for one partition are answered in the order they
@@ -44,7 +48,7 @@ import os
 import shutil
 import time
 from collections import deque
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from hpbroker import protocol
@@ -56,7 +60,7 @@ from hpbroker.errors import (
     StorageError,
     UnknownTopicOrPartitionError,
 )
-from hpbroker.io import LogConfig, PartitionLog
+from hpbroker.io import AppendInfo, LogConfig, PartitionLog
 from hpbroker.io._writer import WriterThread
 from hpbroker.io.files import fsync_dir
 from hpbroker.io.log import FlushJob
@@ -186,26 +190,30 @@ class ProduceWaiter:
     """An acks=1 produce request: its records ``base_offset..last_offset`` are pending, or its
     ``error`` is decided and waits only for the requests before it."""
 
-    __slots__ = ("base_offset", "correlation_id", "error", "finished", "last_offset", "responder",
-                 "timeout_ms")
+    __slots__ = ("base_offset", "correlation_id", "duplicate", "error", "finished", "last_offset",
+                 "responder", "timeout_ms", "version")
 
     def __init__(self, correlation_id: int, responder: Responder, *, base_offset: int = -1,
-                 last_offset: int = -1, timeout_ms: int = 0, error: HPBrokerError | None = None) -> None:
+                 last_offset: int = -1, timeout_ms: int = 0, error: HPBrokerError | None = None,
+                 version: int = 0, duplicate: bool = False) -> None:
         self.correlation_id = correlation_id
         self.responder = responder
         self.base_offset = base_offset
         self.last_offset = last_offset
         self.timeout_ms = timeout_ms
         self.error = error
+        self.version = version  # the request's api_version, which the response answers in
+        self.duplicate = duplicate  # the records were stored by an earlier copy of the request
         self.finished = False
 
     def answer(self, log_start_offset: int) -> None:
         self.finished = True
         if self.error is None:
-            self.responder(produce_reply(self.correlation_id, self.base_offset, log_start_offset))
+            self.responder(produce_reply(self.correlation_id, self.base_offset, log_start_offset,
+                                         version=self.version, duplicate=self.duplicate))
         else:
             self.responder(error_reply(protocol.ApiKey.PRODUCE, self.correlation_id, self.error,
-                                       log_start_offset=log_start_offset))
+                                       version=self.version, log_start_offset=log_start_offset))
 
 
 class FetchWaiter:
@@ -254,7 +262,8 @@ class Partition:
     yet handed to a flush, which the loop checks at their flush deadline.
 
     Its counters (``hpbroker.workers.stats``): ``produced_records`` and ``produced_bytes``
-    appended by produce requests, ``fetched_records`` and ``fetched_bytes`` handed out by fetch
+    appended by produce requests, ``duplicate_records`` of the requests found stored already
+    (idempotent retries: not appended again), ``fetched_records`` and ``fetched_bytes`` handed out by fetch
     responses (counted by the request's :class:`~hpbroker.workers.stats.TimedResponder`),
     ``flushes_done`` and ``flushed_bytes`` of the group commits applied to the log."""
 
@@ -269,6 +278,7 @@ class Partition:
         self.fetches: dict[Hashable, deque[FetchWaiter]] = {}
         self.checkpointed = log.high_watermark  # the high watermark at the last checkpoint
         self.produced_records = self.produced_bytes = self.fetched_records = self.fetched_bytes = 0
+        self.duplicate_records = 0
         self.flushes_done = self.flushed_bytes = 0
         self._flusher = flusher
         self._deadlines = deadlines
@@ -288,8 +298,9 @@ class Partition:
     # --- produce -------------------------------------------------------------------------------
 
     def produce(self, payload: memoryview, acks: int, correlation_id: int, responder: Responder,
-                deadline: float, timeout_ms: int, *, immutable: bool = False) -> None:
-        """Append ``payload`` (whole, or nothing of it) and, for acks=1, answer once it is flushed.
+                deadline: float, timeout_ms: int, *, immutable: bool = False, version: int = 0) -> None:
+        """Append ``payload`` (whole, or nothing of it) and, for acks=1, answer once it is flushed
+        (a duplicate: once its stored copy is), in ``version`` of ProduceResponse.
         ``immutable``: nobody changes the payload's bytes, so the log need not copy them."""
         try:
             info = self.log.append(payload, immutable=immutable)
@@ -299,18 +310,37 @@ class Partition:
             if acks == 0:
                 logger.debug("[%s] acks=0 produce %d refused: %s", self.log.name, correlation_id, e)
                 return
-            self._answer_in_order(ProduceWaiter(correlation_id, responder, error=e))
+            self._answer_in_order(ProduceWaiter(correlation_id, responder, error=e, version=version))
+            return
+        if info.duplicate:
+            self._duplicate(info, acks, correlation_id, responder, deadline, timeout_ms, version)
             return
         self.produced_records += info.record_count
         self.produced_bytes += payload.nbytes
         if acks != 0:
             waiter = ProduceWaiter(correlation_id, responder, base_offset=info.first_offset,
-                                   last_offset=info.last_offset, timeout_ms=timeout_ms)
+                                   last_offset=info.last_offset, timeout_ms=timeout_ms, version=version)
             self.produces.append(waiter)
             self._deadlines.push(deadline, self, waiter)
         self.flush_if_due()
         if self.log.flush_deadline_ms is not None:
             self._dirty.add(self)
+
+    def _duplicate(self, info: AppendInfo, acks: int, correlation_id: int, responder: Responder,
+                   deadline: float, timeout_ms: int, version: int) -> None:
+        """A request whose records are stored already: answer, in order, once the stored copy
+        is flushed (at once if it is and nothing waits before it)."""
+        self.duplicate_records += info.record_count
+        logger.debug("[%s] produce %d is a duplicate of offsets %d..%d", self.log.name, correlation_id,
+                     info.first_offset, info.last_offset)
+        if acks == 0:
+            return
+        waiter = ProduceWaiter(correlation_id, responder, base_offset=info.first_offset,
+                               last_offset=info.last_offset, timeout_ms=timeout_ms, version=version,
+                               duplicate=True)
+        self.produces.append(waiter)
+        self._deadlines.push(deadline, self, waiter)
+        self._settle_produces()
 
     def _answer_in_order(self, waiter: ProduceWaiter) -> None:
         if self.produces:
@@ -545,8 +575,12 @@ class PartitionSet:
     worker's measurements (``stats``, fed each flush)."""
 
     def __init__(self, data_dir: str, default_config: LogConfig, flusher: Flusher,
-                 stats: WorkerStats | None = None) -> None:
+                 stats: WorkerStats | None = None,
+                 producer_id_issued: Callable[[int], bool] | None = None) -> None:
+        """``producer_id_issued``: given to every log (``PartitionLog``), tells the producer ids
+        the broker issued (``hpbroker.io.producer_state.IssuedProducerIds``); None: all."""
         self._data_dir = data_dir
+        self._producer_id_issued = producer_id_issued
         self._default_config = default_config
         self._flusher = flusher
         self._stats = stats
@@ -582,7 +616,7 @@ class PartitionSet:
         config = self._default_config.replace(**spec.config)
         name = f"{spec.topic}-{spec.partition}"
         log = PartitionLog(partition_directory(self._data_dir, spec.topic, spec.partition), config,
-                           flush_on_append=False, name=name)
+                           flush_on_append=False, name=name, producer_id_issued=self._producer_id_issued)
         partition = Partition(spec.topic, spec.partition, log, self._flusher, self.deadlines, self._dirty,
                               self._stats, self._write_failed)
         self._by_key[key] = partition

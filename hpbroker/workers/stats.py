@@ -37,11 +37,13 @@ which the arbiter reads on each scrape, so figures are at most one ``heartbeat_i
      "fetch_latency": [["tcp", parked (bool), {"counts": [...], "sum": 1.2}], ...],
      "flush_duration": {...}, "fsync_duration": {...},
      "partitions": [{"topic": "orders", "partition": 3,
-                     "produced_records": 0, "produced_bytes": 0, "fetched_records": 0,
+                     "produced_records": 0, "produced_bytes": 0, "duplicate_records": 0, "fetched_records": 0,
                      "fetched_bytes": 0, "flushes": 0, "flushed_bytes": 0, "log_start_offset": 0,
                      "high_watermark": 0, "size_bytes": 0, "segments": 1, "damaged_ranges": 0,
                      "damaged_records": 0, "writes_refused": 0}, ...]}
 
+``duplicate_records`` counts the records of produce requests an idempotent producer sent again
+after the partition had stored them (answered with the stored copy's offsets, not appended).
 ``writes_refused`` is 1 while the partition's log refuses appends after a failed write (a full
 disk, a failed ``fdatasync``: ``PartitionLog.write_failure``), 0 otherwise.
 
@@ -131,6 +133,7 @@ def _partition_entry(partition: Partition) -> dict[str, Any]:
     damaged = log.damaged_ranges
     return {"topic": partition.topic, "partition": partition.partition,
             "produced_records": partition.produced_records, "produced_bytes": partition.produced_bytes,
+            "duplicate_records": partition.duplicate_records,
             "fetched_records": partition.fetched_records, "fetched_bytes": partition.fetched_bytes,
             "flushes": partition.flushes_done, "flushed_bytes": partition.flushed_bytes,
             "log_start_offset": log.log_start_offset, "high_watermark": log.high_watermark,

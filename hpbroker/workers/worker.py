@@ -72,6 +72,7 @@ from hpbroker.broker.descriptors import DescriptorBudget
 from hpbroker.broker.logging_setup import add_process_context, setup_logging
 from hpbroker.errors import StorageError
 from hpbroker.io.files import pread_full
+from hpbroker.io.producer_state import IssuedProducerIds
 from hpbroker.workers import backend, heartbeat
 from hpbroker.workers.backend import EXIT_BOOT_FAILED, EXIT_OK, PartitionSpec
 from hpbroker.workers.fetch_server import FetchServer
@@ -138,7 +139,8 @@ class Worker:
         self._stats = WorkerStats()
         self._stats_failing = False  # the last stats file write failed (logged once)
         self._heartbeat_failing = False  # the last heartbeat content write failed (logged once)
-        self._partitions = PartitionSet(config.data_dir, config.log, self._flusher, self._stats)
+        self._partitions = PartitionSet(config.data_dir, config.log, self._flusher, self._stats,
+                                        producer_id_issued=IssuedProducerIds(config.data_dir))
         self._handler = RequestHandler(self._partitions, self._stats, max_wait_ms=config.fetch_max_wait_ms)
         self._server: FetchServer | None = None
 

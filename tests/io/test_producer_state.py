@@ -197,14 +197,14 @@ def test_load_takes_the_newest_valid_snapshot_and_replays_after_it(tmp_path):
     with open(path, "r+b") as f:
         f.seek(12)
         f.write(b"\xff")  # the newest is corrupt: removed, the one before it used
-    batches = [ReplayedBatch(1, 0, 5, 21, 24, 1_700_000_000_500), ReplayedBatch(9, 0, 0, 30, 30, -1)]
+    batches = [ReplayedBatch(1, 0, 5, 21, 24, 1_700_000_000_500), ReplayedBatch(9, 0, 0, 30, 30, 1_800_000_000_000)]
     manager = ProducerStateManager(directory, name="t")
     manager.load(0, 40, now_ms=1_700_000_000_600, expiration_ms=10_000_000, unexpired_offset=0,
                  replay=replay_of(batches))
     assert list_snapshots(directory) == [21]
     assert manager.loaded_from == 21
     assert manager.table.get(1).batches[-1] == (5, 8, 21, 24)
-    assert manager.table.get(9).last_timestamp == 1_700_000_000_600, "no timestamp: the clock at the rebuild"
+    assert manager.table.get(9).last_timestamp == 1_700_000_000_600, "never later than the clock"
     assert manager.table.get(2**40) is None, "expired at the load (timestamp 5)"
 
 
