@@ -1,0 +1,218 @@
+"""The idempotent producer's bookkeeping: which of a partition's requests may go now, in what
+order, and when their outcomes may be told.  Pure logic, no I/O: the producer's I/O thread
+(``hpbroker.client.producer``) drives it, and owns every object here.
+
+The rules (Kafka's, KIP-98), for one partition and one producer identity:
+
+- **Sequences are assigned once.**  The accumulator numbers a partition's records when it drains
+  them (``Batch.base_sequence``) and the request's bytes are built then; a retry resends those
+  bytes, so the broker sees the same (producer id, epoch, sequence range) and answers a copy it
+  already stored with its offsets (``duplicate``) instead of appending it again.
+- **At most 5 batches unsettled.**  The partition leader remembers the last 5 batches of each
+  producer (docs/PROTOCOL.md): a request is at most :data:`MAX_UNSETTLED_BATCHES` batches, and a
+  partition never has more batches sent and not yet settled than that, so every batch a retry
+  resends is still remembered.  Within that, up to ``max_in_flight`` requests are in flight at
+  once (pipelining).
+- **Recovery goes one request at a time, in order.**  Once a request of the partition failed
+  with a retriable error (or its connection was lost, or it timed out), the requests behind it
+  fail too (their sequences no longer follow what the broker stored: error 20 while the failed
+  one is not the first unsettled request is retriable for that reason).  Nothing new is sent
+  then: the unsettled requests are resent in sequence order, each only once nothing else of the
+  partition is in flight, until none of them has failed; then pipelining resumes.
+- **Outcomes are told in order.**  A request acknowledged while an earlier one of its partition
+  is still unsettled waits (``ACKED``) until every earlier one is settled, so later records are
+  never acknowledged before earlier ones fail.  Failures are told at once.
+- **A new identity after a break.**  A request that fails for good (errors 20 as the first
+  unsettled request, 21, 22, any other error that is not retriable, or the delivery timeout)
+  leaves a hole in the identity's sequences on that partition: the producer takes a new
+  identity (:class:`ProducerIdentity`), and a partition drains batches of the new identity only
+  once no request of the old one is left in its window.
+
+A request handled here is the producer's ``_Request``; this module reads and sets its
+``state``, ``retries``, ``attempts``, ``due_s``, ``batch_count`` and ``generation``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["ACKED", "IN_FLIGHT", "MAX_UNSETTLED_BATCHES", "QUEUED", "PartitionWindow", "ProducerIdentity"]
+
+# The partition leader remembers this many batches per producer (Kafka keeps 5): a partition's
+# batches sent and not yet settled never exceed it, so a retry always finds its first copy.
+MAX_UNSETTLED_BATCHES = 5
+
+QUEUED = 0  # built, to be sent (first time, or again after a retriable failure) at due_s
+IN_FLIGHT = 1  # handed to a connection, no answer yet
+ACKED = 2  # acknowledged, its outcome told once every earlier request is settled
+
+
+class PartitionWindow:
+    """One partition's requests not yet settled, in sequence order (module docstring).
+
+    Invariant: ``requests[0]`` is never ``ACKED`` after a call returns (an acknowledged head is
+    handed back to be settled at once)."""
+
+    __slots__ = ("requests",)
+
+    def __init__(self) -> None:
+        self.requests: list[Any] = []
+
+    def __repr__(self) -> str:
+        states = "".join("QFA"[r.state] for r in self.requests)
+        return f"PartitionWindow({states}, recovering={self.recovering})"
+
+    def __bool__(self) -> bool:
+        return bool(self.requests)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(list(self.requests))
+
+    @property
+    def recovering(self) -> bool:
+        """A request not yet acknowledged has failed at least once: resend one at a time."""
+        return any(r.retries and r.state != ACKED for r in self.requests)
+
+    def add(self, request: Any) -> None:
+        """A request just built from drained batches: its sequences follow every other's here."""
+        request.state = QUEUED
+        self.requests.append(request)
+
+    def is_first(self, request: Any) -> bool:
+        """Every earlier request of the partition is settled (so the broker's last stored
+        sequence is the one before this request's, if this identity's requests all went well)."""
+        return bool(self.requests) and self.requests[0] is request
+
+    def blocks_drain(self, generation: int, max_in_flight: int) -> bool:
+        """Whether the partition must take no new batches now: a request of an older identity is
+        unsettled, it is recovering, requests wait to be sent, or it is at its limits."""
+        if not self.requests:
+            return False
+        sent = [r for r in self.requests if r.state != QUEUED]
+        return (len(self.requests) >= max_in_flight or len(sent) < len(self.requests)
+                or sum(r.batch_count for r in sent) >= MAX_UNSETTLED_BATCHES
+                or any(r.generation != generation for r in self.requests) or self.recovering)
+
+    def sendable(self, now_s: float, max_in_flight: int) -> list[Any]:
+        """The queued requests to send now, in order (module docstring)."""
+        if self.recovering:
+            if any(r.state == IN_FLIGHT for r in self.requests):
+                return []
+            first = next((r for r in self.requests if r.state == QUEUED), None)
+            return [first] if first is not None and first.due_s <= now_s else []
+        out = []
+        busy = [r for r in self.requests if r.state != QUEUED]
+        count, batches = len(busy), sum(r.batch_count for r in busy)
+        for request in self.requests:
+            if request.state != QUEUED:
+                continue
+            if (request.due_s > now_s or count >= max_in_flight
+                    or batches + request.batch_count > MAX_UNSETTLED_BATCHES):
+                break
+            out.append(request)
+            count += 1
+            batches += request.batch_count
+        return out
+
+    def next_due_s(self, max_in_flight: int) -> float:
+        """When time alone may let a queued request go (its retry backoff ends) or fail (its
+        delivery timeout); infinity if neither.  A request held back by the requests before it
+        waits for their answers, not for the clock."""
+        queued = [r for r in self.requests if r.state == QUEUED]
+        due = min((r.deadline_s for r in queued), default=math.inf)
+        if not queued:
+            return due
+        busy = [r for r in self.requests if r.state != QUEUED]
+        first = queued[0]
+        if self.recovering:
+            free = not any(r.state == IN_FLIGHT for r in self.requests)
+        else:
+            free = (len(busy) < max_in_flight
+                    and sum(r.batch_count for r in busy) + first.batch_count <= MAX_UNSETTLED_BATCHES)
+        return min(due, first.due_s) if free else due
+
+    def sent(self, request: Any) -> None:
+        request.state = IN_FLIGHT
+
+    def to_retry(self, request: Any) -> None:
+        """``request`` failed retriably (the caller counted the retry and set ``due_s``)."""
+        request.state = QUEUED
+
+    def acknowledged(self, request: Any) -> list[Any]:
+        """``request`` was acknowledged: the requests whose outcome may be told now, in order."""
+        request.state = ACKED
+        return self._settleable()
+
+    def remove(self, request: Any) -> list[Any]:
+        """``request`` failed for good and leaves the window: the acknowledged requests whose
+        outcome may be told now, in order (after the failure)."""
+        self.requests.remove(request)
+        return self._settleable()
+
+    def _settleable(self) -> list[Any]:
+        done = []
+        while self.requests and self.requests[0].state == ACKED:
+            done.append(self.requests.pop(0))
+        return done
+
+
+class ProducerIdentity:
+    """The producer id and epoch the accumulator stamps on batches, and when to ask for one.
+
+    ``generation`` counts the identities set (0: none yet); a request remembers the generation it
+    was drained under, so a partition can tell its requests of an older identity.  An identity
+    is wanted before the first drain and again after a request of the current generation failed
+    for good (``reset_wanted``).  Asking (InitProducerId) backs off after failures."""
+
+    def __init__(self, backoff_ms: float, backoff_max_ms: float) -> None:
+        self.producer_id = -1
+        self.producer_epoch = -1
+        self.generation = 0
+        self.reset_wanted = False
+        self.resets = 0  # identities taken after the first
+        self.next_attempt_s = 0.0
+        self.failing_since_s: float | None = None  # first failed attempt of the current run of them
+        self.last_error: BaseException | None = None
+        self._backoff_ms = backoff_ms
+        self._backoff_max_ms = backoff_max_ms
+        self._failures = 0
+
+    def __repr__(self) -> str:
+        return (f"ProducerIdentity(id={self.producer_id}, epoch={self.producer_epoch}, "
+                f"generation={self.generation}, reset_wanted={self.reset_wanted})")
+
+    @property
+    def wanted(self) -> bool:
+        """No identity yet, or the current one must be replaced before the next drain."""
+        return self.generation == 0 or self.reset_wanted
+
+    def broken(self, generation: int) -> bool:
+        """A request of ``generation`` failed for good: a new identity is wanted if that is the
+        current one (True then).  An older generation's failure changes nothing: the current
+        identity numbers that partition afresh already."""
+        if generation == self.generation and self.generation and not self.reset_wanted:
+            self.reset_wanted = True
+            return True
+        return False
+
+    def obtained(self, producer_id: int, producer_epoch: int) -> None:
+        if self.generation:
+            self.resets += 1
+        self.producer_id, self.producer_epoch = producer_id, producer_epoch
+        self.generation += 1
+        self.reset_wanted = False
+        self.failing_since_s = None
+        self.last_error = None
+        self._failures = 0
+        self.next_attempt_s = 0.0
+
+    def failed(self, now_s: float, error: BaseException) -> None:
+        """An InitProducerId attempt failed: the next after a backoff (doubling up to the max)."""
+        if self.failing_since_s is None:
+            self.failing_since_s = now_s
+        self.last_error = error
+        backoff_ms = min(self._backoff_max_ms, self._backoff_ms * 2 ** min(self._failures, 30))
+        self._failures += 1
+        self.next_attempt_s = now_s + backoff_ms / 1000
