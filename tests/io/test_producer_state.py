@@ -197,7 +197,8 @@ def test_load_takes_the_newest_valid_snapshot_and_replays_after_it(tmp_path):
     with open(path, "r+b") as f:
         f.seek(12)
         f.write(b"\xff")  # the newest is corrupt: removed, the one before it used
-    batches = [ReplayedBatch(1, 0, 5, 21, 24, 1_700_000_000_500), ReplayedBatch(9, 0, 0, 30, 30, 1_800_000_000_000)]
+    batches = [ReplayedBatch(1, 0, 5, 21, 24, 1_700_000_000_500),
+               ReplayedBatch(9, 0, 0, 30, 30, 1_800_000_000_000)]
     manager = ProducerStateManager(directory, name="t")
     manager.load(0, 40, now_ms=1_700_000_000_600, expiration_ms=10_000_000, unexpired_offset=0,
                  replay=replay_of(batches))
@@ -261,3 +262,22 @@ def test_issued_ids_re_read_the_file_only_on_a_miss(tmp_path):
     assert not issued(1000) and issued.reads == 3
     (tmp_path / "producer-ids-issued").write_text("garbage")
     assert issued(10) and not issued(2000), "a bad file keeps the ceiling read before"
+
+
+def test_the_documented_snapshot_bytes_decode_as_documented():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "FORMAT.md").read_text()
+    block = doc.split("Worked example, `00000000000000000013.snapshot`", 1)[1].split("```", 2)[1]
+    data = bytearray()
+    for line in block.strip().splitlines():
+        for token in line.split():
+            if len(token) != 2 or not all(c in "0123456789abcdef" for c in token):
+                break
+            data.append(int(token, 16))
+    assert len(data) == 63
+    version, crc, count = struct.unpack_from("<HII", data)  # read as the table says, not by the code
+    assert (version, count) == (0, 1) and crc == _core.crc32c(bytes(data[6:]))
+    assert struct.unpack_from("<qiqBqqqq", data, 10) == (5, 1, 1_700_000_000_000, 1, 0, 2, 10, 12)
+    table = decode_snapshot(bytes(data), 13)
+    assert table.get(5).batches == [(0, 2, 10, 12)] and table.get(5).epoch == 1
