@@ -63,6 +63,14 @@ later never touch the member.  Stopping closes the session right after the worke
 stop, so the broker leaves the registry when it stops accepting connections, not once they have
 flushed.
 
+**Producer ids.**  Once ZooKeeper is joined (or at once, standalone) the arbiter starts a
+:class:`~hpbroker.coord.producer_ids.ProducerIdAllocator`: it takes a fresh block of ids (from
+the ``producer-id-block`` znode, or ``<data_dir>/producer-id-block``), rewrites
+``<data_dir>/producer-ids-issued`` from it, and fetches later blocks on a thread of its own
+(started with the arbiter's signals blocked), so the front-end answers InitProducerId without
+ever waiting: error 17 when no id is at hand.  A first block that cannot be taken does not stop
+the broker; the allocator keeps trying.  It stops with the broker, before ZooKeeper is left.
+
 **Metrics.**  With ``config.metrics_port`` set, a :class:`~hpbroker.workers.exporter.MetricsEndpoint`
 binds the HTTP port during start (before the first fork: a port in use stops the broker, and
 every worker closes the inherited socket like the others) and serves ``GET /metrics`` from a
@@ -129,6 +137,7 @@ from hpbroker.workers.stats import stats_path
 
 if TYPE_CHECKING:  # kazoo is loaded only by a broker configured with ZooKeeper
     from hpbroker.coord.member import BrokerMember
+    from hpbroker.coord.producer_ids import ProducerIdAllocator
     from hpbroker.coord.registry import BrokerRegistration, TopicRegistration
 
 __all__ = ["EXIT_ERROR", "EXIT_OK", "KILL_GRACE_S", "Arbiter", "WorkerMain"]
@@ -171,6 +180,7 @@ class Arbiter:
         self._store: TopicStore | None = None
         self._member: BrokerMember | None = None  # ZooKeeper membership, when configured
         self._member_version = -1  # the store version last handed to the member
+        self._producer_ids: ProducerIdAllocator | None = None  # hands out producer ids, once started
         self._metrics: MetricsEndpoint | None = None  # the HTTP metrics endpoint, when configured
         self._metrics_version = -1  # the store version last handed to it
         self._context: zmq.Context | None = None
@@ -214,6 +224,7 @@ class Arbiter:
             if not self._join_zookeeper():
                 self._wait_all(self._stop_deadline)
                 return self._exit_status
+            self._start_producer_ids()
             self._started = True
             self._notify_slots()  # every slot may have settled before the sockets were bound
             self._loop()
@@ -317,6 +328,30 @@ class Arbiter:
         self._member = member
         return True
 
+    def _start_producer_ids(self) -> None:
+        """Take the first block of producer ids and hand the allocator to the front-end (module
+        docstring); its thread, like kazoo's, must see none of the loop's signals."""
+        from hpbroker.coord.producer_ids import FileBlockStore, ProducerIdAllocator, ZkBlockStore
+
+        config = self.config
+        store: FileBlockStore | ZkBlockStore = FileBlockStore(config.data_dir)
+        if self._member is not None:
+            store = ZkBlockStore(self._member.session.client, self._member.paths.producer_id_block)
+        allocator = ProducerIdAllocator(config.data_dir, config.broker_id, store)
+        signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+        try:
+            allocator.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+        self._producer_ids = allocator
+        assert self._frontend is not None
+        self._frontend.producer_ids = allocator
+
+    def _stop_producer_ids(self) -> None:
+        if self._producer_ids is not None:
+            self._producer_ids.close()
+            self._producer_ids = None
+
     def _cluster_snapshot(self) -> tuple[BrokerRegistration, dict[str, TopicRegistration]]:
         """What ZooKeeper should say about this broker and its topics now."""
         from hpbroker.coord.registry import BrokerRegistration, TopicRegistration
@@ -355,6 +390,7 @@ class Arbiter:
         return frozenset(t.name for t in self._store.topics())
 
     def _leave_zookeeper(self) -> None:
+        self._stop_producer_ids()  # its thread may be using the session
         if self._metrics is not None:
             self._metrics.stop_watching_groups()
         if self._member is not None:

@@ -11,14 +11,21 @@ A client message on the front-end ROUTER is ``[client_id, head, payload?]``.  Th
   partition error 6.
 - **metadata** is answered here from the topic store, the slot table and the workers' heartbeat
   files (offsets at most one heartbeat old);
+- **init-producer-id** is answered here from the broker's
+  :class:`~hpbroker.coord.producer_ids.ProducerIdAllocator` (:attr:`Frontend.producer_ids`, set
+  by the arbiter once it has taken its first block of ids; error 17 until then or whenever no id
+  is at hand);
 - **create-topic**, **alter-topic-config** and **delete-topic** go to
   :class:`~hpbroker.workers.admin.TopicAdmin`, which answers once the owning workers have done
   their part.
 
-A request whose header parses but whose body does not (a message of more than two frames
-included) gets an error response with its correlation id; one whose header does not parse cannot
-be answered and is dropped (logged).  A produce with ``acks`` 0 never gets a response, not even
-an error.  docs/PROTOCOL.md's "Malformed and oversized requests" lists every case.
+Every response goes out in the version its request was asked in (``api_version``; the nearest
+served for a version refused with error 9), whether answered here or relayed: a relayed
+request's version travels in its own frames, and the ones a dead worker left unanswered are
+remembered with theirs.  A request whose header parses but whose body does not (a message of
+more than two frames included) gets an error response with its correlation id; one whose header
+does not parse cannot be answered and is dropped (logged).  A produce with ``acks`` 0 never gets a
+response, not even an error.  docs/PROTOCOL.md's "Malformed and oversized requests" lists every case.
 
 The front-end ROUTER's own limits (message size, heartbeats, the connection cap) are set by
 :meth:`Frontend.configure` before it binds: ``hpbroker.workers.peers``.
@@ -42,6 +49,7 @@ from hpbroker import protocol
 from hpbroker.broker.config import BrokerConfig
 from hpbroker.broker.topics import Topic, TopicStore, check_topic_name, config_to_strings
 from hpbroker.errors import (
+    CoordinationError,
     HPBrokerError,
     InvalidRequestError,
     InvalidTopicError,
@@ -59,6 +67,7 @@ from hpbroker.workers.slots import Slot
 
 if TYPE_CHECKING:  # kazoo is loaded only by a broker configured with ZooKeeper
     from hpbroker.coord.cluster import ClusterSnapshot
+    from hpbroker.coord.producer_ids import ProducerIdAllocator
 
 __all__ = ["UNKNOWN_API_KEY", "Frontend"]
 
@@ -67,8 +76,8 @@ logger = logging.getLogger(__name__)
 _RELAYED = (ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.LIST_OFFSETS)
 _MAX_ERROR_MESSAGE = 1000  # characters of an error message sent to a client
 UNKNOWN_API_KEY = -1  # Frontend.error_counts' key for every api key not in protocol.REQUEST_TYPES
-# (client_id, api_key, correlation_id): how TopicAdmin's waiters are answered.
-_Waiter = tuple[bytes, int, int]
+# (client_id, api_key, correlation_id, api_version): how TopicAdmin's waiters are answered.
+_Waiter = tuple[bytes, int, int, int]
 
 
 class Frontend:
@@ -93,8 +102,10 @@ class Frontend:
         self.peers: FrontendPeers | None = None
         self._identities = [backend.worker_identity(s.index) for s in slots]
         # Per slot: the relayed requests its process has not answered, (client, correlation id) ->
-        # api key, so that they can be answered with error 15 if it dies.
-        self._in_flight: list[dict[tuple[bytes, int], int]] = [{} for _ in slots]
+        # (api key, api version), so that they can be answered with error 15 if it dies.
+        self._in_flight: list[dict[tuple[bytes, int], tuple[int, int]]] = [{} for _ in slots]
+        # Hands out producer ids; None until the arbiter has started it.
+        self.producer_ids: ProducerIdAllocator | None = None
         # (api key or UNKNOWN_API_KEY, error code) -> responses
         self.error_counts: dict[tuple[int, int], int] = {}
         self.admin = TopicAdmin(store, len(slots), send_control=self.send_control, reply=self._answer_waiter,
@@ -131,7 +142,7 @@ class Frontend:
                 logger.warning("[arbiter] dropped a request from client %s whose header does not parse: %s",
                                client.hex(), e.message)
                 return
-            self._respond(client, header.api_key, header.correlation_id, e)
+            self._respond(client, header.api_key, header.correlation_id, e, header.api_version)
             return
         size = sum(f.buffer.nbytes for f in message)
         if size > self._config.max_request_bytes:
@@ -141,7 +152,11 @@ class Frontend:
         elif header.api_key in _RELAYED:
             self._route(client, header, request, message)
         elif header.api_key == ApiKey.METADATA:
-            self._respond(client, header.api_key, header.correlation_id, self._metadata(request.topics))
+            self._respond(client, header.api_key, header.correlation_id, self._metadata(request.topics),
+                          header.api_version)
+        elif header.api_key == ApiKey.INIT_PRODUCER_ID:
+            self._respond(client, header.api_key, header.correlation_id, self._init_producer_id(request),
+                          header.api_version)
         elif header.api_key == ApiKey.CREATE_TOPIC:
             self._create(client, header, request)
         elif header.api_key == ApiKey.DELETE_TOPIC:
@@ -171,7 +186,7 @@ class Frontend:
         if error is not None:
             self._respond_unless_silent(client, header, request, error)
         elif not (header.api_key == ApiKey.PRODUCE and request.acks == 0):
-            self._in_flight[slot][client, header.correlation_id] = header.api_key
+            self._in_flight[slot][client, header.correlation_id] = (header.api_key, header.api_version)
 
     def _unroutable(self, topic: Topic | None, request: Any) -> HPBrokerError | None:
         if topic is None or topic.deleting:
@@ -196,7 +211,7 @@ class Frontend:
 
     def _create(self, client: bytes, header: protocol.RequestHeader,
                 request: protocol.CreateTopicRequest) -> None:
-        waiter = (client, header.api_key, header.correlation_id)
+        waiter = (client, header.api_key, header.correlation_id, header.api_version)
         try:
             self.admin.create(waiter, request.name, request.partitions, request.configs, self._clock())
         except HPBrokerError as e:
@@ -205,7 +220,7 @@ class Frontend:
 
     def _alter(self, client: bytes, header: protocol.RequestHeader,
                request: protocol.AlterTopicConfigRequest) -> None:
-        waiter = (client, header.api_key, header.correlation_id)
+        waiter = (client, header.api_key, header.correlation_id, header.api_version)
         try:
             self.admin.alter(waiter, request.name, request.configs, self._clock())
         except HPBrokerError as e:
@@ -214,11 +229,28 @@ class Frontend:
 
     def _delete(self, client: bytes, header: protocol.RequestHeader,
                 request: protocol.DeleteTopicRequest) -> None:
-        waiter = (client, header.api_key, header.correlation_id)
+        waiter = (client, header.api_key, header.correlation_id, header.api_version)
         try:
             self.admin.delete(waiter, request.name, self._clock())
         except HPBrokerError as e:
             self._answer_waiter(waiter, e)
+
+    # --- producer ids ---------------------------------------------------------------------------------
+
+    def _init_producer_id(self, request: protocol.InitProducerIdRequest,
+                          ) -> protocol.InitProducerIdResponse | HPBrokerError:
+        """A producer's identity (``ProducerIdAllocator.init_producer_id``), or the error that
+        refused it; never waits: with no id at hand the allocator says so at once."""
+        if self.producer_ids is None:
+            return CoordinationError("no producer id available yet: the broker is starting; retry")
+        try:
+            producer_id, producer_epoch = self.producer_ids.init_producer_id(request.producer_id,
+                                                                             request.producer_epoch)
+        except HPBrokerError as e:
+            logger.log(logging.DEBUG if e.retriable else logging.INFO, "[arbiter] init producer id (%d, %d) "
+                       "refused: %s", request.producer_id, request.producer_epoch, e.message)
+            return e
+        return protocol.InitProducerIdResponse(producer_id, producer_epoch)
 
     # --- metadata -----------------------------------------------------------------------------------
 
@@ -317,28 +349,29 @@ class Frontend:
         error = PartitionNotAvailableError(
             f"worker slot {slot} (pid {pid}) stopped before answering; a produce may or may not have "
             "been appended")
-        for (client, correlation_id), api_key in in_flight.items():
-            self._respond(client, api_key, correlation_id, error)
+        for (client, correlation_id), (api_key, api_version) in in_flight.items():
+            self._respond(client, api_key, correlation_id, error, api_version)
         self.admin.slot_down(slot)
 
     # --- responses ----------------------------------------------------------------------------------
 
     def _answer_waiter(self, waiter: _Waiter, error: HPBrokerError | None) -> None:
-        client, api_key, correlation_id = waiter
-        self._respond(client, api_key, correlation_id, error)
+        client, api_key, correlation_id, api_version = waiter
+        self._respond(client, api_key, correlation_id, error, api_version)
 
     def _respond_unless_silent(self, client: bytes, header: protocol.RequestHeader, request: Any,
                                error: HPBrokerError) -> None:
         if header.api_key == ApiKey.PRODUCE and request.acks == 0:
             logger.debug("[arbiter] no response to an acks=0 produce: %s", error.message)
             return
-        self._respond(client, header.api_key, header.correlation_id, error)
+        self._respond(client, header.api_key, header.correlation_id, error, header.api_version)
 
     def _respond(self, client: bytes, api_key: int, correlation_id: int,
-                 outcome: protocol.Message | HPBrokerError | None) -> None:
-        """Send a response: ``outcome`` is the response body, or an error (the body's numbers then
-        -1), or None for a body-less success.  An unknown ``api_key`` gets a header and an empty
-        body (``payload_length`` 0 only)."""
+                 outcome: protocol.Message | HPBrokerError | None, api_version: int) -> None:
+        """Send a response in the request's ``api_version`` (the nearest served if it is not):
+        ``outcome`` is the response body, or an error (the body's numbers then -1), or None for
+        a body-less success.  An unknown ``api_key`` gets a header and an empty body
+        (``payload_length`` 0 only)."""
         assert self._front is not None
         response_type = protocol.RESPONSE_TYPES.get(api_key, protocol.CreateTopicResponse)
         code, text = 0, ""
@@ -347,7 +380,8 @@ class Frontend:
             key = (api_key if api_key in protocol.REQUEST_TYPES else UNKNOWN_API_KEY, code)
             self.error_counts[key] = self.error_counts.get(key, 0) + 1
         body = outcome if isinstance(outcome, protocol.Message) else response_type()
-        frames = protocol.encode_response(body, correlation_id, code, text)
+        frames = protocol.encode_response(body, correlation_id, code, text,
+                                          version=protocol.response_version(api_key, api_version))
         self._front.send_multipart([client, *frames], copy=False)
 
 

@@ -120,7 +120,7 @@ def answer(dealer, slot, held, relay):
         response, code = protocol.ListOffsetsResponse(offset=slot), 0
     if header.api_key == protocol.ApiKey.PRODUCE and request.acks == 0:
         return
-    frames = protocol.encode_response(response, header.correlation_id, code)
+    frames = protocol.encode_response(response, header.correlation_id, code, version=header.api_version)
     dealer.send_multipart(backend.encode_relay(relay.client, frames))
 
 
