@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import struct
 
+import doc_tables
 import pytest
 
 from hpbroker import _columnar, _core
@@ -263,3 +264,106 @@ def test_read_header_of_just_the_fixed_header_leaves_the_identity_unknown():
     block = read_header(batch[:68])
     assert (block.producer_id, block.producer_epoch, block.producer) == (PID, EPOCH, None)
     assert read_header(batch[:74]).producer == "a-name"
+
+
+# --- the documented idempotent batch, read independently (FORMAT.md) -------------------------
+
+IDEMPOTENT_GOLDEN = {
+    "producer": "orders", "producer_id": 1000, "producer_epoch": 2, "base_sequence": 5,
+    "records": [(b"k", b"v1", 1_700_000_000_000), (None, b"v2", 1_700_000_000_003)],
+}
+
+
+def _idempotent_golden_batch() -> bytes:
+    keys, values, timestamps = zip(*IDEMPOTENT_GOLDEN["records"], strict=True)
+    return build_batch(list(values), keys=list(keys), timestamps=list(timestamps),
+                       producer=IDEMPOTENT_GOLDEN["producer"], producer_id=IDEMPOTENT_GOLDEN["producer_id"],
+                       producer_epoch=IDEMPOTENT_GOLDEN["producer_epoch"],
+                       base_sequence=IDEMPOTENT_GOLDEN["base_sequence"])
+
+
+def _crc32c_bitwise(data: bytes) -> int:
+    """CRC32C as FORMAT.md's conventions define it (reflected 0x82F63B78, init and final XOR
+    0xFFFFFFFF), bit by bit: no table, nothing from hpbroker."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _read_by_the_doc(data: bytes) -> dict:
+    """A reader written from FORMAT.md alone (struct, varints, CRC32C), checking what the
+    validation section asks of an idempotent batch."""
+    base_offset, batch_length, leader_epoch, crc = struct.unpack_from("<qiiI", data, 0)
+    assert 12 + batch_length == len(data) and batch_length >= 44
+    (magic, attributes, producer_length, reserved, last_offset_delta, record_count, first_timestamp,
+     max_timestamp, base_sequence) = struct.unpack_from("<BBBBiiqqq", data, 20)
+    assert (magic, reserved, attributes & 0xF0, attributes & 0x07) == (1, 0, 0, 0)
+    assert crc == _crc32c_bitwise(data[20:])
+    out = {"base_offset": base_offset, "leader_epoch": leader_epoch, "crc": crc, "attributes": attributes,
+           "base_sequence": base_sequence, "producer_id": -1, "producer_epoch": -1}
+    name_at = 56
+    if attributes & 0x08:
+        out["producer_id"], out["producer_epoch"] = struct.unpack_from("<qi", data, 56)
+        name_at = 68
+    assert name_at + producer_length <= len(data)
+    assert out["producer_id"] >= 0 and out["producer_epoch"] >= 0
+    assert 0 <= base_sequence <= 2**63 - 1 - last_offset_delta
+    out["producer"] = data[name_at : name_at + producer_length].decode()
+    assert last_offset_delta == record_count - 1
+    pos, records = name_at + producer_length, []
+    for i in range(record_count):
+        length, pos = _varint(data, pos)
+        end = pos + length
+        raw_delta, pos = _varint(data, pos)
+        offset_delta, pos = _varint(data, pos)
+        assert offset_delta == i
+        fields = []
+        for _ in range(2):  # key, value: 0 null, else length + 1
+            field, pos = _varint(data, pos)
+            fields.append(None if field == 0 else data[pos : pos + field - 1])
+            pos += max(field - 1, 0)
+        header_count, pos = _varint(data, pos)
+        assert header_count == 0 and pos == end
+        timestamp = first_timestamp + ((raw_delta >> 1) ^ -(raw_delta & 1))
+        records.append((fields[0], fields[1], timestamp, base_sequence + i))
+    assert pos == len(data) and max(r[2] for r in records) == max_timestamp
+    out["records"] = records
+    return out
+
+
+def test_idempotent_golden_bytes_match_the_documented_layout():
+    """The bytes of FORMAT.md's second worked example are what build_batch makes, and a reader
+    written from the document alone finds the identity, the sequences and the records in them."""
+    (documented,) = doc_tables.hex_dumps("FORMAT.md", "## Worked example: an idempotent batch")
+    assert documented == _idempotent_golden_batch()
+    read = _read_by_the_doc(documented)
+    assert (read["attributes"], read["crc"], read["producer"]) == (0x08, 0x7B827AD3, "orders")
+    assert (read["producer_id"], read["producer_epoch"], read["base_sequence"]) == (1000, 2, 5)
+    assert read["records"] == [(b"k", b"v1", 1_700_000_000_000, 5), (None, b"v2", 1_700_000_000_003, 6)]
+    header = read_header(documented)
+    assert (header.producer_id, header.producer_epoch, header.records_position) == (1000, 2, 74)
+
+
+def test_the_documents_identity_block_table_decodes_the_golden_batch():
+    """Each field of the identity block table, at its position, size and type, reads the known value."""
+    codes = {"i32": "i", "i64": "q"}
+    rows = doc_tables.table_rows("FORMAT.md", "### Producer identity block", "position")
+    batch = _idempotent_golden_batch()
+    fields = {row[2]: struct.unpack_from("<" + codes[row[3]], batch, int(row[0]))[0] for row in rows}
+    assert fields == {"producer_id": 1000, "producer_epoch": 2}
+    assert {int(row[0]) + int(row[1]) for row in rows} <= {64, HEADER_SIZE + PRODUCER_IDENTITY_SIZE}
+    assert all(struct.calcsize(codes[row[3]]) == int(row[1]) for row in rows)
