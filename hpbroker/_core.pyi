@@ -60,7 +60,10 @@ class BatchHeader:
 
 def read_header(buf: Buffer, position: int = 0) -> BatchHeader:
     """Parse the header of the batch starting at ``position``; raise CorruptRecordError on a bad magic,
-    an impossible length, or a header cut off by the end of ``buf``.  The CRC is not checked."""
+    an impossible length, or a header cut off by the end of ``buf``.  The CRC is not checked.
+    Only the 56-byte fixed header must be in ``buf``: ``producer_id`` and ``producer_epoch`` of an
+    idempotent batch are None when its identity block (bytes 56-67) lies past the end, ``producer``
+    when its name does."""
 
 class ScanResult:
     """What :func:`scan_batches` found: the longest valid prefix of a buffer of batches."""

@@ -4,10 +4,13 @@ byte for byte as they were."""
 
 from __future__ import annotations
 
+import contextlib
 import struct
 
 import doc_tables
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hpbroker import _columnar, _core
 from hpbroker.errors import CorruptRecordError, InvalidRecordError
@@ -367,3 +370,46 @@ def test_the_documents_identity_block_table_decodes_the_golden_batch():
     assert fields == {"producer_id": 1000, "producer_epoch": 2}
     assert {int(row[0]) + int(row[1]) for row in rows} <= {64, HEADER_SIZE + PRODUCER_IDENTITY_SIZE}
     assert all(struct.calcsize(codes[row[3]]) == int(row[1]) for row in rows)
+
+
+# --- properties ------------------------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(0, 2**63 - 1),
+    st.integers(0, 2**31 - 1),
+    st.lists(st.one_of(st.none(), st.binary(max_size=300)), min_size=1, max_size=30),
+    st.integers(0, 2**63 - 31),
+    st.sampled_from([CODEC_NONE, CODEC_LZ4]),
+    st.text(max_size=20),
+)
+def test_any_identity_round_trips(pid, epoch, values, base_sequence, codec, producer):
+    batch = build_batch(values, producer=producer, producer_id=pid, producer_epoch=epoch,
+                        base_sequence=base_sequence, compression=codec, timestamps=1)
+    scan = validate_batches(batch)
+    assert (list(scan.producer_ids), list(scan.producer_epochs), list(scan.base_sequences)) == (
+        [pid], [epoch], [base_sequence])
+    header = read_header(batch)
+    assert (header.producer_id, header.producer_epoch, header.producer) == (pid, epoch, producer)
+    records = decode_records(batch)
+    assert [r.value for r in records] == values
+    assert [r.sequence for r in records] == [base_sequence + i for i in range(len(values))]
+    builder = _columnar.ColumnBuilder(columns=("offset",))
+    assert builder.add(batch) == len(batch) and builder.count == len(values)
+
+
+@given(st.binary(min_size=1, max_size=300), st.integers(0, 400), st.binary(min_size=12, max_size=12),
+       st.integers(0, 3))
+def test_random_bytes_behind_bit_3_and_a_valid_crc_are_refused_cleanly(section, count, identity, name_length):
+    count = max(count, 1)
+    header = struct.pack("<BBBBiiqqq", 1, ATTR_IDEMPOTENT, name_length, 0, count - 1, count, 0, 0, 0)
+    body = header + identity + section
+    batch = struct.pack("<qiiI", 0, len(body) + 8, 0, crc32c(body)) + body
+    with contextlib.suppress(CorruptRecordError, InvalidRecordError):
+        validate_batches(batch)
+    with contextlib.suppress(CorruptRecordError):
+        decode_records(batch)
+    with contextlib.suppress(CorruptRecordError):
+        _columnar.ColumnBuilder().add(batch)
+    assert scan_batches(batch).valid_bytes in (0, len(batch))
