@@ -22,7 +22,8 @@ cdef extern from "byteorder.h":
 cdef enum:
     MAGIC_V1 = 1               # the only format version so far
     C_LOG_OVERHEAD = 12          # base_offset + batch_length: bytes not counted by batch_length
-    C_HEADER_SIZE = 56           # fixed header; the producer name follows it
+    C_HEADER_SIZE = 56           # fixed header; the producer name (or the identity block) follows it
+    C_IDENTITY_SIZE = 12         # producer identity block (attributes bit 3): producer_id, producer_epoch
     C_CRC_START = 20             # the CRC covers [C_CRC_START, end of batch)
     MAX_PRODUCER_NAME = 255    # producer name length is one byte
 
@@ -40,10 +41,22 @@ cdef enum:
     P_FIRST_TIMESTAMP = 32     # i64, ms since the epoch, timestamp of the first record
     P_MAX_TIMESTAMP = 40       # i64, largest record timestamp
     P_BASE_SEQUENCE = 48       # i64, producer sequence of the first record, -1 if none
+    P_PRODUCER_ID = 56         # i64, only with ATTR_IDEMPOTENT_ (the identity block)
+    P_PRODUCER_EPOCH = 64      # i32, only with ATTR_IDEMPOTENT_
 
     CODEC_NONE_ = 0
     CODEC_LZ4_ = 1
     CODEC_MASK_ = 0x07
+    ATTR_IDEMPOTENT_ = 0x08    # attributes bit 3: the producer identity block follows the fixed header
+    ATTR_UNUSED_ = 0xF0        # attributes bits 4-7: zero
+    NO_PRODUCER_ID_ = -1       # producer_id and producer_epoch of a batch without the identity block
+
+
+cdef inline Py_ssize_t batch_header_size(int attributes) noexcept nogil:
+    """Bytes before the producer name: the fixed header, and the identity block when
+    ``attributes`` has bit 3.  The name starts here, the records section ``producer_length``
+    bytes later."""
+    return C_HEADER_SIZE + C_IDENTITY_SIZE if attributes & ATTR_IDEMPOTENT_ else C_HEADER_SIZE
 
 
 # ---------------------------------------------------------------------------------------------

@@ -216,6 +216,7 @@ cdef struct _Header:
     int64_t max_timestamp
     int codec
     int producer_len
+    Py_ssize_t header_size     # where the producer name starts: 56, or 68 with the identity block
     Py_ssize_t size
 
 
@@ -316,8 +317,10 @@ cdef class ColumnBuilder:
         if avail < h.size:
             return f"batch of {h.size} bytes is cut off after {avail} bytes"
         h.producer_len = p[P_PRODUCER_LEN]
-        if C_HEADER_SIZE + h.producer_len > h.size:
-            return f"producer name of {h.producer_len} bytes overruns a batch of {h.size} bytes"
+        h.header_size = batch_header_size(p[P_ATTRIBUTES])
+        if h.header_size + h.producer_len > h.size:
+            return (f"producer name of {h.producer_len} bytes after a {h.header_size}-byte header overruns a "
+                    f"batch of {h.size} bytes")
         if verify_crc:
             with nogil:
                 crc = crc32c_update(0, p + C_CRC_START, <size_t>(h.size - C_CRC_START))
@@ -327,7 +330,7 @@ cdef class ColumnBuilder:
         h.record_count = load_i32le(p + P_RECORD_COUNT)
         h.first_timestamp = load_i64le(p + P_FIRST_TIMESTAMP)
         h.max_timestamp = load_i64le(p + P_MAX_TIMESTAMP)
-        if h.record_count < 1 or p[P_ATTRIBUTES] & ~CODEC_MASK_ or h.codec > CODEC_LZ4_:
+        if h.record_count < 1 or p[P_ATTRIBUTES] & ATTR_UNUSED_ or h.codec > CODEC_LZ4_:
             return f"record_count {h.record_count}, attributes 0x{p[P_ATTRIBUTES]:02x} are not decodable"
         if load_i32le(p + P_LAST_OFFSET_DELTA) != h.record_count - 1:
             return f"last_offset_delta {load_i32le(p + P_LAST_OFFSET_DELTA)} does not match record_count " \
@@ -336,7 +339,7 @@ cdef class ColumnBuilder:
 
     cdef object _batch(self, const unsigned char* p, _Header* h, int64_t start_offset, int64_t end_offset):
         """Append the batch's records in the range; None, or why its records do not decode."""
-        cdef const unsigned char* cur = p + C_HEADER_SIZE + h.producer_len
+        cdef const unsigned char* cur = p + h.header_size + h.producer_len
         cdef const unsigned char* end = p + h.size
         cdef int64_t last_offset = h.base_offset + h.record_count - 1
         cdef Py_ssize_t section_len
@@ -372,7 +375,7 @@ cdef class ColumnBuilder:
     cdef const unsigned char* _producer(self, const unsigned char* p, _Header* h):
         """The batch's producer name as UTF-8 (invalid bytes replaced, as ``_core`` does), cached
         across the batches of one producer."""
-        raw = (<const char*>p)[C_HEADER_SIZE:C_HEADER_SIZE + h.producer_len]
+        raw = (<const char*>p)[h.header_size:h.header_size + h.producer_len]
         if raw != self.producer_raw:
             self.producer_raw = raw
             self.producer_utf8 = raw.decode("utf-8", "replace").encode("utf-8")

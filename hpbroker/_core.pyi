@@ -14,7 +14,10 @@ CODEC_NONE: int  # 0
 CODEC_LZ4: int  # 1
 CODEC_MASK: int  # attribute bits holding the codec
 LOG_OVERHEAD: int  # 12: base_offset (8) + batch_length (4), the bytes before batch_length counts
-HEADER_SIZE: int  # 56: the fixed header, before the producer name
+HEADER_SIZE: int  # 56: the fixed header, before the producer name (or the identity block)
+PRODUCER_IDENTITY_SIZE: int  # 12: producer_id i64 + producer_epoch i32, at 56 when attributes has bit 3
+ATTR_IDEMPOTENT: int  # 0x08: attributes bit 3, the batch carries the producer identity block
+NO_PRODUCER_ID: int  # -1: producer_id and producer_epoch of a batch without the block
 CRC_START: int  # 20: the CRC covers bytes [CRC_START, end of batch)
 MAX_PRODUCER_NAME_BYTES: int  # 255
 BASE_OFFSET_POSITION: int  # 0
@@ -43,16 +46,24 @@ class BatchHeader:
     first_timestamp: int
     max_timestamp: int
     base_sequence: int
+    idempotent: bool  # attributes bit 3: the producer identity block follows the fixed header
+    # NO_PRODUCER_ID (-1) without bit 3; None when read_header's buffer ends before the block does
+    producer_id: int | None
+    producer_epoch: int | None
     producer: str | None  # None when read_header's buffer ends before the name does
     producer_length: int  # bytes of the producer name as stored
     size: int  # LOG_OVERHEAD + batch_length: bytes the whole batch occupies
     last_offset: int  # base_offset + last_offset_delta
     next_offset: int  # last_offset + 1
-    records_position: int  # where the records section starts, relative to the batch
+    header_size: int  # where the producer name starts: HEADER_SIZE, + PRODUCER_IDENTITY_SIZE with bit 3
+    records_position: int  # header_size + producer_length: where the records section starts
 
 def read_header(buf: Buffer, position: int = 0) -> BatchHeader:
     """Parse the header of the batch starting at ``position``; raise CorruptRecordError on a bad magic,
-    an impossible length, or a header cut off by the end of ``buf``.  The CRC is not checked."""
+    an impossible length, or a header cut off by the end of ``buf``.  The CRC is not checked.
+    Only the 56-byte fixed header must be in ``buf``: ``producer_id`` and ``producer_epoch`` of an
+    idempotent batch are None when its identity block (bytes 56-67) lies past the end, ``producer``
+    when its name does."""
 
 class ScanResult:
     """What :func:`scan_batches` found: the longest valid prefix of a buffer of batches."""
@@ -73,6 +84,10 @@ class ScanResult:
     base_offsets: array  # array('q'): as found in the bytes (0 in a batch a producer just built)
     last_offset_deltas: array  # array('q')
     max_timestamps: array  # array('q')
+    producer_ids: array  # array('q'): NO_PRODUCER_ID (-1) for a batch without attributes bit 3
+    producer_epochs: array  # array('q'): likewise
+    base_sequences: array  # array('q'): as stored (-1 or any value without bit 3)
+    idempotent_batches: int  # how many of the valid batches have attributes bit 3
 
 def scan_batches(
     buf: Buffer,
@@ -84,7 +99,9 @@ def scan_batches(
 ) -> ScanResult:
     """Walk the concatenated batches in ``buf[start:]`` and return the longest valid prefix.
 
-    A batch is valid when its magic, lengths and CRC check out; ``deep=True`` also decodes every
+    A batch is valid when its magic, lengths and CRC check out and its header is consistent
+    (FORMAT.md "Validation"; an idempotent batch's identity and sequence range included);
+    ``deep=True`` also decodes every
     record (decompressing lz4) and checks that record count, offset deltas and max timestamp agree
     with the header.  With ``expected_offset >= 0`` the first batch must have that base offset and
     each following batch must start right after its predecessor's last offset.  A batch longer than
@@ -144,19 +161,31 @@ def build_batch(
     base_sequence: int = -1,
     compression: int = 0,
     base_offset: int = 0,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
 ) -> bytes:
     """One batch holding ``values`` in order.  ``timestamps``: None for now (one clock read for the
-    whole batch), an int for all records, or one int per record, in milliseconds since the epoch."""
+    whole batch), an int for all records, or one int per record, in milliseconds since the epoch.
+    ``producer_id >= 0`` (with ``producer_epoch`` in [0, 2**31 - 1] and ``base_sequence >= 0``)
+    makes it idempotent: attributes bit 3 and the identity block.  ValueError for an identity or
+    sequence range the format refuses."""
 
 class BatchBuilder:
     """Accumulates records one at a time into a batch of at most ``max_bytes`` (records section,
     before compression)."""
 
     def __init__(
-        self, producer: str = "", compression: int = 0, max_bytes: int = 1 << 20, base_sequence: int = -1
-    ) -> None: ...
+        self,
+        producer: str = "",
+        compression: int = 0,
+        max_bytes: int = 1 << 20,
+        base_sequence: int = -1,
+        producer_id: int = -1,
+        producer_epoch: int = -1,
+    ) -> None:
+        """``producer_id >= 0``: every batch built is idempotent (as :func:`build_batch`)."""
     record_count: int
-    size_in_bytes: int  # bytes the batch would occupy uncompressed
+    size_in_bytes: int  # bytes the batch would occupy uncompressed, identity block included
     def append(
         self,
         value: Buffer | None,

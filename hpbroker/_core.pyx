@@ -14,7 +14,7 @@ Batch layout (all integers little-endian)::
     12     4   leader_epoch i32     stamped by the broker; outside the CRC
     16     4   crc          u32     CRC32C of bytes [20, end of batch)
     20     1   magic        u8      1
-    21     1   attributes   u8      bits 0-2 codec: 0 none, 1 lz4 frame; bits 3-7 zero
+    21     1   attributes   u8      bits 0-2 codec: 0 none, 1 lz4 frame; bit 3 idempotent; bits 4-7 zero
     22     1   producer_len u8      bytes of the producer name
     23     1   reserved     u8      zero
     24     4   last_offset_delta i32   record_count - 1
@@ -22,8 +22,15 @@ Batch layout (all integers little-endian)::
     32     8   first_timestamp i64  ms since the epoch; the first record's timestamp
     40     8   max_timestamp i64    largest record timestamp
     48     8   base_sequence i64    producer's sequence number of the first record, or -1
-    56     n   producer name, UTF-8
-    56+n   ... records section (an lz4 frame of it when the codec is lz4)
+    56     h   only with attributes bit 3 (h = 12, else 0), the producer identity block:
+    56     8     producer_id i64    >= 0, issued by the broker (InitProducerId)
+    64     4     producer_epoch i32 >= 0
+    56+h   n   producer name, UTF-8
+    56+h+n ... records section (an lz4 frame of it when the codec is lz4)
+
+With bit 3, ``base_sequence`` is the sequence of the first record on this partition for this
+(producer_id, producer_epoch), from 0, and must stay >= 0 over the whole batch.  Without it the
+bytes are exactly those of a batch before the block existed.
 
 Record (varints are unsigned LEB128; ``zz`` marks zigzag-encoded signed ones)::
 
@@ -44,7 +51,7 @@ from cpython cimport array
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_CheckBuffer, PyObject_GetBuffer
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
-from libc.stdint cimport INT64_MIN, int32_t, int64_t, uint32_t, uint64_t
+from libc.stdint cimport INT64_MAX, INT64_MIN, int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy, memset
 
@@ -62,6 +69,9 @@ CODEC_LZ4 = CODEC_LZ4_
 CODEC_MASK = CODEC_MASK_
 LOG_OVERHEAD = C_LOG_OVERHEAD
 HEADER_SIZE = C_HEADER_SIZE
+PRODUCER_IDENTITY_SIZE = C_IDENTITY_SIZE
+ATTR_IDEMPOTENT = ATTR_IDEMPOTENT_
+NO_PRODUCER_ID = NO_PRODUCER_ID_
 CRC_START = C_CRC_START
 MAX_PRODUCER_NAME_BYTES = MAX_PRODUCER_NAME
 BASE_OFFSET_POSITION = P_BASE_OFFSET
@@ -125,10 +135,15 @@ cdef struct Header:
     int64_t first_timestamp
     int64_t max_timestamp
     int64_t base_sequence
+    int64_t producer_id        # NO_PRODUCER_ID_ without bit 3, or when the block lies past ``avail``
+    int32_t producer_epoch     # likewise
+    bint identity_present      # bit 3 clear, or the block was within reach
+    Py_ssize_t header_size     # where the producer name starts: 56, or 68 with bit 3
     Py_ssize_t size
 
 
-cdef inline void _load_header(const unsigned char* p, Header* h) noexcept nogil:
+cdef inline void _load_header(const unsigned char* p, Py_ssize_t avail, Header* h) noexcept nogil:
+    """The fixed header, and the identity block when bit 3 has one and it is within ``avail``."""
     h.base_offset = load_i64le(p + P_BASE_OFFSET)
     h.batch_length = load_i32le(p + P_BATCH_LENGTH)
     h.leader_epoch = load_i32le(p + P_LEADER_EPOCH)
@@ -143,6 +158,15 @@ cdef inline void _load_header(const unsigned char* p, Header* h) noexcept nogil:
     h.max_timestamp = load_i64le(p + P_MAX_TIMESTAMP)
     h.base_sequence = load_i64le(p + P_BASE_SEQUENCE)
     h.size = C_LOG_OVERHEAD + <Py_ssize_t>h.batch_length
+    h.header_size = batch_header_size(h.attributes)
+    h.producer_id = NO_PRODUCER_ID_
+    h.producer_epoch = NO_PRODUCER_ID_
+    h.identity_present = True
+    if h.attributes & ATTR_IDEMPOTENT_:
+        h.identity_present = avail >= C_HEADER_SIZE + C_IDENTITY_SIZE
+        if h.identity_present:
+            h.producer_id = load_i64le(p + P_PRODUCER_ID)
+            h.producer_epoch = load_i32le(p + P_PRODUCER_EPOCH)
 
 
 cdef object _parse_header(const unsigned char* p, Py_ssize_t avail, Header* h, int64_t max_batch_bytes, int* code):
@@ -164,7 +188,7 @@ cdef object _parse_header(const unsigned char* p, Py_ssize_t avail, Header* h, i
     if avail < C_HEADER_SIZE:
         code[0] = ST_INCOMPLETE
         return f"batch header needs {C_HEADER_SIZE} bytes, only {avail} available"
-    _load_header(p, h)
+    _load_header(p, avail, h)
     code[0] = ST_OK
     return None
 
@@ -181,16 +205,16 @@ cdef object _check_batch(const unsigned char* p, Py_ssize_t avail, Header* h, in
     if avail < h.size:
         code[0] = ST_INCOMPLETE
         return f"batch of {h.size} bytes is cut off after {avail} bytes"
-    if C_HEADER_SIZE + h.producer_len > h.size:
+    if h.header_size + h.producer_len > h.size:
         code[0] = ST_CORRUPT
-        return f"producer name of {h.producer_len} bytes overruns a batch of {h.size} bytes"
+        return _overrun_message(h)
     with nogil:
         actual = crc32c_update(0, p + C_CRC_START, <size_t>(h.size - C_CRC_START))
     if actual != h.crc:
         code[0] = ST_CORRUPT
         return f"CRC mismatch: stored 0x{h.crc:08x}, computed 0x{actual:08x}"
     code[0] = ST_INVALID
-    if h.attributes & ~CODEC_MASK_ or (h.attributes & CODEC_MASK_) > CODEC_LZ4_:
+    if h.attributes & ATTR_UNUSED_ or (h.attributes & CODEC_MASK_) > CODEC_LZ4_:
         return f"unsupported attributes 0x{h.attributes:02x} (codec {h.attributes & CODEC_MASK_})"
     if h.reserved != 0:
         return f"reserved byte is {h.reserved}, expected 0"
@@ -198,6 +222,10 @@ cdef object _check_batch(const unsigned char* p, Py_ssize_t avail, Header* h, in
         return f"record_count {h.record_count} must be at least 1"
     if h.last_offset_delta != h.record_count - 1:
         return f"last_offset_delta {h.last_offset_delta} does not match record_count {h.record_count}"
+    if h.attributes & ATTR_IDEMPOTENT_:
+        msg = _check_identity(h)
+        if msg is not None:
+            return msg
     if h.first_timestamp < 0:
         return f"first_timestamp {h.first_timestamp} is negative: every record carries a timestamp"
     if h.max_timestamp < h.first_timestamp:
@@ -212,10 +240,34 @@ cdef object _check_batch(const unsigned char* p, Py_ssize_t avail, Header* h, in
     return None
 
 
+cdef str _overrun_message(Header* h):
+    """Why the name does not fit: framing (FORMAT.md "Validation", step 2)."""
+    if h.attributes & ATTR_IDEMPOTENT_:
+        return (f"producer identity block and producer name of {h.producer_len} bytes (attributes "
+                f"0x{h.attributes:02x}: {h.header_size + h.producer_len} header bytes) overrun a batch of "
+                f"{h.size} bytes")
+    return f"producer name of {h.producer_len} bytes overruns a batch of {h.size} bytes"
+
+
+cdef object _check_identity(Header* h):
+    """The identity block and the sequence range of an idempotent batch (FORMAT.md "Validation",
+    step 4): None, or what is wrong.  ``last_offset_delta`` is already known to be >= 0."""
+    if h.producer_id < 0:
+        return f"producer_id {h.producer_id} is negative in an idempotent batch (attributes bit 3)"
+    if h.producer_epoch < 0:
+        return f"producer_epoch {h.producer_epoch} is negative in an idempotent batch (attributes bit 3)"
+    if h.base_sequence < 0:
+        return f"base_sequence {h.base_sequence} is negative in an idempotent batch (attributes bit 3)"
+    if h.base_sequence > INT64_MAX - h.last_offset_delta:
+        return (f"sequence range overflows: base_sequence {h.base_sequence} + last_offset_delta "
+                f"{h.last_offset_delta} exceeds 2**63 - 1")
+    return None
+
+
 cdef object _producer_name(const unsigned char* p, Header* h):
     if h.producer_len == 0:
         return ""
-    return p[C_HEADER_SIZE:C_HEADER_SIZE + h.producer_len].decode("utf-8", "replace")
+    return p[h.header_size:h.header_size + h.producer_len].decode("utf-8", "replace")
 
 
 cdef class BatchHeader:
@@ -224,11 +276,21 @@ cdef class BatchHeader:
     cdef readonly int64_t base_offset, leader_epoch, crc, first_timestamp, max_timestamp, base_sequence
     cdef readonly int64_t batch_length, last_offset_delta, record_count, size
     cdef readonly int magic, attributes, producer_length
-    cdef readonly object producer
+    cdef readonly object producer, producer_id, producer_epoch
 
     @property
     def compression(self):
         return self.attributes & CODEC_MASK_
+
+    @property
+    def idempotent(self):
+        """Attributes bit 3: the batch carries the producer identity block."""
+        return bool(self.attributes & ATTR_IDEMPOTENT_)
+
+    @property
+    def header_size(self):
+        """Bytes before the producer name: 56, or 68 with the identity block."""
+        return batch_header_size(self.attributes)
 
     @property
     def last_offset(self):
@@ -240,13 +302,14 @@ cdef class BatchHeader:
 
     @property
     def records_position(self):
-        return C_HEADER_SIZE + self.producer_length
+        return batch_header_size(self.attributes) + self.producer_length
 
     def __repr__(self):
         return (f"BatchHeader(base_offset={self.base_offset}, record_count={self.record_count}, "
                 f"size={self.size}, crc=0x{self.crc:08x}, codec={self.compression}, "
                 f"first_timestamp={self.first_timestamp}, max_timestamp={self.max_timestamp}, "
-                f"producer={self.producer!r}, base_sequence={self.base_sequence})")
+                f"producer={self.producer!r}, producer_id={self.producer_id}, "
+                f"producer_epoch={self.producer_epoch}, base_sequence={self.base_sequence})")
 
 
 cdef BatchHeader _header_object(const unsigned char* p, Py_ssize_t avail, Header* h):
@@ -264,7 +327,9 @@ cdef BatchHeader _header_object(const unsigned char* p, Py_ssize_t avail, Header
     out.max_timestamp = h.max_timestamp
     out.base_sequence = h.base_sequence
     out.size = h.size
-    out.producer = _producer_name(p, h) if avail >= C_HEADER_SIZE + h.producer_len else None
+    out.producer = _producer_name(p, h) if avail >= h.header_size + h.producer_len else None
+    out.producer_id = h.producer_id if h.identity_present else None
+    out.producer_epoch = h.producer_epoch if h.identity_present else None
     return out
 
 
@@ -272,7 +337,8 @@ def read_header(buf, Py_ssize_t position=0):
     """Parse the header of the batch at ``position`` (lengths and magic checked; CRC not).
 
     Needs at least ``C_HEADER_SIZE`` bytes there; ``producer`` is None when the name lies past the
-    end of ``buf``.  Raises CorruptRecordError for short or impossible headers.
+    end of ``buf``, and ``producer_id`` and ``producer_epoch`` are None when the identity block of
+    an idempotent batch does.  Raises CorruptRecordError for short or impossible headers.
     """
     cdef const unsigned char[::1] view = buf
     cdef Py_ssize_t n = view.shape[0]
@@ -350,7 +416,7 @@ def _make_record(offset, timestamp, key, value, headers, producer, sequence, top
 
 cdef object _records_section(const unsigned char* p, Header* h):
     """The records section of a checked batch, decompressed when needed; None if lz4 fails."""
-    cdef Py_ssize_t start = C_HEADER_SIZE + h.producer_len
+    cdef Py_ssize_t start = h.header_size + h.producer_len
     if h.attributes & CODEC_MASK_ == CODEC_NONE_:
         return None
     section = PyBytes_FromStringAndSize(<const char*>p + start, h.size - start)
@@ -430,7 +496,7 @@ cdef object _walk_batch(const unsigned char* p, Header* h, list out, object topi
     cdef object key, value, headers, hkey, hvalue
     section = _records_section(p, h)
     if section is None:
-        cur = p + C_HEADER_SIZE + h.producer_len
+        cur = p + h.header_size + h.producer_len
         end = p + h.size
     elif isinstance(section, Exception):
         return f"records section does not decompress: {section}"
@@ -507,8 +573,8 @@ cdef Py_ssize_t _decode_one(const unsigned char* p, Py_ssize_t avail, Py_ssize_t
     msg = _parse_header(p, avail, &h, 0x7FFFFFFFFFFF, &code)
     if msg is None and avail < h.size:
         msg = f"batch of {h.size} bytes is cut off after {avail} bytes"
-    if msg is None and C_HEADER_SIZE + h.producer_len > h.size:
-        msg = f"producer name of {h.producer_len} bytes overruns a batch of {h.size} bytes"
+    if msg is None and h.header_size + h.producer_len > h.size:
+        msg = _overrun_message(&h)
     if msg is None and verify_crc:
         actual = crc32c_update(0, p + C_CRC_START, <size_t>(h.size - C_CRC_START))
         if actual != h.crc:
@@ -578,12 +644,13 @@ def iter_records(buf, *, bint verify_crc=True):
 cdef class ScanResult:
     """The longest valid prefix of a buffer of batches, and one entry per valid batch."""
 
-    cdef readonly Py_ssize_t valid_bytes, batch_count, record_count
+    cdef readonly Py_ssize_t valid_bytes, batch_count, record_count, idempotent_batches
     cdef readonly int64_t next_offset, max_timestamp
     cdef readonly bint incomplete
     cdef readonly object error
     cdef readonly int error_code
     cdef readonly array.array positions, sizes, base_offsets, last_offset_deltas, max_timestamps
+    cdef readonly array.array producer_ids, producer_epochs, base_sequences
 
     def __repr__(self):
         return (f"ScanResult(valid_bytes={self.valid_bytes}, batch_count={self.batch_count}, "
@@ -614,6 +681,7 @@ def scan_batches(buf, Py_ssize_t start=0, *, int64_t expected_offset=-1,
         raise ValueError(f"start {start} outside a buffer of {n} bytes")
     r.positions, r.sizes, r.base_offsets = _int64_array(), _int64_array(), _int64_array()
     r.last_offset_deltas, r.max_timestamps = _int64_array(), _int64_array()
+    r.producer_ids, r.producer_epochs, r.base_sequences = _int64_array(), _int64_array(), _int64_array()
     r.max_timestamp = -1
     r.next_offset = expected_offset
     r.error = None
@@ -632,6 +700,11 @@ def scan_batches(buf, Py_ssize_t start=0, *, int64_t expected_offset=-1,
         _push(r.base_offsets, count, h.base_offset)
         _push(r.last_offset_deltas, count, h.last_offset_delta)
         _push(r.max_timestamps, count, h.max_timestamp)
+        _push(r.producer_ids, count, h.producer_id)
+        _push(r.producer_epochs, count, h.producer_epoch)
+        _push(r.base_sequences, count, h.base_sequence)
+        if h.attributes & ATTR_IDEMPOTENT_:
+            r.idempotent_batches += 1
         count += 1
         r.record_count += h.record_count
         r.next_offset = h.base_offset + h.last_offset_delta + 1
@@ -642,7 +715,8 @@ def scan_batches(buf, Py_ssize_t start=0, *, int64_t expected_offset=-1,
         pos += h.size
     r.batch_count = count
     r.valid_bytes = pos - start
-    for a in (r.positions, r.sizes, r.base_offsets, r.last_offset_deltas, r.max_timestamps):
+    for a in (r.positions, r.sizes, r.base_offsets, r.last_offset_deltas, r.max_timestamps,
+              r.producer_ids, r.producer_epochs, r.base_sequences):
         array.resize(a, count)
     return r
 
@@ -674,35 +748,55 @@ cdef inline int _borrow(object obj, Py_buffer* view, const unsigned char** ptr, 
     return 1
 
 
+cdef int _check_identity_args(int64_t producer_id, int64_t producer_epoch) except -1:
+    """A producer identity to build with: none (-1, -1), or an id >= 0 with an epoch in [0, 2**31 - 1]."""
+    if producer_id == NO_PRODUCER_ID_:
+        if producer_epoch != NO_PRODUCER_ID_:
+            raise ValueError(f"producer_epoch {producer_epoch} without a producer_id: give both or neither")
+        return 0
+    if producer_id < 0:
+        raise ValueError(f"producer_id {producer_id} must be >= 0 (or -1: not idempotent)")
+    if not 0 <= producer_epoch <= 0x7FFFFFFF:
+        raise ValueError(f"producer_epoch {producer_epoch} must be in [0, 2**31 - 1] with producer_id {producer_id}")
+    return 0
+
+
 cdef class BatchBuilder:
     """Accumulates records into one batch (see ``_core.pyi``).  Not thread-safe."""
 
     cdef unsigned char* buf
     cdef Py_ssize_t capacity, length, max_bytes
     cdef readonly int32_t record_count
-    cdef int64_t first_timestamp, max_timestamp, base_sequence
+    cdef int64_t first_timestamp, max_timestamp, base_sequence, producer_id
+    cdef int32_t producer_epoch
+    cdef Py_ssize_t header_size  # 56, or 68 with the identity block
     cdef bytes producer_bytes
     cdef int compression
 
-    def __cinit__(self, producer="", int compression=0, Py_ssize_t max_bytes=1 << 20, int64_t base_sequence=-1):
+    def __cinit__(self, producer="", int compression=0, Py_ssize_t max_bytes=1 << 20, int64_t base_sequence=-1,
+                  int64_t producer_id=NO_PRODUCER_ID_, int64_t producer_epoch=NO_PRODUCER_ID_):
         name = producer.encode("utf-8") if isinstance(producer, str) else bytes(producer)
         if len(name) > MAX_PRODUCER_NAME:
             raise ValueError(f"producer name is {len(name)} bytes; at most {MAX_PRODUCER_NAME} fit")
         if compression not in (CODEC_NONE_, CODEC_LZ4_):
             raise ValueError(f"unknown compression codec {compression} (0 none, 1 lz4)")
-        if max_bytes < C_HEADER_SIZE:
-            raise ValueError(f"max_bytes {max_bytes} is below the {C_HEADER_SIZE}-byte header")
+        _check_identity_args(producer_id, producer_epoch)
+        self.header_size = C_HEADER_SIZE + C_IDENTITY_SIZE if producer_id >= 0 else C_HEADER_SIZE
+        if max_bytes < self.header_size:
+            raise ValueError(f"max_bytes {max_bytes} is below the {self.header_size}-byte header")
         self.producer_bytes = name
         self.compression = compression
         self.max_bytes = max_bytes
         self.base_sequence = base_sequence
+        self.producer_id = producer_id
+        self.producer_epoch = <int32_t>producer_epoch
 
     def __dealloc__(self):
         free(self.buf)
 
     @property
     def size_in_bytes(self):
-        return C_HEADER_SIZE + len(self.producer_bytes) + self.length
+        return self.header_size + len(self.producer_bytes) + self.length
 
     cdef int _reserve(self, Py_ssize_t extra) except -1:
         cdef Py_ssize_t want = self.length + extra, cap = self.capacity or 4096
@@ -792,16 +886,25 @@ cdef class BatchBuilder:
             raise ValueError("cannot build an empty batch: append at least one record")
         if base_sequence is not None:
             self.base_sequence = base_sequence
+        self._check_sequence()  # before the records are dropped: the caller may build again
         try:
             return self._finish(base_offset)
         finally:
             self.reset()
 
+    cdef int _check_sequence(self) except -1:
+        """An idempotent batch's sequence range must be valid (FORMAT.md "Validation", step 4)."""
+        if self.producer_id >= 0 and not 0 <= self.base_sequence <= INT64_MAX - (self.record_count - 1):
+            raise ValueError(f"base_sequence {self.base_sequence} of an idempotent batch of {self.record_count} "
+                             "records must be >= 0, and its last sequence at most 2**63 - 1")
+        return 0
+
     cdef bytes _finish(self, int64_t base_offset):
         cdef Py_ssize_t name_len = len(self.producer_bytes)
-        cdef Py_ssize_t start = C_HEADER_SIZE + name_len, section_len = self.length
+        cdef Py_ssize_t start = self.header_size + name_len, section_len = self.length
         cdef object compressed = None
         cdef unsigned char* out
+        self._check_sequence()
         if self.compression == CODEC_LZ4_:
             compressed = _lz4frame.compress(<unsigned char[:self.length]>self.buf, store_size=True)
             section_len = len(compressed)
@@ -813,15 +916,18 @@ cdef class BatchBuilder:
         store_i64le(out + P_BASE_OFFSET, base_offset)
         store_i32le(out + P_BATCH_LENGTH, <int32_t>(start + section_len - C_LOG_OVERHEAD))
         out[P_MAGIC] = MAGIC_V1
-        out[P_ATTRIBUTES] = <unsigned char>self.compression
+        out[P_ATTRIBUTES] = <unsigned char>(self.compression | (ATTR_IDEMPOTENT_ if self.producer_id >= 0 else 0))
         out[P_PRODUCER_LEN] = <unsigned char>name_len
         store_i32le(out + P_LAST_OFFSET_DELTA, self.record_count - 1)
         store_i32le(out + P_RECORD_COUNT, self.record_count)
         store_i64le(out + P_FIRST_TIMESTAMP, self.first_timestamp)
         store_i64le(out + P_MAX_TIMESTAMP, self.max_timestamp)
         store_i64le(out + P_BASE_SEQUENCE, self.base_sequence)
+        if self.producer_id >= 0:
+            store_i64le(out + P_PRODUCER_ID, self.producer_id)
+            store_i32le(out + P_PRODUCER_EPOCH, self.producer_epoch)
         if name_len:
-            memcpy(out + C_HEADER_SIZE, PyBytes_AS_STRING(self.producer_bytes), name_len)
+            memcpy(out + self.header_size, PyBytes_AS_STRING(self.producer_bytes), name_len)
         if compressed is None:
             memcpy(out + start, self.buf, self.length)
         else:
@@ -832,7 +938,8 @@ cdef class BatchBuilder:
 
 
 def build_batch(values, *, keys=None, timestamps=None, headers=None, producer="",
-                int64_t base_sequence=-1, int compression=0, int64_t base_offset=0):
+                int64_t base_sequence=-1, int compression=0, int64_t base_offset=0,
+                int64_t producer_id=NO_PRODUCER_ID_, int64_t producer_epoch=NO_PRODUCER_ID_):
     """One batch holding ``values`` (see ``_core.pyi``)."""
     cdef list vals = values if type(values) is list else list(values)
     cdef Py_ssize_t n = PyList_GET_SIZE(vals), i
@@ -855,7 +962,7 @@ def build_batch(values, *, keys=None, timestamps=None, headers=None, producer=""
         per_record_ts = True
         if len(timestamps) != n:
             raise ValueError(f"{len(timestamps)} timestamps for {n} values")
-    b = BatchBuilder(producer, compression, 0x7FFFFFFF, base_sequence)
+    b = BatchBuilder(producer, compression, 0x7FFFFFFF, base_sequence, producer_id, producer_epoch)
     for i in range(n):
         if per_record_ts:
             ts = timestamps[i]

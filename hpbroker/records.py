@@ -17,11 +17,14 @@ except ImportError as exc:  # pragma: no cover - exercised only on a broken inst
     ) from exc
 
 from hpbroker._core import (
+    ATTR_IDEMPOTENT,
     CODEC_LZ4,
     CODEC_NONE,
     HEADER_SIZE,
     LOG_OVERHEAD,
     MAGIC,
+    NO_PRODUCER_ID,
+    PRODUCER_IDENTITY_SIZE,
     BatchBuilder,
     BatchHeader,
     Record,
@@ -38,11 +41,14 @@ from hpbroker._core import (
 )
 
 __all__ = [
+    "ATTR_IDEMPOTENT",
     "CODEC_LZ4",
     "CODEC_NONE",
     "HEADER_SIZE",
     "LOG_OVERHEAD",
     "MAGIC",
+    "NO_PRODUCER_ID",
+    "PRODUCER_IDENTITY_SIZE",
     "BatchBuilder",
     "BatchHeader",
     "Record",

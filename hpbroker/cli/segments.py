@@ -67,6 +67,7 @@ def dump_log(path: str, *, show_records: bool, out=None) -> int:
                     f"count: {header.record_count} position: {batch.position} size: {batch.size} "
                     f"firstTimestamp: {header.first_timestamp} maxTimestamp: {header.max_timestamp} "
                     f"codec: {header.compression} producer: {header.producer!r} "
+                    f"producerId: {header.producer_id} producerEpoch: {header.producer_epoch} "
                     f"baseSequence: {header.base_sequence} crc: 0x{header.crc:08x} {verdict}",
                     file=out,
                 )

@@ -31,6 +31,8 @@ class Batch:
     created_s: float  # time.monotonic() of its first record
     batch_id: int
     base_sequence: int  # -1 until drained
+    producer_id: int  # the identity it carries, set when drained; -1 when not idempotent
+    producer_epoch: int  # likewise
     crc: int  # set by build_payload
     queue: PartitionQueue  # the partition it belongs to
     waiters: list[tuple[int, int, Any]] | None  # (index in batch, timestamp, future or callback)
@@ -41,6 +43,7 @@ class PartitionQueue:
     topic: str
     partition: int
     muted: bool  # a request of this partition is in flight or waiting for a retry
+    next_sequence: int  # the base_sequence its next drained batch gets
     @property
     def empty(self) -> bool: ...
 
@@ -49,7 +52,10 @@ class TopicState:
     partition_count: int
 
 class RecordAccumulator:
-    header_room: int  # 56 + bytes of the producer name
+    header_room: int  # 56, + 12 when idempotent (the identity block), + bytes of the producer name
+    idempotent: bool
+    producer_id: int  # what drained batches carry; -1 until set_producer_identity
+    producer_epoch: int
     batch_bytes: int
     codec: int
     linger_s: float
@@ -68,6 +74,7 @@ class RecordAccumulator:
         partitioner: int | Callable[[str, bytes | None, int], int] = ...,
         wake_fd: int = -1,
         window_ms: int = 0,
+        idempotent: bool = False,
     ) -> None: ...
     def send(
         self,
@@ -108,7 +115,12 @@ class RecordAccumulator:
     @property
     def unfinished_batches(self) -> int: ...
     def close_for_sends(self) -> None: ...
-    def drain(self, now_s: float, max_request_bytes: int) -> tuple[Ready, float]: ...
+    def set_producer_identity(self, producer_id: int, producer_epoch: int) -> None:
+        """What batches drained from now on carry; every partition's next sequence back to 0.
+        Only while no batch of the old identity is left to drain or resend.  RuntimeError when
+        not idempotent; ValueError for an id < 0 or an epoch outside [0, 2**31 - 1]."""
+    def drain(self, now_s: float, max_request_bytes: int) -> tuple[Ready, float]:
+        """RuntimeError when idempotent and no identity was set yet."""
     def take_all(self) -> Ready:
         """Every unfinished batch that no request holds (when the producer gives up)."""
     def build_payload(self, batches: list[Batch]) -> bytes: ...

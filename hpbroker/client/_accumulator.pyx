@@ -29,10 +29,11 @@ topic's state is built complete (its random first partition drawn: ``os.urandom`
 go) before one ``dict.setdefault`` looks it up and stores it.
 
 Batch buffers.  An open batch is one ``malloc``'d buffer: ``header_room`` bytes (the 56-byte fixed
-header and the producer name, written when the batch is finished) followed by its records,
-encoded exactly as ``docs/FORMAT.md`` says::
+header, the 12-byte producer identity block when the accumulator is idempotent, and the producer
+name, written when the batch is finished) followed by its records, encoded exactly as
+``docs/FORMAT.md`` says::
 
-    [0, header_room)            header and producer name, filled by build_payload
+    [0, header_room)            header, identity block, producer name, filled by build_payload
     [header_room, length)       records: length, timestamp_delta (zigzag), offset_delta, key_length,
                                 key, value_length, value, header_count, headers
 
@@ -45,9 +46,18 @@ finished (open, closed, in flight, retrying); :meth:`send` calls the producer's
 ``_wait_for_room`` while it is at ``buffer_bytes`` or above, and the I/O thread lowers it in
 :meth:`finish`.
 
+Idempotence.  An idempotent accumulator (``idempotent=True``) stamps every batch with the producer
+identity set by :meth:`RecordAccumulator.set_producer_identity` (attributes bit 3, FORMAT.md) and
+numbers each partition's records from 0 for that identity: :meth:`RecordAccumulator.drain` gives a
+batch the partition's next sequence and the current identity together, so the bytes a retry
+resends are the bytes first sent.
+
 Invariants:
 - a partition's batches are drained in the order they were opened, and a muted partition (one
   with a request in flight or waiting to be retried) is not drained at all;
+- a drained batch's ``base_sequence`` is its partition's next sequence for the identity it
+  carries: sequences of one (producer_id, producer_epoch) and partition follow each other with
+  no gap, from 0;
 - every batch that ever held a record is in ``_unfinished`` (by ``batch_id``, which increases in
   the order batches are opened) until :meth:`finish` is called with it, and :meth:`take_all`
   returns every one of them that the producer does not hold in a request, so none can be left
@@ -241,22 +251,31 @@ cdef struct _Finish:
     int64_t first_timestamp
     int64_t max_timestamp
     int64_t base_sequence
+    int64_t producer_id     # >= 0: attributes bit 3 and the identity block; NO_PRODUCER_ID_: neither
+    int32_t producer_epoch
     uint32_t crc  # out
 
 
 cdef void _finish_batches(unsigned char* out, _Finish* items, Py_ssize_t n, const unsigned char* name,
                           Py_ssize_t name_len) noexcept nogil:
-    """Write ``n`` batches back to back at ``out``: fixed header, producer name, records section
-    (FORMAT.md), then the CRC of each."""
-    cdef Py_ssize_t i, size, pos = 0
+    """Write ``n`` batches back to back at ``out``: fixed header, identity block (idempotent
+    batches), producer name, records section (FORMAT.md), then the CRC of each."""
+    cdef Py_ssize_t i, size, header_size, pos = 0
     cdef unsigned char* p
     for i in range(n):
         p = out + pos
-        size = C_HEADER_SIZE + name_len + items[i].section_len
+        header_size = C_HEADER_SIZE
+        if items[i].producer_id >= 0:
+            header_size = C_HEADER_SIZE + C_IDENTITY_SIZE
+        size = header_size + name_len + items[i].section_len
         memset(p, 0, C_HEADER_SIZE)
         store_i32le(p + P_BATCH_LENGTH, <int32_t>(size - C_LOG_OVERHEAD))
         p[P_MAGIC] = MAGIC_V1
         p[P_ATTRIBUTES] = <unsigned char>items[i].codec
+        if items[i].producer_id >= 0:
+            p[P_ATTRIBUTES] |= ATTR_IDEMPOTENT_
+            store_i64le(p + P_PRODUCER_ID, items[i].producer_id)
+            store_i32le(p + P_PRODUCER_EPOCH, items[i].producer_epoch)
         p[P_PRODUCER_LEN] = <unsigned char>name_len
         store_i32le(p + P_LAST_OFFSET_DELTA, items[i].record_count - 1)
         store_i32le(p + P_RECORD_COUNT, items[i].record_count)
@@ -264,8 +283,8 @@ cdef void _finish_batches(unsigned char* out, _Finish* items, Py_ssize_t n, cons
         store_i64le(p + P_MAX_TIMESTAMP, items[i].max_timestamp)
         store_i64le(p + P_BASE_SEQUENCE, items[i].base_sequence)
         if name_len:
-            memcpy(p + C_HEADER_SIZE, name, name_len)
-        memcpy(p + C_HEADER_SIZE + name_len, items[i].section, items[i].section_len)
+            memcpy(p + header_size, name, name_len)
+        memcpy(p + header_size + name_len, items[i].section, items[i].section_len)
         items[i].crc = crc32c_update(0, p + C_CRC_START, <size_t>(size - C_CRC_START))
         store_u32le(p + P_CRC, items[i].crc)
         pos += size
@@ -323,6 +342,8 @@ cdef class Batch:
     cdef readonly double created_s  # time.monotonic() when its first record arrived
     cdef readonly int64_t batch_id
     cdef readonly int64_t base_sequence  # set when drained
+    cdef readonly int64_t producer_id  # set when drained: the identity it carries (-1: not idempotent)
+    cdef readonly int32_t producer_epoch  # likewise
     cdef readonly uint32_t crc  # set by build_payload
     cdef readonly PartitionQueue queue  # the partition it belongs to (set when opened)
     # [(window_start_ms, records)] when the accumulator counts windows (set by build_payload)
@@ -377,7 +398,8 @@ cdef class Batch:
 
     def __repr__(self):
         return (f"Batch(id={self.batch_id}, records={self.record_count}, bytes={self.length}, "
-                f"base_sequence={self.base_sequence})")
+                f"base_sequence={self.base_sequence}, producer_id={self.producer_id}, "
+                f"producer_epoch={self.producer_epoch})")
 
 
 cdef Batch _new_batch():
@@ -395,7 +417,7 @@ cdef class PartitionQueue:
     cdef Batch open
     cdef list closed
     cdef public bint muted  # a request of this partition is in flight or waiting for a retry
-    cdef int64_t next_sequence
+    cdef readonly int64_t next_sequence  # the base_sequence the next drained batch gets
     cdef TopicState topic_state
 
     def __repr__(self):
@@ -433,6 +455,9 @@ cdef class RecordAccumulator:
     cdef dict _topics
     cdef bytes _producer_name
     cdef readonly Py_ssize_t header_room
+    cdef readonly bint idempotent
+    cdef readonly int64_t producer_id  # what drained batches carry; -1 until set_producer_identity
+    cdef readonly int32_t producer_epoch
     cdef readonly Py_ssize_t batch_bytes
     cdef readonly int codec
     cdef readonly double linger_s
@@ -460,17 +485,21 @@ cdef class RecordAccumulator:
 
     def __init__(self, producer_name="", int codec=0, Py_ssize_t batch_bytes=1 << 20, double linger_ms=5,
                  int64_t buffer_bytes=32 << 20, partitioner=PARTITIONER_STICKY, int wake_fd=-1,
-                 int64_t window_ms=0):
+                 int64_t window_ms=0, bint idempotent=False):
         name = producer_name.encode("utf-8") if isinstance(producer_name, str) else bytes(producer_name)
         if len(name) > MAX_PRODUCER_NAME:
             raise ValueError(f"producer name is {len(name)} bytes of UTF-8; at most {MAX_PRODUCER_NAME} fit")
         if codec not in (CODEC_NONE_, CODEC_LZ4_):
             raise ValueError(f"unknown compression codec {codec} (0 none, 1 lz4)")
-        if batch_bytes < C_HEADER_SIZE + len(name) + 8 or batch_bytes > 0x7FFFFFFF:
-            raise ValueError(f"batch_bytes {batch_bytes} must hold the {C_HEADER_SIZE + len(name)}-byte header "
+        header_room = C_HEADER_SIZE + (C_IDENTITY_SIZE if idempotent else 0) + len(name)
+        if batch_bytes < header_room + 8 or batch_bytes > 0x7FFFFFFF:
+            raise ValueError(f"batch_bytes {batch_bytes} must hold the {header_room}-byte header "
                              f"and a record, and be below 2 GiB")
         self._producer_name = name
-        self.header_room = C_HEADER_SIZE + len(name)
+        self.header_room = header_room
+        self.idempotent = idempotent
+        self.producer_id = NO_PRODUCER_ID_
+        self.producer_epoch = NO_PRODUCER_ID_
         self.codec = codec
         self.batch_bytes = batch_bytes
         self.linger_s = linger_ms / 1000.0
@@ -787,6 +816,8 @@ cdef class RecordAccumulator:
         b.first_timestamp = b.max_timestamp = b.min_timestamp = ts
         b.created_s = _monotonic_s()
         b.base_sequence = -1
+        b.producer_id = NO_PRODUCER_ID_
+        b.producer_epoch = NO_PRODUCER_ID_
         self._last_batch_id += 1
         b.batch_id = self._last_batch_id
         b.queue = q
@@ -864,14 +895,36 @@ cdef class RecordAccumulator:
         self._flush_through = self._last_batch_id
         self._wake()
 
+    def set_producer_identity(self, int64_t producer_id, int64_t producer_epoch):
+        """The identity that batches drained from now on carry (an idempotent accumulator only),
+        and every partition's next sequence back to 0: a new identity numbers its records afresh.
+
+        The I/O thread calls it only while no batch of the old identity is left to drain or to
+        resend (a retry resends its first bytes, old identity included), or the broker would see
+        the old identity's sequences start again."""
+        cdef TopicState t
+        cdef PartitionQueue q
+        if not self.idempotent:
+            raise RuntimeError("set_producer_identity on an accumulator that is not idempotent")
+        if producer_id < 0:
+            raise ValueError(f"producer_id {producer_id} must be >= 0")
+        if not 0 <= producer_epoch <= 0x7FFFFFFF:
+            raise ValueError(f"producer_epoch {producer_epoch} must be in [0, 2**31 - 1]")
+        for t in list(self._topics.values()):
+            for q in t.partitions:
+                q.next_sequence = 0
+        self.producer_id = producer_id
+        self.producer_epoch = <int32_t>producer_epoch
+
     def drain(self, double now_s, Py_ssize_t max_request_bytes):
         """The batches due now, per partition: ``(ready, next_due_s)``.
 
         ``ready`` lists ``(queue, batches)`` for every partition that is not muted and has a due
         batch: its closed batches, oldest first, then its open one if its linger time has passed
         or a flush asked for it, as many as fit in ``max_request_bytes`` (at least one).  They
-        leave the accumulator and get their ``base_sequence``.  ``next_due_s``: when the earliest
-        open batch left behind becomes due (infinity if none).
+        leave the accumulator and get their ``base_sequence`` (and, when idempotent, the producer
+        identity).  ``next_due_s``: when the earliest open batch left behind becomes due
+        (infinity if none).  RuntimeError when idempotent and no identity is set yet.
         """
         cdef list ready = []
         cdef double next_due = _INFINITY, due
@@ -880,6 +933,8 @@ cdef class RecordAccumulator:
         cdef Batch b
         cdef list taken
         cdef Py_ssize_t size, i, n
+        if self.idempotent and self.producer_id < 0:
+            raise RuntimeError("an idempotent accumulator drains nothing before set_producer_identity")
         for t in list(self._topics.values()):  # a copy: a send may add a topic while this allocates
             for q in t.partitions:
                 if q.muted or (q.open is None and not q.closed):
@@ -911,6 +966,8 @@ cdef class RecordAccumulator:
                 if taken:
                     for b in taken:
                         b.base_sequence = q.next_sequence
+                        b.producer_id = self.producer_id
+                        b.producer_epoch = self.producer_epoch
                         q.next_sequence += b.record_count
                     ready.append((q, taken))
         return ready, next_due
@@ -947,7 +1004,7 @@ cdef class RecordAccumulator:
         cdef Batch b
         cdef _Finish* items = <_Finish*>malloc(max(n, 1) * sizeof(_Finish))
         cdef const unsigned char* name = <const unsigned char*>PyBytes_AS_STRING(self._producer_name)
-        cdef Py_ssize_t name_len = self.header_room - C_HEADER_SIZE
+        cdef Py_ssize_t name_len = len(self._producer_name)
         cdef unsigned char* out
         if items == NULL:
             raise MemoryError()
@@ -974,6 +1031,8 @@ cdef class RecordAccumulator:
                 items[i].first_timestamp = b.first_timestamp
                 items[i].max_timestamp = b.max_timestamp
                 items[i].base_sequence = b.base_sequence
+                items[i].producer_id = b.producer_id
+                items[i].producer_epoch = b.producer_epoch
                 total += self.header_room + items[i].section_len
             result = PyBytes_FromStringAndSize(NULL, total)
             out = <unsigned char*>PyBytes_AS_STRING(result)

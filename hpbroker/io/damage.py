@@ -12,7 +12,7 @@ Resynchronising: after damage at ``position``, :func:`find_next_batch` looks for
 position where a whole batch parses and passes its CRC and whose base offset lies in the range
 the damage can have covered.  Candidates are filtered a chunk at a time with numpy over every
 byte position (``magic`` at byte 20 equal to ``_core.MAGIC``, the reserved byte 23 zero, attribute
-bits 3-7 zero, the little-endian i64 base offset at byte 0 in range, the batch inside the data),
+bits 4-7 zero, the little-endian i64 base offset at byte 0 in range, the batch inside the data),
 so a scan costs a few vector passes per chunk; only the rare candidate that passes is CRC-checked
 by ``_core``.  A batch whose CRC matches at a position and offset that fit is taken to be one the
 log wrote: random bytes pass all of those checks with a probability far below 2^-60.
@@ -39,10 +39,10 @@ __all__ = ["RESYNC_CHUNK_BYTES", "DamagedRange", "find_next_batch"]
 # find_next_batch reads this much at a time (plus one header's worth of overlap).
 RESYNC_CHUNK_BYTES = 8 << 20
 _MAGIC_POSITION = 20  # the batch header's magic byte (hpbroker._core's layout)
-_ATTRIBUTES_POSITION = 21  # attributes: bits 3-7 are zero
+_ATTRIBUTES_POSITION = 21  # attributes: bits 0-2 the codec, bit 3 idempotent, bits 4-7 zero
 _RESERVED_POSITION = 23  # reserved: zero
 _LENGTH_POSITION = 8  # batch_length i32: bytes after this field
-_NOT_CODEC_BITS = 0xF8
+_UNUSED_ATTRIBUTE_BITS = 0xF0
 
 Reader = Callable[[int, int], bytes]
 
@@ -140,7 +140,7 @@ def _candidates(chunk: bytes, start: int, end: int, min_offset: int, max_offset:
     data = np.frombuffer(chunk, dtype=np.uint8)
     mask = data[_MAGIC_POSITION : _MAGIC_POSITION + count] == _core.MAGIC
     mask &= data[_RESERVED_POSITION : _RESERVED_POSITION + count] == 0
-    mask &= (data[_ATTRIBUTES_POSITION : _ATTRIBUTES_POSITION + count] & _NOT_CODEC_BITS) == 0
+    mask &= (data[_ATTRIBUTES_POSITION : _ATTRIBUTES_POSITION + count] & _UNUSED_ATTRIBUTE_BITS) == 0
     if not mask.any():
         return []
     positions = np.flatnonzero(mask)
