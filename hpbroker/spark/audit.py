@@ -14,23 +14,29 @@ compares:
    ``window_start = timestamp - timestamp mod window_ms``.  A producer that announced several
    window lengths is audited in its longest (its events re-bucketed into it, exact when the
    lengths divide it); one that announced nothing in ``--window-ms`` (default 10 000).
-3. **Counts.**  Data: records per (topic, producer, window).  Events: the sum of ``record_count``
-   per (topic, producer, window) (a window may be announced by several events).  The two are
-   joined (full outer) and every window where they differ is reported.  An event stored twice
-   (published again after an unknown outcome, with the same ``instance`` and ``sequence``) is
-   counted once:
+3. **Counts.**  Data: records per (topic, producer, window) (``consumed``, C).  Events: the sum of
+   ``record_count`` per (topic, producer, window) (``announced``, A; a window may be announced by
+   several events, and an event stored twice, published again after an unknown outcome with the
+   same ``instance`` and ``sequence``, is counted once).  The two are joined (full outer).
+4. **Duplicates.**  Only when some audited window has C > A, the data is read a second time with
+   its contents, for those windows alone: records equal in topic, producer, timestamp, key, value
+   and headers are one record stored several times (a retry resends the same bytes), and
+   ``duplicates`` (D) counts the copies beyond the first.  Then, with ``distinct = C - D``,
+   ``unannounced = max(0, distinct - A)`` and ``missing = max(0, A - distinct)``:
 
-   ================  ===========================================================================
-   verdict           meaning
-   ================  ===========================================================================
-   ``missing``       fewer records stored than announced: lost (or not yet stored)
-   ``duplicate-or-   more records stored than announced: duplicates, or records whose outcome
-   surplus``         the producer never learned (it reported them failed; they were stored)
-   ``unannounced``   records stored that no event announces (a producer without monitoring,
-                     or one that died before publishing)
-   ================  ===========================================================================
+   ===============  ============================================================================
+   verdict          when
+   ===============  ============================================================================
+   ``ok``           C = A (not reported unless asked)
+   ``duplicate``    C > A and D > 0: a record stored twice (its window may also hold unannounced
+                    or missing records: the columns say how many)
+   ``missing``      C < A: records announced and not stored (lost, deleted, not yet stored)
+   ``unannounced``  C > A and D = 0: records stored once that no event announces (a producer
+                    killed before publishing them, one without monitoring, a record whose outcome
+                    its producer never learned)
+   ===============  ============================================================================
 
-4. **Edges.**  Only windows wholly inside ``[--from, --to)`` are audited.  A window still open at
+5. **Edges.**  Only windows wholly inside ``[--from, --to)`` are audited.  A window still open at
    the snapshot, whose records or events may still come (a producer publishes a window's last
    event up to ``window_ms`` after acknowledging its last record, and a record may be
    acknowledged up to ``delivery_timeout_ms`` after it was stamped), would be reported wrongly:
@@ -68,11 +74,11 @@ if TYPE_CHECKING:
 
 __all__ = ["AuditConfig", "AuditReport", "add_arguments", "config_from_args", "main", "run_audit"]
 
-VERDICTS = ("missing", "duplicate-or-surplus", "unannounced")
+VERDICTS = ("missing", "duplicate", "unannounced")
 FORMATS = ("parquet", "csv")
 #: The report's columns: one row per audited (topic, producer, window).
 REPORT_COLUMNS = ("topic", "producer", "window_start", "window_start_ms", "window_ms", "announced",
-                  "consumed", "difference", "verdict")
+                  "consumed", "difference", "duplicates", "unannounced", "missing", "verdict")
 _EVENT_SCHEMA = ("producer string, topic string, window_start_ms bigint, window_ms bigint, "
                  "record_count bigint, instance bigint, sequence bigint, error string")
 
@@ -129,6 +135,10 @@ class AuditReport:
     invalid_event_count: int = 0
     mismatches: list[dict[str, Any]] = field(default_factory=list)  # the first ones, by topic and time
     mismatched: int = 0
+    verdicts: dict[str, int] = field(default_factory=dict)  # mismatched windows per verdict
+    records_duplicated: int = 0  # copies beyond the first, in windows with a surplus
+    records_unannounced: int = 0
+    records_missing: int = 0
     output: str | None = None
 
     @property
@@ -139,10 +149,16 @@ class AuditReport:
         open_part = f", {self.open_windows} open windows skipped" if self.open_windows else ""
         invalid = f", {self.invalid_event_count} undecodable events" if self.invalid_event_count else ""
         topics = ", ".join(self.topics) or "-"
+        kinds = ", ".join(f"{self.verdicts[v]} {v}" for v in VERDICTS if self.verdicts.get(v))
+        kinds = f" ({kinds})" if kinds else ""
+        split = ""
+        if self.mismatched:
+            split = (f": {self.records_duplicated} duplicate, {self.records_unannounced} unannounced, "
+                     f"{self.records_missing} missing")
         return (f"audit {'OK' if self.ok else 'FAILED'}: {self.windows_checked} windows checked, "
-                f"{self.matching} matching, {self.mismatched} mismatched; {self.records_counted} records "
-                f"counted, {self.records_announced} announced{open_part}{invalid} (topics: {topics}; "
-                f"snapshot {iso_ms(self.snapshot_ms)})")
+                f"{self.matching} matching, {self.mismatched} mismatched{kinds}; {self.records_counted} "
+                f"records counted, {self.records_announced} announced{split}{open_part}{invalid} "
+                f"(topics: {topics}; snapshot {iso_ms(self.snapshot_ms)})")
 
 
 # --- the job ----------------------------------------------------------------------------------
@@ -155,19 +171,17 @@ def run_audit(spark: Any, config: AuditConfig, *, show: int = 100) -> AuditRepor
 
     topics, data_plan, audit_plan, snapshot_ms = _plan(config)
     report = AuditReport(snapshot_ms, topics)
-    windows = _audited(spark, config, topics, data_plan, audit_plan, snapshot_ms).cache()
+    counts, producer_windows = _counted(spark, config, topics, data_plan, audit_plan, snapshot_ms)
+    counts = counts.cache()
+    windows = None
     try:
-        totals = windows.agg(
-            F.count(F.when(~F.col("open"), 1)).alias("checked"),
-            F.count(F.when(~F.col("open") & (F.col("verdict") == "ok"), 1)).alias("matching"),
-            F.coalesce(F.sum(F.when(~F.col("open"), F.col("consumed"))), F.lit(0)).alias("consumed"),
-            F.coalesce(F.sum(F.when(~F.col("open"), F.col("announced"))), F.lit(0)).alias("announced"),
-            F.count(F.when(F.col("open"), 1)).alias("open")).first()
-        report.windows_checked, report.matching = totals["checked"], totals["matching"]
-        report.records_counted, report.records_announced = totals["consumed"], totals["announced"]
-        report.open_windows = totals["open"]
-        report.mismatched = report.windows_checked - report.matching
-        audited = windows.where(~F.col("open")).drop("open")
+        surplus = (counts.where(~F.col("open") & (F.col("consumed") > F.col("announced")))
+                   .select("topic", "producer", "window_start_ms"))
+        copies = (_duplicates(spark, config, data_plan, surplus, producer_windows)
+                  if data_plan and not surplus.isEmpty() else None)
+        windows = _judged(counts, copies).cache()
+        _tally(report, windows)
+        audited = windows.where(~F.col("open")).select(*REPORT_COLUMNS)
         mismatches = audited.where(F.col("verdict") != "ok")
         ordered = mismatches.orderBy("topic", "window_start_ms", "producer")
         if report.mismatched:
@@ -176,9 +190,34 @@ def run_audit(spark: Any, config: AuditConfig, *, show: int = 100) -> AuditRepor
             _write(audited if config.all_windows else mismatches, config)
             report.output = config.output
     finally:
-        windows.unpersist()
+        if windows is not None:
+            windows.unpersist()
+        counts.unpersist()
     report.invalid_event_count, report.invalid_events = _invalid_events(spark, config, audit_plan)
     return report
+
+
+def _tally(report: AuditReport, windows: Any) -> None:
+    """The report's totals: audited windows, records and windows per verdict (open ones apart)."""
+    from pyspark.sql import functions as F
+
+    closed = ~F.col("open")
+
+    def total(column: str) -> Any:
+        return F.coalesce(F.sum(F.when(closed, F.col(column))), F.lit(0)).alias(column)
+
+    totals = windows.agg(
+        F.count(F.when(closed, 1)).alias("checked"), F.count(F.when(F.col("open"), 1)).alias("open"),
+        total("consumed"), total("announced"), total("duplicates"), total("unannounced"),
+        total("missing")).first()
+    report.windows_checked, report.open_windows = totals["checked"], totals["open"]
+    report.records_counted, report.records_announced = totals["consumed"], totals["announced"]
+    report.records_duplicated, report.records_unannounced = totals["duplicates"], totals["unannounced"]
+    report.records_missing = totals["missing"]
+    per_verdict = windows.where(closed).groupBy("verdict").count().collect()
+    report.verdicts = {row["verdict"]: row["count"] for row in per_verdict if row["verdict"] != "ok"}
+    report.matching = report.windows_checked - sum(report.verdicts.values())
+    report.mismatched = report.windows_checked - report.matching
 
 
 def _plan(config: AuditConfig) -> tuple[list[str], list[OffsetRange], list[OffsetRange], int]:
@@ -253,10 +292,12 @@ def decode_events(batches: Iterator[Any]) -> Iterator[Any]:
             ("sequence", pa.int64()), ("error", pa.string())]))
 
 
-def _audited(spark: Any, config: AuditConfig, topics: list[str], data_plan: list[OffsetRange],
-             audit_plan: list[OffsetRange], snapshot_ms: int) -> Any:
-    """Every window of the range, joined: topic, producer, window_start_ms, window_ms, announced,
-    consumed, difference, verdict, window_start (ISO) and ``open``."""
+def _counted(spark: Any, config: AuditConfig, topics: list[str], data_plan: list[OffsetRange],
+             audit_plan: list[OffsetRange], snapshot_ms: int) -> tuple[Any, Any]:
+    """Every window of the range, records stored against records announced: ``(windows,
+    producer_windows)``.  ``windows``: topic, producer, window_start_ms, window_ms, announced,
+    consumed (0 where none) and ``open``; ``producer_windows``: producer, producer_window_ms (the
+    window each announcing producer is audited in)."""
     from pyspark.sql import functions as F
 
     events = _events(spark, config, audit_plan).where(F.col("error").isNull())
@@ -293,26 +334,65 @@ def _audited(spark: Any, config: AuditConfig, topics: list[str], data_plan: list
         consumed = spark.createDataFrame([], "topic string, producer string, window_start_ms bigint, "
                                              "window_ms bigint, consumed bigint")
     joined = consumed.join(announced, ["topic", "producer", "window_start_ms", "window_ms"], "full_outer")
-    announced_count = F.coalesce(F.col("announced"), F.lit(0)).cast("long")
-    consumed_count = F.coalesce(F.col("consumed"), F.lit(0)).cast("long")
-    verdict = (F.when(announced_count == consumed_count, "ok")
-               .when(announced_count == 0, "unannounced")
-               .when(consumed_count < announced_count, "missing")
-               .otherwise("duplicate-or-surplus"))
     window_end = F.col("window_start_ms") + F.col("window_ms")
     joined = joined.select(
-        "topic", "producer",
-        F.date_format(F.timestamp_millis("window_start_ms"),
-                      "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'").alias("window_start"),
-        "window_start_ms", "window_ms", announced_count.alias("announced"), consumed_count.alias("consumed"),
-        (consumed_count - announced_count).alias("difference"), verdict.alias("verdict"),
+        "topic", "producer", "window_start_ms", "window_ms",
+        F.coalesce(F.col("announced"), F.lit(0)).cast("long").alias("announced"),
+        F.coalesce(F.col("consumed"), F.lit(0)).cast("long").alias("consumed"),
         (window_end > F.lit(snapshot_ms - config.grace_ms) if config.grace_ms is not None
          else F.lit(False)).alias("open"))
     if config.from_ms is not None:
         joined = joined.where(F.col("window_start_ms") >= config.from_ms)
     if config.to_ms is not None:
         joined = joined.where(window_end <= config.to_ms)
-    return joined
+    return joined, producer_windows
+
+
+def _duplicates(spark: Any, config: AuditConfig, data_plan: list[OffsetRange], surplus: Any,
+                producer_windows: Any) -> Any:
+    """Copies beyond the first of each record stored more than once, in the ``surplus`` windows
+    (topic, producer, window_start_ms: more stored than announced): topic, producer,
+    window_start_ms, duplicates.  A record is the same record when topic, producer, timestamp,
+    key, value and headers are all equal (a retry sends the same bytes; docs/AUDIT.md).  The data
+    is read a second time, with its contents, only when some window has a surplus."""
+    from pyspark.sql import functions as F
+
+    millis = F.unix_millis("timestamp")
+    window = F.coalesce(F.col("producer_window_ms"), F.lit(config.default_window_ms))
+    records = (_load(spark, config, data_plan, "topic,producer,timestamp,key,value,headers")
+               .join(F.broadcast(producer_windows), "producer", "left")
+               .withColumn("window_start_ms", millis - F.pmod(millis, window))
+               .join(F.broadcast(surplus), ["topic", "producer", "window_start_ms"], "left_semi"))
+    copies = (records.groupBy("topic", "producer", "window_start_ms", "timestamp", "key", "value", "headers")
+              .agg(F.count(F.lit(1)).alias("copies")))
+    return (copies.where(F.col("copies") > 1)
+            .groupBy("topic", "producer", "window_start_ms")
+            .agg(F.sum(F.col("copies") - 1).alias("duplicates")))
+
+
+def _judged(counts: Any, copies: Any | None) -> Any:
+    """``counts`` (from :func:`_counted`) with each window's verdict and the split of its
+    difference: duplicates, unannounced, missing (docs/AUDIT.md, "The comparison")."""
+    from pyspark.sql import functions as F
+
+    if copies is not None:
+        counts = counts.join(copies, ["topic", "producer", "window_start_ms"], "left")
+    else:
+        counts = counts.withColumn("duplicates", F.lit(None).cast("long"))
+    announced, consumed = F.col("announced"), F.col("consumed")
+    duplicates = F.coalesce(F.col("duplicates"), F.lit(0)).cast("long")
+    distinct = consumed - duplicates
+    verdict = (F.when(consumed == announced, "ok")
+               .when(duplicates > 0, "duplicate")
+               .when(consumed < announced, "missing")
+               .otherwise("unannounced"))
+    return counts.select(
+        "topic", "producer",
+        F.date_format(F.timestamp_millis("window_start_ms"),
+                      "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'").alias("window_start"),
+        "window_start_ms", "window_ms", "announced", "consumed", (consumed - announced).alias("difference"),
+        duplicates.alias("duplicates"), F.greatest(distinct - announced, F.lit(0)).alias("unannounced"),
+        F.greatest(announced - distinct, F.lit(0)).alias("missing"), verdict.alias("verdict"), "open")
 
 
 def _invalid_events(spark: Any, config: AuditConfig, audit_plan: list[OffsetRange]) -> tuple[int, list[str]]:
@@ -389,12 +469,12 @@ def config_from_args(args: argparse.Namespace) -> AuditConfig:
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """The mismatches as an aligned text table."""
     headers = ("topic", "producer", "window start", "window ms", "announced", "consumed", "difference",
-               "verdict")
+               "duplicates", "unannounced", "missing", "verdict")
     keys = ("topic", "producer", "window_start", "window_ms", "announced", "consumed", "difference",
-            "verdict")
+            "duplicates", "unannounced", "missing", "verdict")
     cells = [[str(row[key]) for key in keys] for row in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    numeric = {3, 4, 5, 6}
+    numeric = set(range(3, 10))
 
     def line(values: Sequence[str]) -> str:
         return "  ".join(v.rjust(w) if i in numeric else v.ljust(w)
