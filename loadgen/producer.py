@@ -10,7 +10,8 @@ a callback per record.  The chunk's records are counted in the ground truth wind
 timestamp.
 
 At the end (duration over, record limit reached, or the runner's stop event) it flushes, closes the
-producer and reports its totals, its ack latency histogram and its truth windows.
+producer and reports its totals (with the records the broker said it had already stored, from
+``Producer.metrics``), its ack latency histogram and its truth windows.
 """
 
 from __future__ import annotations
@@ -51,6 +52,18 @@ def producer_main(task: ProducerTask, link: WorkerLink) -> None:
     run_worker("producer", task.index, link, lambda: _ProducerRun(task, link).run())
 
 
+def _deduplicated(producer: Producer) -> int | None:
+    """Records the broker acknowledged as already stored (a retry of a request whose first copy
+    it had kept), from the producer's ``metrics``; None when the client does not count them."""
+    metrics = getattr(producer, "metrics", None)
+    if callable(metrics):
+        metrics = metrics()
+    if not isinstance(metrics, dict):
+        return None
+    value = metrics.get("records_deduplicated")
+    return value if isinstance(value, int) else None
+
+
 class _ProducerRun:
     def __init__(self, task: ProducerTask, link: WorkerLink) -> None:
         self.task = task
@@ -74,6 +87,7 @@ class _ProducerRun:
         keys = KeyChooser(config.keys, np.random.default_rng(task.seed + 1))
         producer = Producer(config.bootstrap, name=task.name, **config.producer_options())
         first_error = None
+        deduplicated = None
         try:
             self.link.put("producer", task.index, "ready")
             start = self.start = self.link.wait_for_start()
@@ -87,6 +101,7 @@ class _ProducerRun:
             except Exception as e:  # failures are counted from the client's log; keep the first
                 first_error = first_error or f"{type(e).__name__}: {e}"
             end_wall = time.time()  # every record acknowledged or failed
+            deduplicated = _deduplicated(producer)
         finally:
             try:
                 producer.close(_FLUSH_TIMEOUT_S)
@@ -96,6 +111,7 @@ class _ProducerRun:
         self.link.put("producer", task.index, "done", name=task.name, run_id=task.run_id,
                       records=self.sent, bytes=self.sent_bytes, acked=self.acked,
                       failed=self.counter.failed_records + self.send_errors, retries=self.counter.retries,
+                      deduplicated=deduplicated,
                       first_error=first_error or self.counter.first_error, started=started_wall,
                       send_ended=send_end_wall, ended=end_wall, max_lag_s=self.max_lag_s,
                       ack_latency=self.total_latency.to_sparse(),

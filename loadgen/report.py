@@ -118,6 +118,7 @@ class Collector:
         send_duration = max((m["send_ended"] for m in finals), default=self.t0 or 0) - (self.t0 or 0)
         per_producer = [{"producer": m["name"], "index": m["index"], "records": m["records"],
                          "bytes": m["bytes"], "failed": m["failed"], "retries": m["retries"],
+                         "deduplicated": m.get("deduplicated"),
                          "records_per_s": _rate(m["records"], m["ended"] - (self.t0 or 0)),
                          "max_schedule_lag_ms": round(m["max_lag_s"] * 1000, 3),
                          "first_error": m["first_error"]}
@@ -127,6 +128,7 @@ class Collector:
                 "mb_per_s": _rate(nbytes / 1e6, duration), "target_records_per_s": self.config.rate,
                 "acked": sum(m["acked"] for m in finals), "failed": sum(m["failed"] for m in finals),
                 "retries": sum(m["retries"] for m in finals),
+                "deduplicated": _total(m.get("deduplicated") for m in finals),
                 "max_schedule_lag_ms": max((p["max_schedule_lag_ms"] for p in per_producer), default=0.0),
                 "ack_latency_ms": latency.summary(percentiles=PERCENTILES),
                 "ack_latency_note": "one sample per chunk: send to acknowledgement of its last record",
@@ -180,6 +182,16 @@ class Collector:
                          "e2e_p50_ms": _ms(t.e2e_latency.percentile(50)),
                          "e2e_p99_ms": _ms(t.e2e_latency.percentile(99))})
         return rows
+
+
+def _count_or_dash(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+def _total(values) -> int | None:
+    """The sum of the counts known; None when no worker knew its count."""
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
 
 
 def _rate(amount: float, seconds: float) -> float:
@@ -241,6 +253,7 @@ def format_report(report: dict) -> str:
                      f"{p['duration_s']:.2f} s: {p['records_per_s']:,.0f} records/s, "
                      f"{p['mb_per_s']:,.1f} MB/s; "
                      f"failed {p['failed']:,}, retries {p['retries']:,}, "
+                     f"deduplicated {_count_or_dash(p.get('deduplicated'))}, "
                      f"max schedule lag {p['max_schedule_lag_ms']:.1f} ms")
         lines.append(_latency_line("produce-ack latency", p["ack_latency_ms"]))
         if p["first_error"]:

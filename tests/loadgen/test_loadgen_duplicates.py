@@ -13,7 +13,8 @@ from hpbroker.client.connection import BrokerConnection, parse_bootstrap
 from hpbroker.records import build_batch, decode_records, scan_batches
 from loadgen.cli import build_parser, config_from_args
 from loadgen.config import LoadConfig
-from loadgen.report import format_report
+from loadgen.histogram import Histogram
+from loadgen.report import Collector, format_report
 from loadgen.runner import run
 
 
@@ -69,6 +70,26 @@ def test_records_read_back_twice_are_reported_as_duplicates(bootstrap):
     assert f"duplicates: {copied:,} " in text and "check: PROBLEMS" in text
 
 
+@pytest.mark.parametrize(("counts", "total", "shown"), [((5, 3), 8, "deduplicated 8,"),
+                                                        ((5, None), 5, "deduplicated 5,"),
+                                                        ((None, None), None, "deduplicated -,")])
+def test_the_report_sums_the_records_the_broker_deduplicated(counts, total, shown):
+    collector = Collector(LoadConfig(workload="produce"), 0x42)
+    collector.t0 = 1000.0
+    for index, deduplicated in enumerate(counts):
+        collector.add({"role": "producer", "index": index, "kind": "done", "name": f"p{index}",
+                       "run_id": 0x42,
+                       "records": 10, "bytes": 1000, "acked": 10, "failed": 0, "retries": 2,
+                       "deduplicated": deduplicated, "first_error": None, "started": 1000.0,
+                       "send_ended": 1001.0, "ended": 1001.0, "max_lag_s": 0.0,
+                       "ack_latency": Histogram().to_sparse(),
+                       "truth": []})
+    report = collector.report(partitions=1, topic_created=False, consumers_started=0)
+    assert report["produce"]["deduplicated"] == total
+    assert [p["deduplicated"] for p in report["produce"]["per_producer"]] == list(counts)
+    assert shown in format_report(report)
+
+
 def test_producer_settings_are_passed_only_when_given():
     assert "enable_idempotence" not in LoadConfig().producer_options()
     assert set(LoadConfig().producer_options()) == {"acks", "linger_ms", "batch_bytes", "compression"}
@@ -94,3 +115,4 @@ def test_invalid_producer_settings_are_refused(changes):
 def test_idempotence_flag_takes_only_on_or_off():
     with pytest.raises(SystemExit):
         build_parser().parse_args(["produce", "--idempotence", "maybe"])
+
