@@ -13,7 +13,10 @@ overlap, and the store has it durably before any of its ids is handed out:
   (tmp, fsync, rename, fsync of the directory).
 
 Both hold the same JSON, ``{"version": 1, "broker": B, "block_start": S, "block_end": E}``
-(ids ``S`` .. ``E - 1``, taken by broker ``B``); the first block starts at 0.
+(ids ``S`` .. ``E - 1``, taken by broker ``B``); the first block starts at 0.  A block never
+starts below the *floor* the broker's data directory gives (its issued ceiling and its block
+file, whichever is higher), so a data directory moved from one store to the other (standalone
+to a cluster, or back) does not hand out again the ids it handed out before.
 
 **Allocator.**  :class:`ProducerIdAllocator` takes a fresh block at :meth:`~ProducerIdAllocator.start`
 (whatever the old one had left is never handed out: a broker does not know which of its ids it
@@ -114,23 +117,23 @@ class ProducerIdBlock:
                              f"{bytes(data[:200])!r}")
         return block
 
-    def after(self, broker_id: int, size: int) -> ProducerIdBlock:
-        """The block a broker takes next: ``size`` ids from this one's end."""
-        if self.block_end > _MAX_PRODUCER_ID - size:
-            raise CoordinationError(f"producer ids are exhausted: the newest block ends at {self.block_end}")
-        return ProducerIdBlock(broker_id, self.block_end, self.block_end + size)
-
-
-def _first_block(broker_id: int, size: int) -> ProducerIdBlock:
-    return ProducerIdBlock(broker_id, 0, size)
+def _next_block(previous: ProducerIdBlock | None, broker_id: int, size: int, floor: int) -> ProducerIdBlock:
+    """The block a broker takes next: ``size`` ids from the end of ``previous`` (0 when none),
+    or from ``floor`` if that is higher."""
+    start = max(0 if previous is None else previous.block_end, floor)
+    if start > _MAX_PRODUCER_ID - size:
+        raise CoordinationError(f"producer ids are exhausted: the next block would start at {start}")
+    return ProducerIdBlock(broker_id, start, start + size)
 
 
 class BlockStore(Protocol):
     """Where the newest block taken is kept (module docstring)."""
 
-    def allocate(self, broker_id: int, size: int) -> tuple[ProducerIdBlock, ProducerIdBlock | None]:
-        """Take the next block for ``broker_id``, durably, and return it with the block it
-        replaced (None for the first).  Blocks; raises HPBrokerError when it cannot."""
+    def allocate(self, broker_id: int, size: int, floor: int = 0,
+                 ) -> tuple[ProducerIdBlock, ProducerIdBlock | None]:
+        """Take the next block for ``broker_id`` (starting at ``floor`` or above), durably, and
+        return it with the block it replaced (None for the first).  Blocks; raises
+        HPBrokerError when it cannot."""
         ...
 
 
@@ -157,9 +160,10 @@ class FileBlockStore:
                                "newest block of ids taken: write one whose block_end is above every id "
                                "issued)") from None
 
-    def allocate(self, broker_id: int, size: int) -> tuple[ProducerIdBlock, ProducerIdBlock | None]:
+    def allocate(self, broker_id: int, size: int, floor: int = 0,
+                 ) -> tuple[ProducerIdBlock, ProducerIdBlock | None]:
         previous = self.read()
-        block = _first_block(broker_id, size) if previous is None else previous.after(broker_id, size)
+        block = _next_block(previous, broker_id, size, floor)
         tmp = self.path + TMP_SUFFIX
         try:
             with open(tmp, "wb") as f:
@@ -181,7 +185,8 @@ class ZkBlockStore:
         self.client = client
         self.path = path
 
-    def allocate(self, broker_id: int, size: int) -> tuple[ProducerIdBlock, ProducerIdBlock | None]:
+    def allocate(self, broker_id: int, size: int, floor: int = 0,
+                 ) -> tuple[ProducerIdBlock, ProducerIdBlock | None]:
         from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 
         for _ in range(_CONFLICT_ATTEMPTS):
@@ -189,7 +194,7 @@ class ZkBlockStore:
                 try:
                     data, stat = self.client.get(self.path)
                 except NoNodeError:
-                    block = _first_block(broker_id, size)
+                    block = _next_block(None, broker_id, size, floor)
                     self.client.create(self.path, block.to_json(), makepath=True)
                     return block, None
                 try:
@@ -197,7 +202,7 @@ class ZkBlockStore:
                 except ValueError as e:
                     raise CoordinationError(f"{e}; no producer id is handed out until it is "
                                             "repaired") from None
-                block = previous.after(broker_id, size)
+                block = _next_block(previous, broker_id, size, floor)
                 self.client.set(self.path, block.to_json(), version=stat.version)
                 return block, previous
             except (BadVersionError, NodeExistsError):
@@ -208,10 +213,12 @@ class ZkBlockStore:
         raise CoordinationError(f"lost {_CONFLICT_ATTEMPTS} races in a row for a producer id block at "
                                 f"{self.path}")
 
-    def watch(self, on_block: Any) -> None:
-        """Call ``on_block(block)`` (on a kazoo thread) with the znode's block now and after
-        every change; a value that does not parse is logged and skipped."""
-        from kazoo.recipe.watchers import DataWatch
+    def watch(self, on_block: Any) -> Any:
+        """Call ``on_block(block)`` (on kazoo's callback thread) with the znode's block now and
+        after every change (``hpbroker.coord.watches``: re-armed after reconnections and
+        expiry); a value that does not parse is logged and skipped.  Returns the watch, whose
+        ``cancel()`` ends it."""
+        from hpbroker.coord.watches import watch_data
 
         def changed(data: bytes | None, _stat: Any) -> None:
             if data is None:
@@ -221,7 +228,26 @@ class ZkBlockStore:
             except ValueError as e:
                 logger.warning("[producer-ids] %s", e)
 
-        DataWatch(self.client, self.path, changed)
+        return watch_data(self.client, self.path, changed)
+
+
+def _local_floor(data_dir: str) -> int:
+    """The lowest id a new block of this data directory may start at: above every id it handed
+    out (its issued ceiling) and every block it took standalone.  Files that cannot be read
+    count for nothing (the store's own newest block still applies)."""
+    floor = 0
+    try:
+        with open(os.path.join(data_dir, ISSUED_CEILING_FILE_NAME), "rb") as f:
+            lines = f.read(256).decode("ascii").split("\n")
+        if lines[0] == str(_ISSUED_CEILING_VERSION) and lines[1].isdigit():
+            floor = int(lines[1])
+    except (OSError, UnicodeDecodeError, IndexError):
+        pass
+    try:
+        block = FileBlockStore(data_dir).read()
+    except StorageError:
+        block = None
+    return max(floor, 0 if block is None else block.block_end)
 
 
 def write_issued_ceiling(data_dir: str, ceiling: int) -> None:
@@ -263,6 +289,8 @@ class ProducerIdAllocator:
         self._written_ceiling = -1  # the ceiling last written to the file
         self._closing = False
         self._thread: threading.Thread | None = None
+        self._watch: Any = None  # the watch on the other brokers' blocks (ZooKeeper only)
+        self._floor = 0  # no block starts below it (module docstring), read at start
 
     # --- life cycle -----------------------------------------------------------------------------
 
@@ -271,8 +299,9 @@ class ProducerIdAllocator:
         refill thread (and, with ZooKeeper, the watch on the others' blocks).  A first block that
         cannot be taken is logged and left to the refill thread: ids are refused with error 17
         until it comes."""
+        self._floor = _local_floor(self.data_dir)
         try:
-            self._install(*self.store.allocate(self.broker_id, self.block_size))
+            self._install(*self.store.allocate(self.broker_id, self.block_size, self._floor))
         except HPBrokerError as e:
             logger.warning("[producer-ids] cannot take a block of producer ids at start (retrying every "
                            "%g s): %s", self._retry_s, e.message)
@@ -281,7 +310,7 @@ class ProducerIdAllocator:
                 self._refill = True
         watch = getattr(self.store, "watch", None)
         if watch is not None:
-            watch(self._on_block)
+            self._watch = watch(self._on_block)
         self._thread = threading.Thread(target=self._run, name="hpbroker-producer-ids", daemon=True)
         self._thread.start()
 
@@ -290,6 +319,8 @@ class ProducerIdAllocator:
         with self._lock:
             self._closing = True
             self._lock.notify_all()
+        if self._watch is not None:
+            self._watch.cancel()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(_JOIN_TIMEOUT_S)
 
@@ -400,7 +431,7 @@ class ProducerIdAllocator:
                 if self._closing:
                     return
             try:
-                self._install(*self.store.allocate(self.broker_id, self.block_size))
+                self._install(*self.store.allocate(self.broker_id, self.block_size, self._floor))
             except HPBrokerError as e:
                 self._failed(e.message)
                 continue

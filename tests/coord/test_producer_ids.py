@@ -126,12 +126,12 @@ class GatedStore:
         self.calls = 0
         self.waiting = threading.Event()
 
-    def allocate(self, broker_id: int, size: int):
+    def allocate(self, broker_id: int, size: int, floor: int = 0):
         self.calls += 1
         if self.calls > 1:
             self.waiting.set()
             assert self.gate.wait(30)
-        return self.inner.allocate(broker_id, size)
+        return self.inner.allocate(broker_id, size, floor)
 
 
 def test_the_refill_runs_on_its_own_thread_and_an_empty_allocator_refuses_at_once(tmp_path):
@@ -270,3 +270,22 @@ def test_zookeeper_unreachable_is_a_retriable_refusal(tmp_path, sessions):
         assert not (tmp_path / ISSUED_CEILING_FILE_NAME).exists()
     finally:
         allocator.close()
+
+
+@pytest.mark.zookeeper
+def test_a_data_directory_moved_between_stores_never_hands_out_an_id_again(tmp_path, sessions):
+    """Standalone, then with ZooKeeper (whose blocks start at 0), then standalone again."""
+    standalone = started(tmp_path, FileBlockStore(str(tmp_path)))
+    assert [standalone.next_id() for _ in range(3)] == [0, 1, 2]
+    standalone.close()
+    clustered = started(tmp_path, ZkBlockStore(sessions().client, PATH))
+    assert clustered.next_id() == 1000  # the block file and the ceiling are the floor
+    for _ in range(1500):
+        wait_until(lambda: _try_next(clustered), 10, what="an id")
+    clustered.close()
+    assert ceiling_file(tmp_path) == b"0\n2501\n"
+    again = started(tmp_path, FileBlockStore(str(tmp_path)))
+    try:
+        assert again.next_id() == 2501  # above every id handed out with ZooKeeper
+    finally:
+        again.close()
