@@ -519,7 +519,7 @@ class PartitionLog:
         scan = _core.validate_batches(view, max_batch_bytes=self._config.max_message_bytes)
         now = self._clock()
         self._check_timestamps(scan, now)
-        idempotent = getattr(scan, "idempotent_batches", 0) != 0
+        idempotent = scan.idempotent_batches != 0
         if idempotent:  # per batch, before any offset is given (hpbroker.io.producer_state)
             stored = self._producers.check(scan)
             if stored is not None:
@@ -890,7 +890,7 @@ class PartitionLog:
             mtime_ms = os.fstat(file_slice.fd).st_mtime_ns // 1_000_000
             try:
                 for header in slice_headers(file_slice.fd, file_slice.position, file_slice.length):
-                    if getattr(header, "producer_id", -1) >= 0 and header.base_offset >= offset:
+                    if header.idempotent and header.base_offset >= offset:
                         yield ReplayedBatch(header.producer_id, header.producer_epoch, header.base_sequence,
                                             header.base_offset, header.last_offset, mtime_ms)
             except CorruptRecordError as e:

@@ -45,7 +45,8 @@ def test_records_and_bytes_in_and_out_are_counted_exactly(start_worker, arbiter)
     counted = partition_stats(stats, "orders", 1)
     stored = sum(map(len, batches))
     assert counted == {"topic": "orders", "partition": 1, "produced_records": 26, "produced_bytes": stored,
-                       "duplicate_records": 0, "fetched_records": 47, "fetched_bytes": stored + len(tcp.payload),
+                       "duplicate_records": 0, "fetched_records": 47,
+                       "fetched_bytes": stored + len(tcp.payload),
                        "flushes": 4, "flushed_bytes": stored, "log_start_offset": 0, "high_watermark": 26,
                        "size_bytes": stored, "segments": 1, "damaged_ranges": 0, "damaged_records": 0,
                        "writes_refused": 0}

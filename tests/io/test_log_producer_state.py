@@ -1,0 +1,285 @@
+"""The partition log deduplicates idempotent producers at its single writer, and keeps that state
+exact across restarts, crashes, lost or damaged snapshots, write failures, retention and expiry."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+from storage_helpers import START_MS, TEST_CONFIG, make_batch, read_all, stamped
+
+from hpbroker import _core
+from hpbroker.errors import OutOfOrderSequenceError, ProducerFencedError, StorageError, UnknownProducerIdError
+from hpbroker.io import PartitionLog
+from hpbroker.io.producer_state import list_snapshots
+
+DAY_MS = 24 * 60 * 60 * 1000
+
+
+def idempotent(producer_id: int, epoch: int, sequence: int, count: int = 1, *, tag: str = "",
+               timestamp: int = START_MS) -> bytes:
+    """A batch of ``count`` records of producer ``producer_id``/``epoch`` from ``sequence``."""
+    values = [f"{producer_id}:{epoch}:{sequence + i}:{tag}".encode() for i in range(count)]
+    return _core.build_batch(values, timestamps=timestamp, producer="p", base_sequence=sequence,
+                             producer_id=producer_id, producer_epoch=epoch)
+
+
+def offsets_stored(log: PartitionLog) -> list[int]:
+    return [offset for offset, _ in read_all(log)]
+
+
+def test_a_retry_while_the_first_copy_is_pending_is_answered_with_its_offsets_and_stored_once(open_log):
+    log = open_log()
+    log.append(make_batch(2))  # offsets 0..1, no identity
+    batch = idempotent(7, 0, 0, 3)
+    first = log.append(batch)
+    assert (first.first_offset, first.last_offset, first.duplicate) == (2, 4, False)
+    assert log.high_watermark == 0, "the first copy is still pending"
+    retry = log.append(batch)
+    assert (retry.first_offset, retry.last_offset, retry.record_count, retry.duplicate) == (2, 4, 3, True)
+    assert log.log_end_offset == 5 and log.pending_records == 5, "nothing appended by the retry"
+    log.flush()
+    assert log.append(batch).duplicate, "and after the flush"
+    assert read_all(log)[1] == (2, stamped(batch, 2)) and log.high_watermark == 5
+
+
+def test_a_retry_while_the_first_copy_is_in_a_flush_in_flight_is_a_duplicate(log_dir, clock):
+    with PartitionLog(log_dir, TEST_CONFIG, clock=clock, flush_on_append=False) as log:
+        batch = idempotent(7, 0, 0, 2)
+        log.append(batch)
+        job = log.begin_flush()
+        info = log.append(batch)
+        assert info.duplicate and (info.first_offset, info.last_offset) == (0, 1)
+        log.complete_flush(job)
+        assert offsets_stored(log) == [0] and log.log_end_offset == 2
+
+
+def test_a_gap_an_older_epoch_and_an_unknown_id_are_refused_with_nothing_appended(log_dir, clock):
+    with PartitionLog(log_dir, TEST_CONFIG, clock=clock, producer_id_issued=lambda pid: pid < 100) as log:
+        log.append(idempotent(7, 1, 0, 2))
+        end = log.log_end_offset
+        with pytest.raises(OutOfOrderSequenceError, match="expected sequence 2"):
+            log.append(idempotent(7, 1, 3))
+        with pytest.raises(ProducerFencedError, match="epoch 0 is older than epoch 1"):
+            log.append(idempotent(7, 0, 2))
+        with pytest.raises(UnknownProducerIdError, match="producer id 100"):
+            log.append(idempotent(100, 0, 0))
+        with pytest.raises(OutOfOrderSequenceError, match="must start at sequence 0"):
+            log.append(idempotent(7, 2, 5))
+        assert log.log_end_offset == end and log.pending_records == end
+        assert log.append(idempotent(7, 1, 2)).first_offset == end, "the right sequence goes on"
+
+
+def test_a_request_mixing_a_stored_batch_and_a_new_one_is_out_of_order_and_appends_nothing(open_log):
+    log = open_log()
+    stored = idempotent(7, 0, 0, 2)
+    log.append(stored)
+    with pytest.raises(OutOfOrderSequenceError, match="mixes"):
+        log.append(stored + idempotent(7, 0, 2))
+    with pytest.raises(OutOfOrderSequenceError, match="mixes"):
+        log.append(stored + make_batch(1))
+    assert log.log_end_offset == 2
+    both = log.append(idempotent(7, 0, 2) + idempotent(8, 0, 0) + make_batch(1) + idempotent(7, 0, 3))
+    assert (both.first_offset, both.last_offset, both.batch_count) == (2, 5, 4)
+    assert log.producer_state.get(7).batches[-2:] == [(2, 2, 2, 2), (3, 3, 5, 5)]
+
+
+def test_non_idempotent_batches_leave_no_state(open_log):
+    log = open_log()
+    for _ in range(3):
+        log.append(make_batch(2))
+    assert len(log.producer_state) == 0
+
+
+def fill(log: PartitionLog, producer_id: int, batches: int, *, start: int = 0) -> list[bytes]:
+    """Append ``batches`` batches of 2 records of ``producer_id`` from sequence ``start``."""
+    sent = []
+    for k in range(batches):
+        batch = idempotent(producer_id, 0, start + 2 * k, 2, tag="x" * 200)
+        log.append(batch)
+        sent.append(batch)
+    return sent
+
+
+def assert_remembers(log: PartitionLog, producer_id: int, sent: list[bytes], first_offset: int,
+                     next_sequence: int) -> None:
+    """The last five of ``sent`` (stored from ``first_offset``, 2 records each) are duplicates
+    at their offsets, a gap is refused, and the next sequence is taken."""
+    for k in range(max(0, len(sent) - 5), len(sent)):
+        info = log.append(sent[k])
+        assert info.duplicate and info.first_offset == first_offset + 2 * k, k
+    end = log.log_end_offset
+    with pytest.raises(OutOfOrderSequenceError):
+        log.append(idempotent(producer_id, 0, next_sequence + 1))
+    assert log.append(idempotent(producer_id, 0, next_sequence)).first_offset == end
+
+
+def test_the_state_survives_a_clean_close_through_its_snapshot(open_log, log_dir):
+    log = open_log()
+    sent = fill(log, 7, 12)  # rolls: 4096-byte segments
+    end = log.log_end_offset
+    log.close()
+    assert list_snapshots(log_dir)[-1] == end and len(list_snapshots(log_dir)) == 2, "newest two kept"
+    log = open_log()
+    assert log._producers.loaded_from == end, "nothing replayed"
+    assert_remembers(log, 7, sent, 0, 24)
+
+
+def test_the_state_is_rebuilt_from_the_log_after_a_crash(open_log):
+    log = open_log()
+    sent = fill(log, 7, 12)
+    log.flush()
+    log._abandon()  # no snapshot at the log end: the one of the last roll, and the batches after it
+    log = open_log()
+    assert log._producers.loaded_from is not None and log._producers.loaded_from < log.log_end_offset
+    assert_remembers(log, 7, sent, 0, 24)
+
+
+@pytest.mark.parametrize("how", ["deleted", "corrupt"])
+def test_a_snapshot_deleted_or_corrupt_is_rebuilt_from_the_log(open_log, log_dir, how):
+    log = open_log()
+    sent = fill(log, 7, 12)
+    log.close()
+    for offset in list_snapshots(log_dir):
+        path = os.path.join(log_dir, f"{offset:020d}.snapshot")
+        if how == "deleted":
+            os.unlink(path)
+        else:
+            with open(path, "r+b") as f:
+                f.seek(15)
+                f.write(b"\x7f")
+    log = open_log()
+    assert log._producers.loaded_from is None and list_snapshots(log_dir) == []
+    assert_remembers(log, 7, sent, 0, 24)
+
+
+def test_a_stale_snapshot_is_caught_up_from_the_log(open_log, log_dir, tmp_path):
+    log = open_log(segment_bytes=1 << 20)  # no roll: only the close writes snapshots
+    sent = fill(log, 7, 3)
+    log.close()
+    (stale,) = list_snapshots(log_dir)
+    shutil.copy(os.path.join(log_dir, f"{stale:020d}.snapshot"), tmp_path / "stale")
+    log = open_log(segment_bytes=1 << 20)
+    sent += fill(log, 7, 4, start=6)
+    log.close()
+    for offset in list_snapshots(log_dir):
+        os.unlink(os.path.join(log_dir, f"{offset:020d}.snapshot"))
+    shutil.copy(tmp_path / "stale", os.path.join(log_dir, f"{stale:020d}.snapshot"))
+    log = open_log(segment_bytes=1 << 20)
+    assert log._producers.loaded_from == stale < log.log_end_offset
+    assert_remembers(log, 7, sent, 0, 14)
+
+
+def test_a_roll_in_the_middle_of_a_request_snapshots_only_what_lies_below_it(open_log, log_dir):
+    log = open_log(segment_bytes=1024)
+    first, second = idempotent(7, 0, 0, 4, tag="y" * 150), idempotent(7, 0, 4, 4, tag="y" * 150)
+    info = log.append(first + second)  # the second batch rolls to a new segment
+    assert log.segment_count == 2 and info.last_offset == 7
+    assert list_snapshots(log_dir) == [4]
+    log.flush()
+    log._abandon()
+    log = open_log(segment_bytes=1024)
+    assert log._producers.loaded_from == 4
+    assert log.append(first + second).duplicate
+    assert log.append(idempotent(7, 0, 8)).first_offset == 8
+
+
+def test_a_torn_tail_cut_at_open_leaves_the_state_and_its_retry_is_stored(open_log, log_dir):
+    log = open_log(segment_bytes=1 << 20)
+    kept, torn = idempotent(7, 0, 0, 2), idempotent(7, 0, 2, 2)
+    log.append(kept)
+    log.append(torn)
+    log.flush()
+    path = log.segments[-1].path
+    log._abandon()  # a crash: no snapshot; the last batch was written only in part
+    os.truncate(path, os.path.getsize(path) - 3)
+    log = open_log(segment_bytes=1 << 20)
+    assert log.log_end_offset == 2
+    assert log.producer_state.get(7).batches == [(0, 1, 0, 1)]
+    info = log.append(torn)
+    assert not info.duplicate and info.first_offset == 2, "the retry of the cut batch is stored"
+
+
+def test_a_snapshot_past_the_log_end_is_removed_at_open(open_log, log_dir):
+    log = open_log(segment_bytes=1 << 20)
+    kept, torn = idempotent(7, 0, 0, 2), idempotent(7, 0, 2, 2)
+    log.append(kept)
+    log.append(torn)
+    log.close()  # the snapshot at 4 knows the torn batch
+    path = log.segments[-1].path
+    os.truncate(path, os.path.getsize(path) - 3)
+    os.unlink(os.path.join(log_dir, "clean-shutdown"))
+    with open(os.path.join(log_dir, "recovery-point-offset-checkpoint"), "w") as f:
+        f.write("0\n2\n")  # as if only the first batch had been fsynced
+    log = open_log(segment_bytes=1 << 20)
+    assert log.log_end_offset == 2 and list_snapshots(log_dir) == []
+    assert not log.append(torn).duplicate
+
+
+def fail_next_flush(log: PartitionLog, job) -> None:
+    """Run ``job`` with the segment's descriptor read-only, so its writev fails."""
+    fd = log.segments[-1].log.fd
+    read_only = os.open(log.segments[-1].path, os.O_RDONLY)
+    saved = os.dup(fd)
+    os.dup2(read_only, fd)
+    try:
+        job.run()
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
+        os.close(read_only)
+
+
+def test_a_write_failure_forgets_the_dropped_batches_so_their_retry_is_stored(log_dir, clock):
+    with PartitionLog(log_dir, TEST_CONFIG, clock=clock, flush_on_append=False) as log:
+        acknowledged = idempotent(7, 0, 0, 2)
+        log.append(acknowledged)
+        log.complete_flush(log.begin_flush())
+        dropped, pending = idempotent(7, 0, 2, 2), idempotent(7, 0, 4, 1)
+        log.append(dropped)
+        job = log.begin_flush()
+        log.append(pending)
+        fail_next_flush(log, job)
+        with pytest.raises(StorageError):
+            log.complete_flush(job)
+        assert log.log_end_offset == 2
+        assert log.resume_writes()
+        assert log.producer_state.get(7).batches == [(0, 1, 0, 1)]
+        info = log.append(dropped)
+        assert not info.duplicate and info.first_offset == 2, "never stored: not a duplicate"
+        assert log.append(pending).first_offset == 4
+        assert log.append(acknowledged).duplicate
+        log.flush()
+        assert offsets_stored(log) == [0, 2, 4]
+
+
+def test_retention_drops_producers_below_the_log_start_and_their_snapshots(open_log, log_dir):
+    log = open_log(retention_bytes=0, segment_bytes=1024)
+    log.append(idempotent(1, 0, 0, 2, tag="z" * 300))
+    fill(log, 2, 12, start=0)
+    assert log.segment_count > 3
+    assert log.delete_old_segments() > 0
+    assert log.producer_state.get(1) is None and log.producer_state.get(2) is not None
+    assert all(offset >= log.log_start_offset for offset in list_snapshots(log_dir))
+    assert log.append(idempotent(1, 0, 7)).first_offset == log.log_end_offset - 1, "any sequence again"
+
+
+def test_a_producer_quiet_for_producer_id_expiration_ms_expires(open_log, clock):
+    log = open_log(producer_id_expiration_ms=DAY_MS)
+    log.append(idempotent(1, 0, 0, 2))
+    clock.advance(DAY_MS // 2)
+    log.append(idempotent(2, 0, 0, 2))
+    clock.advance(DAY_MS // 2 + 1)
+    log.delete_old_segments()
+    assert log.producer_state.get(1) is None and log.producer_state.get(2) is not None
+    assert not log.append(idempotent(1, 0, 0, 2)).duplicate, "forgotten: stored again"
+
+
+def test_an_open_after_the_expiration_forgets_the_producers(open_log, clock):
+    log = open_log(producer_id_expiration_ms=DAY_MS)
+    log.append(idempotent(1, 0, 0, 2))
+    log.close()
+    clock.advance(DAY_MS + 1)
+    log = open_log(producer_id_expiration_ms=DAY_MS)
+    assert len(log.producer_state) == 0
