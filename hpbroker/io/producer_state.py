@@ -46,7 +46,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from hpbroker import _core
@@ -159,8 +159,8 @@ class ProducerStateTable:
     def get(self, producer_id: int) -> ProducerEntry | None:
         return self.entries.get(producer_id)
 
-    def check(self, producer_ids: Iterable[int], producer_epochs: Iterable[int],
-              base_sequences: Iterable[int], last_offset_deltas: Iterable[int],
+    def check(self, producer_ids: Sequence[int], producer_epochs: Sequence[int],
+              base_sequences: Sequence[int], last_offset_deltas: Sequence[int],
               issued: Callable[[int], bool] | None = None, log_name: str = "") -> ProducerBatch | None:
         """Check one request's batches (one element per batch in each sequence; producer id -1:
         a batch without identity) against the state, changing nothing.
@@ -170,50 +170,57 @@ class ProducerStateTable:
         first_offset, last_offset)`` spanning the stored copies (the first's firsts, the last's
         lasts).  Raises OutOfOrderSequenceError, ProducerFencedError or UnknownProducerIdError
         (module docstring); later batches of the request see the earlier ones as stored."""
-        prefix = f"[{log_name}] " if log_name else ""
         entries = self.entries
-        seen: dict[int, tuple[int, int]] = {}  # producer id -> (epoch, last_sequence) of new batches
+        if len(producer_ids) == 1:  # the common case, first: one batch following its producer's last
+            entry = entries.get(producer_ids[0])
+            if (entry is not None and producer_epochs[0] == entry.epoch
+                    and base_sequences[0] == entry.batches[-1][1] + 1):
+                return None
+        seen: dict[int, tuple[int, int]] | None = None  # producer id -> (epoch, last_sequence) of new batches
         new = 0
         first: ProducerBatch | None = None
         last: ProducerBatch | None = None
-        for i, (pid, epoch, first_seq, delta) in enumerate(zip(producer_ids, producer_epochs, base_sequences,
-                                                              last_offset_deltas, strict=True)):
+        for i in range(len(producer_ids)):
+            pid = producer_ids[i]
             if pid < 0:
                 new += 1
                 continue
-            last_seq = first_seq + delta
-            where = f"{prefix}batch {i} of the request (producer id {pid}, epoch {epoch}, sequences " \
-                    f"{first_seq}..{last_seq})"
-            earlier = seen.get(pid)
+            epoch, first_seq = producer_epochs[i], base_sequences[i]
+            last_seq = first_seq + last_offset_deltas[i]
+            earlier = seen.get(pid) if seen is not None else None
             if earlier is not None:
                 if epoch != earlier[0] or first_seq != earlier[1] + 1:
                     raise OutOfOrderSequenceError(
-                        f"{where}: does not follow the request's earlier batch of epoch {earlier[0]} ending "
-                        f"at sequence {earlier[1]}")
+                        f"{_where(log_name, i, pid, epoch, first_seq, last_seq)}: does not follow the "
+                        f"request's earlier batch of epoch {earlier[0]} ending at sequence {earlier[1]}")
             else:
                 entry = entries.get(pid)
                 if entry is None:
                     if issued is not None and not issued(pid):
-                        raise UnknownProducerIdError(f"{where}: this producer id was never issued; get one "
-                                                     f"with InitProducerId")
-                elif epoch < entry.epoch:
-                    raise ProducerFencedError(f"{where}: epoch {epoch} is older than epoch {entry.epoch} "
-                                              f"stored for this producer id")
-                elif epoch > entry.epoch:
-                    if first_seq != 0:
-                        raise OutOfOrderSequenceError(
-                            f"{where}: a new epoch (stored: {entry.epoch}) must start at sequence 0")
-                else:
-                    stored = entry.find(first_seq, last_seq)
-                    if stored is not None:
+                        raise UnknownProducerIdError(
+                            f"{_where(log_name, i, pid, epoch, first_seq, last_seq)}: this producer id was "
+                            f"never issued; get one with InitProducerId")
+                elif epoch == entry.epoch:
+                    if first_seq != entry.batches[-1][1] + 1:  # not the next one: stored, or a gap
+                        stored = entry.find(first_seq, last_seq)
+                        if stored is None:
+                            raise OutOfOrderSequenceError(
+                                f"{_where(log_name, i, pid, epoch, first_seq, last_seq)}: expected sequence "
+                                f"{entry.last_sequence + 1} (the stored batches hold {_ranges(entry)})")
                         if first is None:
                             first = stored
                         last = stored
                         continue
-                    if first_seq != entry.last_sequence + 1:
-                        raise OutOfOrderSequenceError(
-                            f"{where}: expected sequence {entry.last_sequence + 1} (the stored batches hold "
-                            f"{_ranges(entry)})")
+                elif epoch < entry.epoch:
+                    raise ProducerFencedError(
+                        f"{_where(log_name, i, pid, epoch, first_seq, last_seq)}: epoch {epoch} is older "
+                        f"than epoch {entry.epoch} stored for this producer id")
+                elif first_seq != 0:
+                    raise OutOfOrderSequenceError(
+                        f"{_where(log_name, i, pid, epoch, first_seq, last_seq)}: a new epoch (stored: "
+                        f"{entry.epoch}) must start at sequence 0")
+            if seen is None:
+                seen = {}
             seen[pid] = (epoch, last_seq)
             new += 1
         if first is None:
@@ -221,8 +228,8 @@ class ProducerStateTable:
         assert last is not None
         if new:
             raise OutOfOrderSequenceError(
-                f"{prefix}the request mixes batches already stored (offsets {first[2]}..{last[3]}) with "
-                f"{new} new ones: nothing appended")
+                f"{f'[{log_name}] ' if log_name else ''}the request mixes batches already stored (offsets "
+                f"{first[2]}..{last[3]}) with {new} new ones: nothing appended")
         return (first[0], last[1], first[2], last[3])
 
     def update(self, producer_id: int, epoch: int, first_sequence: int, last_sequence: int, first_offset: int,
@@ -257,6 +264,12 @@ class ProducerStateTable:
         for pid in gone:
             del self.entries[pid]
         return gone
+
+
+def _where(log_name: str, i: int, pid: int, epoch: int, first_seq: int, last_seq: int) -> str:
+    prefix = f"[{log_name}] " if log_name else ""
+    return (f"{prefix}batch {i} of the request (producer id {pid}, epoch {epoch}, sequences "
+            f"{first_seq}..{last_seq})")
 
 
 def _ranges(entry: ProducerEntry) -> str:
