@@ -11,6 +11,7 @@ guarantees), :class:`LogConfig`, and the values they return, :class:`FileSlice` 
 - ``segment``     a ``.log`` plus its indexes: the indexing rule, load, recover, read
 - ``checkpoint``  the recovery-point checkpoint file, replaced atomically
 - ``loader``      opening a directory: cleanup, trusted load or recovery of each segment
+- ``producer_state`` the idempotent producers' state: deduplication checks, snapshots, rebuild
 - ``log``         PartitionLog: append, group-commit flush, roll, read, retention
 - ``verify``      offline checks of a partition directory, reading only (``hpbroker check``)
 - ``_writer``     compiled: group-commit I/O (writev + fdatasync) run without the GIL, and the

@@ -52,6 +52,17 @@ Durability, exactly:
 - Index entries are written at each flush without fsync; they are fsynced on roll, checkpoint
   and close, and always rebuilt from the log when they cannot be trusted.
 
+Idempotent producers (hpbroker.io.producer_state): the log keeps, per producer id, its newest
+epoch and last five batches (sequences and offsets), updated as batches get their offsets, the
+pending ones included.  ``append`` checks every batch carrying a producer identity before it
+gives any offset: a request all of whose batches are stored already returns the stored copy's
+offsets with ``AppendInfo.duplicate`` and appends nothing; a gap, an older epoch or an id never
+issued raise errors 20-22 and append nothing.  The state is snapshotted (``<offset>.snapshot``)
+at each roll and clean close; open loads the newest valid snapshot and re-reads the batch
+headers after it through the read path (damaged ranges skipped); ``resume_writes`` rebuilds it
+the same way, so the batches a write failure dropped leave it; retention and
+``producer_id_expiration_ms`` trim it.
+
 Errors: an ``OSError`` from any disk operation becomes :class:`~hpbroker.errors.StorageError`
 (the ``OSError`` as its cause).  Two states follow, depending on what failed:
 
