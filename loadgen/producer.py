@@ -52,15 +52,16 @@ def producer_main(task: ProducerTask, link: WorkerLink) -> None:
     run_worker("producer", task.index, link, lambda: _ProducerRun(task, link).run())
 
 
-def _deduplicated(producer: Producer) -> int | None:
-    """Records the broker acknowledged as already stored (a retry of a request whose first copy
-    it had kept), from the producer's ``metrics``; None when the client does not count them."""
+def _metric(producer: Producer | None, name: str) -> int | None:
+    """One of the producer's ``metrics`` counts (``records_deduplicated``: records the broker
+    acknowledged as already stored; ``retries``: requests sent again); None when the client does
+    not count it."""
     metrics = getattr(producer, "metrics", None)
     if callable(metrics):
         metrics = metrics()
     if not isinstance(metrics, dict):
         return None
-    value = metrics.get("records_deduplicated")
+    value = metrics.get(name)
     return value if isinstance(value, int) else None
 
 
@@ -80,12 +81,13 @@ class _ProducerRun:
         self.reported_failed = self.reported_retries = 0
         self.start = 0.0
         self.max_lag_s = 0.0
+        self.producer: Producer | None = None
 
     def run(self) -> None:
         config, task = self.config, self.task
         source = PayloadSource(config.record_size, config.payload, task.index, task.run_id, task.seed)
         keys = KeyChooser(config.keys, np.random.default_rng(task.seed + 1))
-        producer = Producer(config.bootstrap, name=task.name, **config.producer_options())
+        producer = self.producer = Producer(config.bootstrap, name=task.name, **config.producer_options())
         first_error = None
         deduplicated = None
         try:
@@ -101,7 +103,7 @@ class _ProducerRun:
             except Exception as e:  # failures are counted from the client's log; keep the first
                 first_error = first_error or f"{type(e).__name__}: {e}"
             end_wall = time.time()  # every record acknowledged or failed
-            deduplicated = _deduplicated(producer)
+            deduplicated = _metric(producer, "records_deduplicated")
         finally:
             try:
                 producer.close(_FLUSH_TIMEOUT_S)
@@ -110,7 +112,7 @@ class _ProducerRun:
         self._report_interval(int((time.monotonic() - self.start) / self.config.interval_s) + 1)
         self.link.put("producer", task.index, "done", name=task.name, run_id=task.run_id,
                       records=self.sent, bytes=self.sent_bytes, acked=self.acked,
-                      failed=self.counter.failed_records + self.send_errors, retries=self.counter.retries,
+                      failed=self.counter.failed_records + self.send_errors, retries=self._retries(),
                       deduplicated=deduplicated,
                       first_error=first_error or self.counter.first_error, started=started_wall,
                       send_ended=send_end_wall, ended=end_wall, max_lag_s=self.max_lag_s,
@@ -195,10 +197,15 @@ class _ProducerRun:
         if latencies:
             self.interval_latency.record_array(latencies)
 
+    def _retries(self) -> int:
+        """Requests sent again: the producer's count, or where it has none, its log's."""
+        counted = _metric(self.producer, "retries")
+        return self.counter.retries if counted is None else counted
+
     def _report_interval(self, tick: int) -> None:
         """Send this interval's counts and start the next."""
         self._drain_acks()
-        failed, retries = self.counter.failed_records + self.send_errors, self.counter.retries
+        failed, retries = self.counter.failed_records + self.send_errors, self._retries()
         self.link.put("producer", self.task.index, "progress", tick=tick, **self.interval,
                       failed=failed - self.reported_failed, retries=retries - self.reported_retries,
                       latency=self.interval_latency.to_sparse())
