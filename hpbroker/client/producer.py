@@ -84,6 +84,15 @@ except ImportError as exc:  # pragma: no cover - exercised only on a broken inst
     ) from exc
 
 from hpbroker.client.connection import BrokerAddress, BrokerConnection, parse_bootstrap
+from hpbroker.client.idempotence import (
+    ACKED,
+    IN_FLIGHT,
+    MAX_UNSETTLED_BATCHES,
+    PartitionWindow,
+    ProducerIdentity,
+)
+from hpbroker.client.idempotent_sending import GiveUp as _GiveUp
+from hpbroker.client.idempotent_sending import IdempotentSending
 from hpbroker.client.links import BrokerLink, BrokerLinks
 from hpbroker.client.metadata import ClusterMetadata
 from hpbroker.client.monitoring import MonitoringCounts, MonitoringPublisher
@@ -120,6 +129,9 @@ class RecordMetadata:
     partition: int
     offset: int
     timestamp: int  # ms since the epoch, as stored in the record
+    #: True when the broker already had this record (an idempotent retry whose first attempt was
+    #: stored): ``offset`` is where that first copy is, and nothing was appended again.
+    deduplicated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,10 +181,29 @@ class ProducerConfig:
     audit_topic: str | None = AUDIT_TOPIC
     #: the window of the monitoring counts, ms of record timestamps.  Default 10000.
     audit_window_ms: int = DEFAULT_WINDOW_MS
+    #: the idempotent producer (docs/CLIENT.md): batches carry a producer id, epoch and sequence
+    #: numbers, a retry resends the same bytes and the broker stores them once.  None: on unless
+    #: acks=0 (nobody answers, so nothing is retried); True with acks=0 is a ValueError.
+    #: Default None.
+    enable_idempotence: bool | None = None
+    #: requests of one partition in flight at once, 1 to 5, with idempotence (order and a
+    #: single copy kept across retries); without it always 1.  Default 5.
+    max_in_flight_requests_per_partition: int = 5
 
     def __post_init__(self) -> None:
         if self.acks not in (0, 1):
             raise ValueError(f"acks must be 0 or 1, got {self.acks!r}")
+        if self.enable_idempotence is not None and not isinstance(self.enable_idempotence, bool):
+            raise ValueError(f"enable_idempotence must be True, False or None, "
+                             f"got {self.enable_idempotence!r}")
+        if self.enable_idempotence and self.acks == 0:
+            raise ValueError("enable_idempotence=True needs acks=1: with acks=0 nothing is answered, so "
+                             "nothing is retried or deduplicated (leave enable_idempotence None or False)")
+        if (isinstance(self.max_in_flight_requests_per_partition, bool)
+                or not isinstance(self.max_in_flight_requests_per_partition, int)
+                or not 1 <= self.max_in_flight_requests_per_partition <= MAX_UNSETTLED_BATCHES):
+            raise ValueError(f"max_in_flight_requests_per_partition must be an int in [1, "
+                             f"{MAX_UNSETTLED_BATCHES}], got {self.max_in_flight_requests_per_partition!r}")
         codec_for_name(self.compression)
         partitioner_kind(self.partitioner)
         if self.name is not None and len(self.name.encode("utf-8")) > 255:
@@ -190,6 +221,16 @@ class ProducerConfig:
         for field in ("max_block_ms", "delivery_timeout_ms", "request_timeout_ms", "retry_backoff_ms",
                       "retry_backoff_max_ms"):
             _check_range(field, getattr(self, field), 0 if "backoff" in field else 1, 2**32 - 1)
+
+    @property
+    def idempotent(self) -> bool:
+        """Whether the producer is idempotent: ``enable_idempotence``, or when None, acks=1."""
+        return self.acks == 1 if self.enable_idempotence is None else self.enable_idempotence
+
+    @property
+    def max_in_flight(self) -> int:
+        """Requests of one partition in flight at once: 1 unless idempotent."""
+        return self.max_in_flight_requests_per_partition if self.idempotent else 1
 
 
 def _check_range(field: str, value: Any, low: float, high: float) -> None:
@@ -238,7 +279,7 @@ class Producer(RecordAccumulator):
         os.set_blocking(self._wake_write, False)
         super().__init__(self.name, codec_for_name(config.compression), config.batch_bytes, config.linger_ms,
                          config.buffer_bytes, partitioner_kind(config.partitioner), self._wake_write,
-                         config.audit_window_ms if config.audit_topic else 0)
+                         config.audit_window_ms if config.audit_topic else 0, config.idempotent)
         self._progress = threading.Condition()  # notified by the I/O thread when batches settle
         self._unreported: list[Any] | None = None  # [record count, first error] since the last flush
         self._close_lock = threading.Lock()
@@ -247,6 +288,25 @@ class Producer(RecordAccumulator):
         self._thread = threading.Thread(target=self._sender.run, name=f"hpbroker-producer[{self.name}]",
                                         daemon=True)
         self._thread.start()
+
+    @property
+    def producer_id(self) -> int:
+        """The idempotent producer's id from the broker (-1 before it has one, or not idempotent).
+        It changes when the producer takes a new identity (docs/CLIENT.md)."""
+        return self._sender.identity.producer_id
+
+    @property
+    def producer_epoch(self) -> int:
+        """The epoch that goes with :attr:`producer_id` (-1 likewise)."""
+        return self._sender.identity.producer_epoch
+
+    @property
+    def metrics(self) -> dict[str, int]:
+        """Counts since the producer started: ``records_acknowledged``, ``records_deduplicated``
+        (acknowledged records the broker already had: an idempotent retry of a stored request),
+        ``records_failed``, ``retries`` (requests sent again) and ``producer_id_resets`` (new
+        identities taken after a request failed for good).  A snapshot, read from any thread."""
+        return dict(self._sender.counts)
 
     def __repr__(self) -> str:
         return (f"Producer({self.name!r}, {self.address}, buffered_bytes={self.buffered_bytes}, "
@@ -452,14 +512,29 @@ class _Request:
     uncertain: bool = False  # a previous attempt may have been appended: look before resending
     error: BaseException | None = None
     link: BrokerLink | None = None  # the connection it is in flight on
+    # Idempotent requests only (hpbroker.client.idempotence):
+    generation: int = 0  # of the producer identity its batches carry
+    state: int = 0  # QUEUED, IN_FLIGHT or ACKED
+    base_offset: int = -1  # once ACKED
+    deduplicated: bool = False  # once ACKED: the broker had stored it already
 
     def __str__(self) -> str:
         return f"{self.queue.topic}-{self.queue.partition}"
 
+    @property
+    def batch_count(self) -> int:
+        return len(self.batches)
 
-class _Sender:
+    @property
+    def sequences(self) -> str:
+        """Its batches' sequence range, for messages."""
+        last = self.batches[-1]
+        return f"sequences {self.batches[0].base_sequence}..{last.base_sequence + last.record_count - 1}"
+
+
+class _Sender(IdempotentSending):
     """The I/O thread (module docstring).  Everything here runs on it, but :meth:`call`,
-    :meth:`stop` and the constructor."""
+    :meth:`stop` and the constructor.  The idempotent path is in :class:`IdempotentSending`."""
 
     def __init__(self, producer: Producer, address: BrokerAddress, config: ProducerConfig,
                  wake_fd: int) -> None:
@@ -469,6 +544,13 @@ class _Sender:
         self._wake_fd = wake_fd
         self._acks = config.acks
         self._audit_topic = config.audit_topic
+        self._idempotent = config.idempotent
+        self._max_in_flight = config.max_in_flight
+        self.identity = ProducerIdentity(config.retry_backoff_ms, config.retry_backoff_max_ms)
+        # Idempotent: each partition's unsettled requests, in sequence order (only partitions with some).
+        self._windows: dict[PartitionQueue, PartitionWindow] = {}
+        self.counts = {"records_acknowledged": 0, "records_deduplicated": 0, "records_failed": 0,
+                       "retries": 0, "producer_id_resets": 0}
         self._request_timeout_s = config.request_timeout_ms / 1000
         self._broker_timeout_ms = _broker_timeout_ms(config.request_timeout_ms)
         self._control_timeout_s = min(self._request_timeout_s, _CONTROL_TIMEOUT_S)
@@ -573,6 +655,10 @@ class _Sender:
         due = min(self._next_due_s, self._monitoring_due_s)
         for request in self._waiting:
             due = min(due, request.due_s)
+        for window in self._windows.values():
+            due = min(due, window.next_due_s(self._max_in_flight))
+        if self._idempotent and self.identity.wanted and self._identity_needed():
+            due = min(due, self.identity.next_attempt_s)
         for request in self._in_flight():
             due = min(due, request.sent_s + self._request_timeout_s)
         if due == math.inf:
@@ -623,15 +709,24 @@ class _Sender:
 
     def _send_due(self, now: float) -> None:
         producer = self._producer
+        if self._idempotent and not self._identity_ready(now):
+            self._next_due_s = math.inf  # the poll wakes for the next InitProducerId attempt
+            self._send_queued(now)  # requests of the previous identity go on meanwhile
+            return
         ready, self._next_due_s = producer.drain(now, self._config.max_request_bytes)
         delivery_timeout_s = self._config.delivery_timeout_ms / 1000
         for queue, batches in ready:
+            if self._idempotent:
+                self._queue_idempotent(queue, batches, delivery_timeout_s)
+                continue
             request = _Request(queue, batches, producer.build_payload(batches),
                                sum(b.record_count for b in batches),
                                min(b.created_s for b in batches) + delivery_timeout_s)
             if self._acks or queue.topic == self._audit_topic:
                 queue.muted = True
             self._send(request, now)
+        if self._idempotent:
+            self._send_queued(now)
 
     def _send(self, request: _Request, now: float) -> None:
         queue = request.queue
@@ -660,7 +755,14 @@ class _Sender:
         request.correlation_id = correlation_id
         request.sent_s = now
         request.link = link
+        request.state = IN_FLIGHT
         link.in_flight[correlation_id] = request
+
+    @staticmethod
+    def _new_request(queue: PartitionQueue, batches: list[Batch], payload: bytes, deadline_s: float,
+                     generation: int) -> _Request:
+        return _Request(queue, batches, payload, sum(b.record_count for b in batches), deadline_s,
+                        generation=generation)
 
     def _leader_may_have_moved(self, request: _Request, link: BrokerLink) -> None:
         """A leader other than the bootstrap broker did not answer: ask the bootstrap broker
@@ -680,6 +782,9 @@ class _Sender:
 
     def _response(self, request: _Request, response: Any, now: float) -> None:
         """Settle or retry ``request`` by its response."""
+        if self._idempotent:
+            self._idempotent_response(request, response, now)
+            return
         code = response.header.error_code
         if code == 0:
             self._acknowledged(request, response.body.base_offset)
@@ -688,9 +793,13 @@ class _Sender:
         if not error.retriable:
             self._settle(request, error)
             return
-        if code in _REFRESH_METADATA:
+        self._retry_after(request, error, now)
+
+    def _retry_after(self, request: _Request, error: HPBrokerError, now: float) -> None:
+        """Retry ``request`` after a retriable error the broker answered."""
+        if error.code in _REFRESH_METADATA:
             self._stale_topics.add(request.queue.topic)
-        self._retry(request, error, now, uncertain=code not in _REFUSED_BEFORE_APPEND)
+        self._retry(request, error, now, uncertain=error.code not in _REFUSED_BEFORE_APPEND)
 
     def _check_timeouts(self, now: float) -> None:
         expired = [r for r in self._in_flight() if r.sent_s + self._request_timeout_s <= now]
@@ -708,12 +817,12 @@ class _Sender:
     def _retry(self, request: _Request, error: HPBrokerError, now: float, *, uncertain: bool) -> None:
         request.error = error
         request.uncertain |= uncertain
+        if self._idempotent:
+            self._retry_idempotent(request, error, now)
+            return
         request.queue.muted = True  # acks=0 too: nothing of the partition may overtake the retry
         if now >= request.deadline_s:
-            self._settle(request, type(error)(
-                f"{request.record_count} records to {request} not delivered within delivery_timeout_ms "
-                f"{self._config.delivery_timeout_ms} ({request.attempts} attempts); last error: "
-                f"{error.message}"))
+            self._settle(request, self._delivery_timeout_error(request, error))
             return
         backoff_ms = min(self._config.retry_backoff_max_ms,
                          self._config.retry_backoff_ms * 2 ** min(request.retries, 30))
@@ -747,10 +856,32 @@ class _Sender:
                 continue
             self._send(request, now)
 
+    def _delivery_timeout_error(self, request: _Request, error: BaseException | None) -> HPBrokerError:
+        """The error of records that ran out of delivery_timeout_ms, of ``error``'s class."""
+        cls = type(error) if isinstance(error, HPBrokerError) else RequestTimedOutError
+        last = f"last error: {error.message}" if isinstance(error, HPBrokerError) else "never sent"
+        stored = ("; an attempt's outcome is unknown, they may have been stored"
+                  if self._idempotent and request.uncertain else "")
+        return cls(f"{request.record_count} records to {request} not delivered within delivery_timeout_ms "
+                   f"{self._config.delivery_timeout_ms} ({request.attempts} attempts); {last}{stored}")
+
     def _prepare_retry(self, request: _Request) -> None:
         """Refresh metadata if asked, and find out whether an uncertain attempt was appended
         (raises _Found if so).  Raises HPBrokerError when that cannot be known yet, _GiveUp when
         the partition is gone."""
+        self._refresh_if_stale(request)
+        if request.uncertain:
+            base_offset = self._find_appended(request)
+            logger.info("[producer %s] %s: the outcome of an earlier attempt was unknown; its records %s",
+                        self._producer.name, request, "are not in the log: sending them again"
+                        if base_offset is None else f"were appended at offset {base_offset}")
+            if base_offset is not None:
+                raise _Found(base_offset)
+            request.uncertain = False
+
+    def _refresh_if_stale(self, request: _Request) -> None:
+        """Refresh the topic's metadata if an error asked for it.  Raises HPBrokerError when the
+        broker cannot say now, _GiveUp when the partition is gone."""
         topic, partition = request.queue.topic, request.queue.partition
         if topic in self._stale_topics:
             try:
@@ -764,14 +895,6 @@ class _Sender:
                 raise _GiveUp(UnknownTopicOrPartitionError(
                     f"topic {topic!r} now has {count} partitions, no partition {partition}"))
             self._producer.set_partition_count(topic, count)
-        if request.uncertain:
-            base_offset = self._find_appended(request)
-            logger.info("[producer %s] %s: the outcome of an earlier attempt was unknown; its records %s",
-                        self._producer.name, request, "are not in the log: sending them again"
-                        if base_offset is None else f"were appended at offset {base_offset}")
-            if base_offset is not None:
-                raise _Found(base_offset)
-            request.uncertain = False
 
     def _find_appended(self, request: _Request) -> int | None:
         """The base offset at which ``request`` was appended, or None if it is not in the log.
@@ -829,11 +952,14 @@ class _Sender:
         self._known_end[queue.topic, queue.partition] = base_offset + request.record_count
         self._settle(request, None, base_offset)
 
-    def _settle(self, request: _Request, error: BaseException | None = None, base_offset: int = -1) -> None:
+    def _settle(self, request: _Request, error: BaseException | None = None, base_offset: int = -1,
+                deduplicated: bool = False) -> None:
         """Report every record of ``request`` (acknowledged at ``base_offset`` onwards, or failed
-        with ``error``) and release its batches; the partition may send again."""
+        with ``error``) and release its batches; the partition may send again (idempotent: as
+        its window says, :meth:`_update_window`)."""
         queue = request.queue
-        queue.muted = False
+        if not self._idempotent:
+            queue.muted = False
         offset = base_offset
         unobserved = 0
         for batch in request.batches:
@@ -842,7 +968,8 @@ class _Sender:
                 for index, timestamp, waiter in waiters:
                     if error is None:
                         metadata = RecordMetadata(queue.topic, queue.partition,
-                                                  offset + index if offset >= 0 else -1, timestamp)
+                                                  offset + index if offset >= 0 else -1, timestamp,
+                                                  deduplicated)
                         _report(waiter, metadata, None)
                     else:
                         _report(waiter, None, error)
@@ -850,20 +977,34 @@ class _Sender:
                 unobserved += batch.record_count - batch.waiter_count
             elif offset >= 0:
                 offset += batch.record_count
+        counts = self.counts
         if error is not None:
+            counts["records_failed"] += request.record_count
             logger.error("[producer %s] %d records to %s failed: %s", self._producer.name,
                          request.record_count, request, error)
             if unobserved:
                 self._producer._record_failure(unobserved, error)
-        elif self._monitoring is not None:
-            self._monitoring.counts.add(queue.topic, request.batches)
+        else:
+            counts["records_acknowledged"] += request.record_count
+            if deduplicated:
+                counts["records_deduplicated"] += request.record_count
+            if self._monitoring is not None:
+                self._monitoring.counts.add(queue.topic, request.batches)
         self._producer.finish(request.batches)
         self._settled = True
 
     def _abort(self, error: BaseException) -> None:
-        """The thread is ending: fail everything not yet settled."""
-        for request in [*self._in_flight(), *self._waiting]:
+        """The thread is ending: fail everything not yet settled (but requests acknowledged
+        while an earlier one was unsettled: told after it, in order)."""
+        for request in [] if self._idempotent else [*self._in_flight(), *self._waiting]:
             self._settle(request, error)
+        for window in self._windows.values():
+            for request in window:
+                if request.state == ACKED:
+                    self._settle(request, None, request.base_offset, request.deduplicated)
+                else:
+                    self._settle(request, error)
+        self._windows = {}
         for link in self.links or ():
             link.in_flight = {}
         self._waiting = []
@@ -897,11 +1038,6 @@ class _Sender:
 class _Found(Exception):  # noqa: N818 - control flow, never leaves this module
     def __init__(self, base_offset: int) -> None:
         self.base_offset = base_offset
-
-
-class _GiveUp(Exception):  # noqa: N818 - control flow: settle the request with ``error`` now
-    def __init__(self, error: HPBrokerError) -> None:
-        self.error = error
 
 
 def _broker_timeout_ms(request_timeout_ms: float) -> int:

@@ -1,0 +1,217 @@
+"""The producer I/O thread's idempotent path: identity, pipelined sends, retries without a look.
+
+:class:`IdempotentSending` is a mixin of the producer's ``_Sender`` (``hpbroker.client.producer``)
+and runs on its I/O thread only.  It keeps one :class:`~hpbroker.client.idempotence.PartitionWindow`
+per partition with unsettled requests and applies the rules of ``hpbroker.client.idempotence``:
+
+- before the first drain, and again after a request failed for good, it asks the bootstrap
+  broker for a producer identity (InitProducerId), retrying with backoff; batches wait in the
+  accumulator meanwhile, and fail (never sent) if no identity comes within
+  ``delivery_timeout_ms``;
+- drained batches become requests of at most ``MAX_UNSETTLED_BATCHES`` batches, queued in their
+  partition's window and sent as the window allows (up to ``max_in_flight`` at once);
+- a retry resends the same bytes (the broker answers a stored copy with ``duplicate``: the
+  records are acknowledged at its offsets, ``RecordMetadata.deduplicated``); error 20 on a
+  request behind an unsettled one is retried after it; errors 20 (on the first unsettled
+  request), 21, 22 and every other error that is not retriable fail the request, as does the
+  delivery timeout, and a failure of the current identity's request asks for a new identity.
+
+What it uses of the sender: ``_producer``, ``_config``, ``connection``, ``identity``,
+``_windows``, ``_max_in_flight``, ``_control_timeout_s``, ``counts`` and the methods
+``_new_request``, ``_send``, ``_settle``, ``_retry``, ``_retry_after``, ``_refresh_if_stale`` and
+``_delivery_timeout_error``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from hpbroker import protocol
+from hpbroker.client.idempotence import IN_FLIGHT, MAX_UNSETTLED_BATCHES, QUEUED, PartitionWindow
+from hpbroker.errors import HPBrokerError, OutOfOrderSequenceError, error_for_code
+
+__all__ = ["GiveUp", "IdempotentSending"]
+
+logger = logging.getLogger(__name__)
+
+
+class GiveUp(Exception):  # noqa: N818 - control flow inside the I/O thread, never leaves it
+    """Settle the request with ``error`` now (its partition is gone)."""
+
+    def __init__(self, error: HPBrokerError) -> None:
+        self.error = error
+
+
+class IdempotentSending:
+    """The idempotent half of the producer's I/O thread (module docstring)."""
+
+    # --- the identity ------------------------------------------------------------------------------
+
+    def _identity_ready(self, now: float) -> bool:
+        """Whether batches may be drained: the producer has an identity that needs no replacing.
+        Asks for one when it is due (a blocking call of at most the control timeout)."""
+        identity = self.identity
+        if not identity.wanted:
+            return True
+        if now < identity.next_attempt_s or not self._identity_needed():
+            self._expire_without_identity(now)
+            return False
+        request = protocol.InitProducerIdRequest()
+        try:
+            response = self.connection.call(request, self._control_timeout_s)
+        except HPBrokerError as e:
+            identity.failed(now, e)
+            logger.warning("[producer %s] no producer id from broker %s (%s); asking again in %.0f ms",
+                           self._producer.name, self.connection.address, e,
+                           (identity.next_attempt_s - now) * 1000)
+            self._expire_without_identity(now)
+            return False
+        old = identity.producer_id, identity.producer_epoch
+        self._producer.set_producer_identity(response.producer_id, response.producer_epoch)
+        identity.obtained(response.producer_id, response.producer_epoch)
+        self.counts["producer_id_resets"] = identity.resets
+        for queue in list(self._windows):  # partitions with requests of the old identity: no drain
+            self._update_window(queue)
+        if identity.resets:
+            logger.warning("[producer %s] new producer id %d epoch %d (was %d epoch %d)", self._producer.name,
+                           identity.producer_id, identity.producer_epoch, *old)
+        else:
+            logger.info("[producer %s] producer id %d epoch %d", self._producer.name, identity.producer_id,
+                        identity.producer_epoch)
+        return True
+
+    def _identity_needed(self) -> bool:
+        """Whether to ask for the wanted identity now: a new one at once, the first one only
+        once there are records to send."""
+        return self.identity.generation > 0 or (self._producer is not None
+                                                and bool(self._producer.unfinished_batches))
+
+    def _expire_without_identity(self, now: float) -> None:
+        """No identity for ``delivery_timeout_ms`` while records wait: fail the batches that are
+        due (drained under a stand-in identity, never sent), and count the time afresh."""
+        identity = self.identity
+        since = identity.failing_since_s
+        if since is None or now - since < self._config.delivery_timeout_ms / 1000:
+            return
+        producer = self._producer
+        if identity.generation == 0:  # the accumulator drains nothing without an identity
+            producer.set_producer_identity(0, 0)  # replaced by the real one, sequences and all
+        ready, _ = producer.drain(now, self._config.max_request_bytes)
+        last = identity.last_error
+        cls = type(last) if isinstance(last, HPBrokerError) else HPBrokerError
+        for queue, batches in ready:
+            request = self._new_request(queue, batches, b"", 0.0, 0)
+            self._settle(request, cls(
+                f"{request.record_count} records to {request} not sent: no producer id from broker "
+                f"{self.connection.address} within delivery_timeout_ms {self._config.delivery_timeout_ms}; "
+                f"last error: {last}"))
+        identity.failing_since_s = now
+
+    # --- sending ---------------------------------------------------------------------------------
+
+    def _queue_idempotent(self, queue: Any, batches: list, delivery_timeout_s: float) -> None:
+        """Drained batches into requests of at most MAX_UNSETTLED_BATCHES, queued in order."""
+        window = self._windows.get(queue)
+        if window is None:
+            window = self._windows[queue] = PartitionWindow()
+        for start in range(0, len(batches), MAX_UNSETTLED_BATCHES):
+            group = batches[start:start + MAX_UNSETTLED_BATCHES]
+            window.add(self._new_request(queue, group, self._producer.build_payload(group),
+                                         min(b.created_s for b in group) + delivery_timeout_s,
+                                         self.identity.generation))
+        self._update_window(queue)
+
+    def _send_queued(self, now: float) -> None:
+        """Send what each window allows now; fail queued requests past their delivery timeout."""
+        for queue, window in list(self._windows.items()):
+            for request in window:
+                if request.state == QUEUED and now >= request.deadline_s:
+                    self._give_up(request, self._delivery_timeout_error(request, request.error))
+            for request in window.sendable(now, self._max_in_flight):
+                try:
+                    self._refresh_if_stale(request)
+                except HPBrokerError as e:
+                    if not e.retriable:
+                        self._give_up(request, e)
+                    else:
+                        self._retry(request, e, now, uncertain=False)
+                    break
+                except GiveUp as give_up:
+                    self._give_up(request, give_up.error)
+                    break
+                self._send(request, now)
+                if request.state != IN_FLIGHT:  # not handed to a connection: waits for its retry
+                    break
+            self._update_window(queue)
+
+    def _update_window(self, queue: Any) -> None:
+        """Mute the partition while its window takes no new batches; forget an empty window."""
+        window = self._windows.get(queue)
+        if window is None:
+            queue.muted = False
+        elif not window:
+            del self._windows[queue]
+            queue.muted = False
+        else:
+            queue.muted = window.blocks_drain(self.identity.generation, self._max_in_flight)
+
+    # --- outcomes --------------------------------------------------------------------------------
+
+    def _idempotent_response(self, request: Any, response: Any, now: float) -> None:
+        code = response.header.error_code
+        window = self._windows[request.queue]
+        if code == 0:
+            request.base_offset = response.body.base_offset
+            request.deduplicated = bool(response.body.duplicate)
+            if request.deduplicated:
+                logger.info("[producer %s] %s: %s were already stored (an earlier attempt): acknowledged at "
+                            "offset %d, not appended again", self._producer.name, request, request.sequences,
+                            request.base_offset)
+            for done in window.acknowledged(request):
+                self._settle(done, None, done.base_offset, done.deduplicated)
+            self._update_window(request.queue)
+            return
+        error = error_for_code(code, response.header.error_message)
+        if code == OutOfOrderSequenceError.code and not window.is_first(request):
+            # An earlier request of the partition is unsettled (failed, or not answered yet): this
+            # one's sequences did not follow what the broker had.  Resent after it, as it was.
+            self._retry(request, error, now, uncertain=False)
+            return
+        if not error.retriable:
+            self._give_up(request, error)
+            return
+        self._retry_after(request, error, now)
+
+    def _retry_idempotent(self, request: Any, error: HPBrokerError, now: float) -> None:
+        """Queue ``request`` to be sent again, as it is, after a backoff (or fail it past its
+        delivery timeout)."""
+        if now >= request.deadline_s:
+            self._give_up(request, self._delivery_timeout_error(request, error))
+            return
+        backoff_ms = min(self._config.retry_backoff_max_ms,
+                         self._config.retry_backoff_ms * 2 ** min(request.retries, 30))
+        request.retries += 1
+        request.due_s = min(now + backoff_ms / 1000, request.deadline_s)
+        self.counts["retries"] += 1
+        self._windows[request.queue].to_retry(request)
+        self._update_window(request.queue)
+        logger.debug("[producer %s] %s: %s again in %d ms after %s", self._producer.name, request,
+                     request.sequences, backoff_ms, error)
+
+    def _give_up(self, request: Any, error: BaseException) -> None:
+        """``request`` fails for good: tell its records, then any acknowledged ones behind it,
+        and ask for a new identity if it was the current one's."""
+        queue = request.queue
+        if request.state == IN_FLIGHT and request.link is not None:
+            request.link.in_flight.pop(request.correlation_id, None)
+            request.link.connection.forget(request.correlation_id)
+        window = self._windows.get(queue)
+        done = window.remove(request) if window is not None and request in window.requests else []
+        self._settle(request, error)
+        for acked in done:
+            self._settle(acked, None, acked.base_offset, acked.deduplicated)
+        if self.identity.broken(request.generation):
+            logger.warning("[producer %s] %s: %s failed for good; a new producer id before more is sent",
+                           self._producer.name, request, request.sequences)
+        self._update_window(queue)

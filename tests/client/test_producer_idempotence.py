@@ -1,0 +1,297 @@
+"""The idempotent producer against real brokers: a retry stores one copy (the broker answers a
+stored request with its offsets), several requests in flight per partition keep order and one
+copy through lost connections and a broker restart, errors 20/21/22 fail the records and the
+producer goes on with a new id, and acks=0 or enable_idempotence=False behave as before."""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import closing
+
+import pytest
+from harness import wait_until
+from test_producer_faults import OwnBroker, read_partition
+
+from hpbroker import protocol
+from hpbroker.client.idempotence import IN_FLIGHT
+from hpbroker.client.producer import Producer, ProducerConfig, _Sender
+from hpbroker.errors import OutOfOrderSequenceError, ProducerFencedError, UnknownProducerIdError
+from hpbroker.records import build_batch, read_header, scan_batches
+
+
+def create_topic(connection, topic: str, partitions: int = 1, **configs) -> None:
+    entries = [protocol.TopicConfigEntry(name, str(value)) for name, value in configs.items()]
+    connection.call(protocol.CreateTopicRequest(topic, partitions, entries))
+
+
+def headers_of(connection, topic: str, partition: int = 0) -> list:
+    fetch = protocol.FetchRequest(topic, partition, 0, max_bytes=4 << 20, max_wait_ms=0)
+    payload = connection.call(fetch).payload
+    return [read_header(payload, position) for position in scan_batches(payload).positions]
+
+
+@pytest.fixture
+def own_broker(tmp_path):
+    broker = OwnBroker(tmp_path)
+    yield broker
+    broker.process.stop()
+
+
+def test_idempotence_is_on_by_default_with_acks_1_and_off_with_acks_0():
+    assert ProducerConfig().idempotent and ProducerConfig().max_in_flight == 5
+    assert not ProducerConfig(acks=0).idempotent and ProducerConfig(acks=0).max_in_flight == 1
+    assert ProducerConfig(enable_idempotence=False, max_in_flight_requests_per_partition=5).max_in_flight == 1
+    assert ProducerConfig(max_in_flight_requests_per_partition=1).max_in_flight == 1
+    with pytest.raises(ValueError, match="enable_idempotence=True needs acks=1"):
+        ProducerConfig(acks=0, enable_idempotence=True)
+    for bad in (0, 6, True, 2.0):
+        with pytest.raises(ValueError, match="max_in_flight_requests_per_partition"):
+            ProducerConfig(max_in_flight_requests_per_partition=bad)
+    with pytest.raises(ValueError, match="enable_idempotence"):
+        ProducerConfig(enable_idempotence=1)
+
+
+def test_batches_carry_the_producer_identity_and_sequences_from_0(bootstrap, connection, topic_name):
+    create_topic(connection, topic_name)
+    with Producer(bootstrap, linger_ms=0, audit_topic=None) as producer:
+        assert producer.producer_id == -1  # asked for with the first records
+        first = producer.send_future(topic_name, b"a").result(10)
+        producer.send_many(topic_name, [b"b", b"c"])
+        producer.flush(10)
+        assert producer.producer_id >= 0 and producer.producer_epoch == 0
+        assert not first.deduplicated
+        headers = headers_of(connection, topic_name)
+        assert all(h.idempotent and h.producer_id == producer.producer_id and h.producer_epoch == 0
+                   for h in headers)
+        assert [h.base_sequence for h in headers] == [0, 1]
+        assert producer.metrics["records_acknowledged"] == 3
+        assert producer.metrics["records_deduplicated"] == 0
+
+
+def test_a_retry_after_a_lost_response_stores_one_copy(bootstrap, connection, topic_name):
+    """The measured case: a topic that flushes every 3 s and a producer that waits 1 s for an
+    answer.  Every request times out at least once and is sent again while its first copy waits
+    for the flush; the broker answers the copies with the first one's offsets."""
+    create_topic(connection, topic_name, flush_ms=3000)
+    with Producer(bootstrap, linger_ms=5, batch_bytes=4096, request_timeout_ms=1000, retry_backoff_ms=50,
+                  retry_backoff_max_ms=200, delivery_timeout_ms=60_000, audit_topic=None) as producer:
+        futures = [producer.send_future(topic_name, b"%05d" % i) for i in range(500)]
+        producer.flush(60)
+        metrics = producer.metrics
+    results = [future.result(0) for future in futures]
+    assert [r.offset for r in results] == list(range(500))
+    assert metrics["retries"] > 0 and metrics["records_deduplicated"] > 0
+    assert sum(r.deduplicated for r in results) == metrics["records_deduplicated"]
+    records = read_partition(connection, topic_name, 0)
+    assert [r.value for r in records] == [b"%05d" % i for i in range(500)]
+
+
+def stream(producer: Producer, topic: str, partitions: int, duration_s: float, fault) -> list:
+    """Send keyed records from a thread for ``duration_s`` (bounded), calling ``fault()`` meanwhile."""
+    futures = []
+    stop = threading.Event()
+
+    def produce():
+        i = 0
+        while not stop.is_set() and i < 200_000:
+            futures.append(producer.send_future(topic, b"%07d" % i, key=b"%d" % (i % partitions)))
+            i += 1
+            if i % 100 == 0:
+                time.sleep(0.001)
+
+    sender = threading.Thread(target=produce)
+    sender.start()
+    try:
+        fault(duration_s)
+    finally:
+        stop.set()
+        sender.join(10)
+    producer.flush(60)
+    return futures
+
+
+def check_stored_once_in_order(connection, topic: str, partitions: int, futures: list) -> None:
+    acknowledged = {}
+    for i, future in enumerate(futures):
+        metadata = future.result(0)  # none fails
+        acknowledged[metadata.partition, metadata.offset] = b"%07d" % i
+    assert len(acknowledged) == len(futures), "two records acknowledged at one offset"
+    for partition in range(partitions):
+        values = [r.value for r in read_partition(connection, topic, partition)]
+        assert len(values) == len(set(values)), "a record is stored twice"
+        assert values == sorted(values), "records stored out of send order"
+        assert [acknowledged[p, o] for p, o in sorted(acknowledged) if p == partition] == values
+
+
+@pytest.fixture
+def in_flight_peak(monkeypatch):
+    """The most requests of one partition seen in flight at once (proof of pipelining)."""
+    peak = [0]
+    send = _Sender._send
+
+    def counting_send(self, request, now):
+        send(self, request, now)
+        window = self._windows.get(request.queue)
+        if window is not None:
+            peak[0] = max(peak[0], sum(r.state == IN_FLIGHT for r in window.requests))
+
+    monkeypatch.setattr(_Sender, "_send", counting_send)
+    return peak
+
+
+def test_pipelined_requests_keep_order_and_one_copy_through_lost_connections(
+        bootstrap, connection, topic_name, in_flight_peak):
+    """Up to 5 requests per partition in flight; every 100 ms the producer takes its connection for
+    lost (its requests are retried while the broker still serves the first attempts, so most
+    retries are duplicates and some arrive behind a gap: error 20, retried in order)."""
+    partitions = 2
+    create_topic(connection, topic_name, partitions)
+    producer = Producer(bootstrap, linger_ms=0, batch_bytes=2048, retry_backoff_ms=10,
+                        retry_backoff_max_ms=100, delivery_timeout_ms=60_000, audit_topic=None)
+
+    def drop_connections(duration_s):
+        deadline = time.monotonic() + duration_s
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            producer._sender.call(lambda sender: sender._connection_lost(sender.links.bootstrap), 10)
+
+    try:
+        futures = stream(producer, topic_name, partitions, 2.0, drop_connections)
+        metrics = producer.metrics
+    finally:
+        producer.close(10)
+    assert in_flight_peak[0] >= 2, "never more than one request in flight per partition"
+    assert metrics["retries"] > 0 and metrics["records_failed"] == 0
+    assert metrics["records_deduplicated"] > 0
+    check_stored_once_in_order(connection, topic_name, partitions, futures)
+
+
+def test_pipelined_requests_keep_order_and_one_copy_through_a_broker_restart(own_broker, topic_name):
+    partitions = 2
+    with closing(own_broker.connection()) as connection:
+        create_topic(connection, topic_name, partitions)
+    producer = Producer(f"127.0.0.1:{own_broker.port}", linger_ms=0, batch_bytes=2048, retry_backoff_ms=50,
+                        delivery_timeout_ms=60_000, request_timeout_ms=5000, audit_topic=None)
+
+    def restart(duration_s):
+        time.sleep(duration_s / 2)
+        own_broker.stop()
+        own_broker.start()
+        time.sleep(duration_s / 2)
+
+    try:
+        futures = stream(producer, topic_name, partitions, 1.0, restart)
+        identity = producer.producer_id
+    finally:
+        producer.close(10)
+    assert identity >= 0
+    with closing(own_broker.connection()) as connection:
+        check_stored_once_in_order(connection, topic_name, partitions, futures)
+
+
+def wait_for_new_identity(producer: Producer, old_id: int) -> None:
+    wait_until(lambda: producer.producer_id not in (-1, old_id), 10, what="a new producer id")
+
+
+def test_an_unknown_producer_id_fails_the_records_and_a_new_id_follows(bootstrap, connection, topic_name):
+    create_topic(connection, topic_name)
+    with Producer(bootstrap, linger_ms=0, audit_topic=None) as producer:
+        producer.send_future(topic_name, b"first").result(10)
+        never_issued = 2**62
+
+        def take_a_bogus_identity(sender):
+            sender._producer.set_producer_identity(never_issued, 0)
+            sender.identity.producer_id = never_issued
+
+        producer._sender.call(take_a_bogus_identity, 10)
+        with pytest.raises(UnknownProducerIdError):
+            producer.send_future(topic_name, b"refused").result(10)
+        wait_for_new_identity(producer, never_issued)
+        assert producer.send_future(topic_name, b"after").result(10).offset == 1
+        assert producer.metrics["producer_id_resets"] == 1
+    assert [r.value for r in read_partition(connection, topic_name, 0)] == [b"first", b"after"]
+
+
+def test_a_fenced_epoch_fails_the_records_and_a_new_id_follows(bootstrap, connection, topic_name):
+    """Another incarnation bumps the producer's epoch and writes: the old epoch is fenced (21)."""
+    create_topic(connection, topic_name)
+    with Producer(bootstrap, linger_ms=0, audit_topic=None) as producer:
+        producer.send_future(topic_name, b"first").result(10)
+        old_id, old_epoch = producer.producer_id, producer.producer_epoch
+        bumped = connection.call(protocol.InitProducerIdRequest(old_id, old_epoch))
+        assert (bumped.producer_id, bumped.producer_epoch) == (old_id, old_epoch + 1)
+        connection.call(protocol.ProduceRequest(topic_name, 0, 1, 5000, build_batch(
+            [b"usurper"], producer="other", base_sequence=0, producer_id=old_id,
+            producer_epoch=old_epoch + 1)))
+        with pytest.raises(ProducerFencedError):
+            producer.send_future(topic_name, b"fenced").result(10)
+        wait_for_new_identity(producer, old_id)
+        assert producer.send_future(topic_name, b"after").result(10).offset == 2
+    assert [r.value for r in read_partition(connection, topic_name, 0)] == [b"first", b"usurper", b"after"]
+
+
+def test_a_sequence_gap_fails_the_records_and_a_new_id_follows(bootstrap, connection, topic_name):
+    """Someone else writes with the producer's identity (sequences 1..2): the producer's next
+    batch (sequence 1, one record) matches no stored batch and does not follow: error 20."""
+    create_topic(connection, topic_name)
+    with Producer(bootstrap, linger_ms=0, audit_topic=None) as producer:
+        producer.send_future(topic_name, b"first").result(10)
+        pid, epoch = producer.producer_id, producer.producer_epoch
+        connection.call(protocol.ProduceRequest(topic_name, 0, 1, 5000, build_batch(
+            [b"x", b"y"], producer="other", base_sequence=1, producer_id=pid, producer_epoch=epoch)))
+        with pytest.raises(OutOfOrderSequenceError):
+            producer.send_future(topic_name, b"out of order").result(10)
+        wait_for_new_identity(producer, pid)
+        assert producer.send_future(topic_name, b"after").result(10).offset == 3
+        assert producer.metrics["records_failed"] == 1
+
+
+@pytest.mark.parametrize("options", [{"enable_idempotence": False}, {"acks": 0}])
+def test_without_idempotence_batches_carry_no_identity(bootstrap, connection, topic_name, options):
+    create_topic(connection, topic_name)
+    with Producer(bootstrap, linger_ms=0, audit_topic=None, **options) as producer:
+        producer.send_many(topic_name, [b"a", b"b"])
+        producer.flush(10)
+        assert producer.producer_id == -1 and not producer.idempotent
+    wait_until(lambda: len(read_partition(connection, topic_name, 0)) == 2, 10, what="both records")
+    assert not any(h.idempotent for h in headers_of(connection, topic_name))
+
+
+def test_a_refused_request_is_resent_before_the_ones_behind_it(bootstrap, connection, topic_name, monkeypatch,
+                                                                in_flight_peak):
+    """Every 5th produce request goes to a partition that does not exist (error 6, nothing
+    appended) while the ones behind it are in flight: those arrive with a gap and get error 20,
+    which, behind an unsettled request, is retried after it, as sent."""
+    from hpbroker.client.connection import BrokerConnection
+
+    create_topic(connection, topic_name, 1)
+    sent = [0]
+    out_of_order = [0]
+    original_send = BrokerConnection.send
+    original_response = _Sender._idempotent_response
+
+    def refusing_send(self, message, **kwargs):
+        if isinstance(message, protocol.ProduceRequest) and message.topic == topic_name:
+            sent[0] += 1
+            if sent[0] % 5 == 0:
+                message = protocol.ProduceRequest(topic_name, 999, message.acks, message.timeout_ms,
+                                                  message.payload)
+        return original_send(self, message, **kwargs)
+
+    def counting_response(self, request, response, now):
+        out_of_order[0] += response.header.error_code == OutOfOrderSequenceError.code
+        original_response(self, request, response, now)
+
+    monkeypatch.setattr(BrokerConnection, "send", refusing_send)
+    monkeypatch.setattr(_Sender, "_idempotent_response", counting_response)
+    producer = Producer(bootstrap, linger_ms=0, batch_bytes=2048, retry_backoff_ms=10,
+                        retry_backoff_max_ms=50, delivery_timeout_ms=60_000, audit_topic=None)
+    try:
+        futures = stream(producer, topic_name, 1, 1.5, time.sleep)
+        metrics = producer.metrics
+    finally:
+        producer.close(10)
+    assert out_of_order[0] > 0 and in_flight_peak[0] >= 2
+    assert metrics["records_failed"] == 0 and metrics["producer_id_resets"] == 0
+    check_stored_once_in_order(connection, topic_name, 1, futures)
