@@ -885,14 +885,18 @@ class PartitionLog:
         path, so damaged ranges are stepped over as a consumer would (their batches are lost
         to the state too)."""
         offset, end = max(start, self.log_start_offset), self.high_watermark
+        retried = -1
         while offset < end:
             try:
                 file_slice = self._read(offset, _REPLAY_READ_BYTES)
             except DamagedRangeError as e:
                 offset = max(e.next_offset, offset + 1)
                 continue
-            except CorruptRecordError as e:  # cannot be read at all: go on with the next segment
-                offset = self._next_segment_base(offset)
+            except CorruptRecordError as e:
+                if retried != offset:  # damage met just now: the segment knows its range, read again
+                    retried = offset
+                    continue
+                offset = self._next_segment_base(offset)  # cannot be read at all: the next segment
                 logger.error("[%s] producer state: batches below offset %d skipped: %s", self._name, offset,
                              e)
                 continue

@@ -283,3 +283,27 @@ def test_an_open_after_the_expiration_forgets_the_producers(open_log, clock):
     clock.advance(DAY_MS + 1)
     log = open_log(producer_id_expiration_ms=DAY_MS)
     assert len(log.producer_state) == 0
+
+
+def test_a_rebuild_steps_over_a_damaged_range_and_keeps_what_follows_it(open_log, log_dir):
+    config = {"segment_bytes": 4096, "index_interval_bytes": 1000}
+    log = open_log(**config)
+    batches, sequences = [], {7: 0, 8: 0}
+    for k in range(80):
+        pid = 8 if 6 <= k <= 9 else 7  # producer 8 writes only right after the batch damaged below
+        batches.append(idempotent(pid, 0, sequences[pid]))
+        sequences[pid] += 1
+        log.append(batches[-1])
+    log.close()
+    for offset in list_snapshots(log_dir):
+        os.unlink(os.path.join(log_dir, f"{offset:020d}.snapshot"))
+    assert log.segments[1].base_offset > 10
+    with open(os.path.join(log_dir, f"{0:020d}.log"), "r+b") as f:
+        f.seek(sum(map(len, batches[:5])) + 8)
+        f.write((7).to_bytes(4, "little"))  # batch 5's length field: a damaged range
+    log = open_log(**config)
+    assert [(r.first_offset, r.next_offset) for r in log.damaged_ranges] == [(5, 6)]
+    info = log.append(batches[9])
+    assert info.duplicate and info.first_offset == 9, "the batches after the damage were replayed"
+    assert log.append(batches[79]).duplicate
+    assert log.append(idempotent(7, 0, sequences[7])).first_offset == 80
