@@ -32,6 +32,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     produce.add_argument("--linger-ms", type=float, default=5,
                          help="how long a batch waits to fill (default 5)")
     produce.add_argument("--name", help="the producer's name in every batch (default host-pid-n)")
+    produce.add_argument("--no-idempotence", dest="idempotence", action="store_false",
+                         help="send without a producer id: a retry may store records twice "
+                              "(idempotence is on by default with --acks 1)")
+    produce.add_argument("--max-in-flight", type=int, default=5, metavar="N",
+                         help="produce requests of one partition in flight at once, 1 to 5, with "
+                              "idempotence (default 5)")
     produce.add_argument("--timeout-s", type=float, default=60,
                          help="how long to wait for the last acknowledgements, and again at the most to "
                               "close (default 60)")
@@ -66,7 +72,8 @@ def _run(args: argparse.Namespace) -> int:
     stream: BinaryIO = open(args.file, "rb") if args.file else sys.stdin.buffer  # noqa: SIM115
     try:
         producer = Producer(args.bootstrap, acks=args.acks, linger_ms=args.linger_ms, compression=compression,
-                            name=args.name)
+                            name=args.name, enable_idempotence=None if args.idempotence else False,
+                            max_in_flight_requests_per_partition=args.max_in_flight)
         try:
             send = producer.send
             for line in _lines(stream):

@@ -12,25 +12,40 @@ Two threads (the Kafka paper's asynchronous producer: latency traded for through
   finishes them into one ProduceRequest per partition and sends them, retries what failed.  The
   application wakes it through the pipe at most once per batch opened or closed, never per record.
 
-**Order.**  A partition has at most one produce request in flight or waiting for a retry (its
-queue is *muted* meanwhile), and a request carries every batch that became due while its
-predecessor was out (up to ``max_request_bytes``), so a retry can never overtake or be overtaken
-by later records.  Requests to different partitions are in flight together.  With ``acks=0``
-nothing is answered; a partition's requests follow each other on its leader's connection, in order
-(while the leader stays where it is), and only a
-request that could not be handed to a connection waits (muted) for a retry.
+**Idempotence** (``enable_idempotence``, on by default with ``acks=1``; the bookkeeping is
+``hpbroker.client.idempotence``, the I/O thread's half ``hpbroker.client.idempotent_sending``).
+The I/O thread takes a producer id and epoch (InitProducerId) before it drains a batch; every
+batch carries them and its partition's ``base_sequence``, assigned once at drain.  A partition
+keeps up to ``max_in_flight_requests_per_partition`` requests in flight (at most 5 batches
+unsettled: what the leader remembers per producer), in sequence order on its leader's
+connection.  A retry resends the same bytes and never looks: the leader answers a request it
+already stored with its offsets (``duplicate``), also while the first copy waits for its flush.
+After a retriable failure the partition's requests are resent one at a time, in order (error
+20 on a request behind an unsettled one is such a failure); acknowledgements are told in
+sequence order.  A request that fails for good (errors 20/21/22, any error that is not
+retriable, the delivery timeout) makes the producer take a new id before it drains more; a
+partition drains batches of the new id once no request of the old one is unsettled there.
+
+**Order** (without idempotence). A partition has at most one produce request in flight or
+waiting for a retry (its queue is *muted* meanwhile), and a request carries every batch that
+became due while its predecessor was out (up to ``max_request_bytes``), so a retry can never
+overtake or be overtaken by later records. Requests to different partitions are in flight
+together. With ``acks=0`` nothing is answered; a partition's requests follow each other on its
+leader's connection, in order (while the leader stays where it is), and only a request that
+could not be handed to a connection waits (muted) for a retry.
 
 **Retries.**  A retriable error (docs/PROTOCOL.md's table; also a lost connection or no response
 within ``request_timeout_ms``) sends the same bytes again after a backoff (``retry_backoff_ms``,
 doubling up to ``retry_backoff_max_ms``), refreshing the topic's metadata first after errors 6
 and 15, until ``delivery_timeout_ms`` after the oldest batch was opened; then, or at once for an
-error that is not retriable, the request's records fail.  When an attempt's outcome is
-unknown (lost connection, timeout, error 7, 12 or 15: the broker may have appended it), the
-I/O thread first looks for the request's first batch in the partition (by producer name,
+error that is not retriable, the request's records fail.  Without idempotence, when an attempt's
+outcome is unknown (lost connection, timeout, error 7, 12 or 15: the broker may have appended it),
+the I/O thread first looks for the request's first batch in the partition (by producer name,
 ``base_sequence`` and CRC, fetching from where its previous acknowledged request ended): found,
 the records are acknowledged at the offsets where they are; not found, they are sent again.  So
 records that were appended are not appended twice, and a broker restart costs no duplicates (the
-look sees flushed records only: an append still waiting for its flush can be stored twice).
+look sees flushed records only: an append still waiting for its flush can be stored twice, which
+the idempotent producer rules out).
 
 **Delivery reports.**  Every record is acknowledged or failed, never dropped: a future
 (:meth:`send_future`) or callback (``send(..., callback=f)``, called on the I/O thread as
