@@ -307,3 +307,60 @@ def test_a_rebuild_steps_over_a_damaged_range_and_keeps_what_follows_it(open_log
     assert info.duplicate and info.first_offset == 9, "the batches after the damage were replayed"
     assert log.append(batches[79]).duplicate
     assert log.append(idempotent(7, 0, sequences[7])).first_offset == 80
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_retries_crashes_and_lost_snapshots_store_each_batch_exactly_once(log_dir, clock, seed):
+    """A model run: producers send new batches and retry any of their last five, among flushes,
+    rolls, crashes (pending batches lost, then sent again), clean restarts and deleted snapshots;
+    every retry of a stored batch is a duplicate at its offsets, every other send is stored."""
+    import random
+
+    rng = random.Random(seed)
+    config = TEST_CONFIG.replace(segment_bytes=1024)
+    producers = {pid: {"sent": [], "stored": []} for pid in (3, 5, 11)}  # stored: (batch, first, last)
+    flushed = 0  # the high watermark the model expects
+    log = PartitionLog(log_dir, config, clock=clock)
+    try:
+        for _step in range(400):
+            action = rng.random()
+            pid = rng.choice(list(producers))
+            state = producers[pid]
+            if action < 0.45:
+                stored = state["stored"]
+                if len(stored) < len(state["sent"]):  # lost in a crash: sent again, in order
+                    batch = state["sent"][len(stored)]
+                else:
+                    sequence = sum(_core.read_header(b).last_offset_delta + 1 for b in state["sent"])
+                    batch = idempotent(pid, 0, sequence, rng.randint(1, 4), tag="v" * rng.randint(0, 60))
+                    state["sent"].append(batch)
+                info = log.append(batch)
+                assert not info.duplicate and info.first_offset == log.log_end_offset - info.record_count
+                stored.append((batch, info.first_offset, info.last_offset))
+            elif action < 0.75 and state["stored"]:
+                batch, first, last = rng.choice(state["stored"][-5:])
+                info = log.append(batch)
+                assert info.duplicate and (info.first_offset, info.last_offset) == (first, last)
+            elif action < 0.85:
+                log.flush()
+                flushed = log.high_watermark
+            elif action < 0.93:
+                flushed = log.high_watermark  # a roll flushes too
+                log._abandon()  # a crash: the pending batches are lost
+                for state in producers.values():
+                    state["stored"] = [s for s in state["stored"] if s[2] < flushed]
+                log = PartitionLog(log_dir, config, clock=clock)
+            else:
+                log.close()
+                flushed = log.high_watermark
+                if rng.random() < 0.5:
+                    for offset in list_snapshots(log_dir):
+                        os.unlink(os.path.join(log_dir, f"{offset:020d}.snapshot"))
+                log = PartitionLog(log_dir, config, clock=clock)
+            assert log.log_end_offset >= flushed
+        log.flush()
+        expected = sorted((first, stamped(batch, first)) for state in producers.values()
+                          for batch, first, _last in state["stored"])
+        assert read_all(log) == expected
+    finally:
+        log.close()
