@@ -11,7 +11,7 @@ import time
 from worker_harness import fetch_request, produce_request, values_of
 
 from hpbroker import protocol, records
-from hpbroker.errors import UnknownProducerIdError
+from hpbroker.errors import RequestTimedOutError, UnknownProducerIdError
 
 PRODUCE = protocol.ApiKey.PRODUCE
 
@@ -77,3 +77,14 @@ def test_an_id_never_issued_is_refused_until_the_arbiter_issues_it(start_worker,
     header, response = arbiter.call(0, produce_request("orders", 0, idempotent(0, producer_id=1500)))
     assert header.error_code == 0 and time.monotonic() < deadline, "read again on the miss"
     assert stored_values(arbiter) == [b"1500:0", b"1500:1", b"1500:2"]
+
+
+def test_a_retry_after_a_timeout_shorter_than_the_flush_is_stored_once(start_worker, arbiter, data_dir):
+    issue_ids_below(data_dir, 1000)
+    start_worker(log={"flush_messages": 1_000_000, "flush_ms": 2000, "flush_fsync": True})
+    batch = idempotent(0)
+    header, _ = arbiter.call(0, produce_request("orders", 0, batch, timeout_ms=300))
+    assert header.error_code == RequestTimedOutError.code, "the records may still be appended"
+    header, response = arbiter.call(0, produce_request("orders", 0, batch, timeout_ms=10_000))
+    assert (header.error_code, response.base_offset, response.duplicate) == (0, 0, 1)
+    assert stored_values(arbiter) == [b"7:0", b"7:1", b"7:2"]
