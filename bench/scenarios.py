@@ -5,6 +5,7 @@ Run with ``make bench`` (after the pytest-benchmark suite) or alone::
     .venv/bin/python -m bench.scenarios                  # scenarios 1-4, 3 runs each
     .venv/bin/python -m bench.scenarios --long           # also scenario 5 (>= 10 GB written)
     .venv/bin/python -m bench.scenarios --only 1,4 --repeat 5
+    .venv/bin/python -m bench.scenarios --only 1,4 --idempotence-compare --repeat 5
 
 A broker (``bench.brokers.running_broker``: ``hpbroker serve``, 2 workers, default settings) runs on
 this machine beside loadgen, which drives it through the public client only.  Each run gets a
@@ -27,6 +28,19 @@ fresh topic, deleted afterwards.  The scenarios:
    disk sustained at the end of a raw ``write`` + ``fdatasync`` loop of the same size in the same
    directory (at most 250 MB/s); the raw loop's own first and last tenth beside them.
 
+``--idempotence-compare`` runs scenarios 1 and 4 (the only ones it changes) with the producer
+idempotent and 5 requests in flight per partition (the client's default), idempotent with 1 in
+flight, and not idempotent, interleaved (``bench.idempotence``: each round runs every variant once,
+in an order rotated by one each round, so the shared machine's noise hits all alike; ``--repeat``
+rounds; one untimed 2 s produce first warms the broker).  Scenario 1's row reports each side's
+median and range, and the cost of idempotence: on's median against off's, in percent (target:
+at most 3% slower), and the median and range of the per-round ratios.  Scenario 4 runs at half of
+the idempotent side's median; its rows at that rate compare the three variants' p50 and p99 (does
+pipelining, 5 in flight against 1, lower the latency at high load?), the 100,000 records/s row
+on against off.  Every run's first batch of each partition is read back: its attributes must say
+what the variant asked for.  Results go to ``scenarios-idempotence.{json,md}`` (the JSON's
+``comparisons`` has the percent changes).
+
 Results: ``bench/results/scenarios.json`` (every run's full loadgen report, and the summary) and
 ``bench/results/scenarios.md`` (the table, also printed).  The machine is shared and noisy:
 figures are ranges over the runs.
@@ -45,8 +59,16 @@ import time
 from pathlib import Path
 
 from bench.brokers import running_broker
+from bench.idempotence import (
+    IDEMPOTENCE_OFF,
+    IDEMPOTENCE_ON,
+    IDEMPOTENCE_ON_1,
+    interleave,
+    relative_change,
+    spread,
+)
 from hpbroker.client import Admin
-from hpbroker.records import build_batch
+from hpbroker.records import HEADER_SIZE, PRODUCER_IDENTITY_SIZE, build_batch, read_header
 from loadgen.config import LoadConfig
 from loadgen.payload import SizeSpec
 from loadgen.runner import run
@@ -79,6 +101,7 @@ class Bench:
         self.duration_s = duration_s
         self.runs: dict[str, list[dict]] = {}
         self.rows: list[dict] = []
+        self.comparisons: list[dict] = []
         self._topics = 0
 
     def topic(self, name: str) -> str:
@@ -111,28 +134,68 @@ class Bench:
         with Admin(self.bootstrap) as admin:
             admin.delete_topic(topic)
 
-    def produce(self, name: str, *, partitions: int = 2, topic_configs: tuple = (), disk: bool = False,
-                **settings) -> list[dict]:
+    def idempotent_partitions(self, topic: str) -> list[bool]:
+        """Per partition of ``topic`` that holds data, whether its first batch is idempotent
+        (attributes bit 3): the producer sent what it was asked to."""
+        found = []
+        for directory in sorted((self.root / "data").glob(f"{topic}-*")):
+            segments = sorted(directory.glob("*.log"))
+            if segments and segments[0].stat().st_size >= HEADER_SIZE + PRODUCER_IDENTITY_SIZE:
+                with open(segments[0], "rb") as f:
+                    found.append(read_header(f.read(HEADER_SIZE + PRODUCER_IDENTITY_SIZE)).idempotent)
+        return found
+
+    def check_idempotence(self, name: str, topic: str, settings: dict) -> None:
+        wanted = settings.get("enable_idempotence")
+        if wanted is None:
+            return
+        found = self.idempotent_partitions(topic)
+        if not found or any(flag != wanted for flag in found):
+            raise RuntimeError(f"{name}: asked for enable_idempotence={wanted}, the partitions' first "
+                               f"batches say idempotent={found}")
+
+    def produce_once(self, name: str, *, partitions: int = 2, topic_configs: tuple = (), disk: bool = False,
+                     **settings) -> dict:
+        """One produce run into a fresh topic (deleted afterwards); its figures."""
+        topic = self.topic(name)
+        report = self.run(name, workload="produce", topic=topic, create_topic=True, partitions=partitions,
+                          topic_configs=topic_configs, **settings)
+        p = report["produce"]
+        figures = {"records_per_s": p["records_per_s"], "mb_per_s": p["mb_per_s"],
+                   "records": p["records"],
+                   "value_bytes_per_record": p["bytes"] / max(1, p["records"]),
+                   "ack_p50_ms": p["ack_latency_ms"]["p50"], "ack_p99_ms": p["ack_latency_ms"]["p99"],
+                   "failed": p["failed"], "retries": p["retries"], "deduplicated": p.get("deduplicated")}
+        if disk:
+            logs, total = self.disk_bytes(topic)
+            figures["log_bytes_per_record"] = logs / max(1, p["records"])
+            figures["disk_bytes_per_record"] = total / max(1, p["records"])
+        self.check_idempotence(name, topic, settings)
+        self.delete(topic)
+        _note(name, figures)
+        return figures
+
+    def produce(self, name: str, **settings) -> list[dict]:
         """``repeat`` produce runs, each into a fresh topic; per run, the figures."""
-        out = []
-        for _ in range(self.repeat):
-            topic = self.topic(name)
-            report = self.run(name, workload="produce", topic=topic, create_topic=True, partitions=partitions,
-                              topic_configs=topic_configs, **settings)
-            p = report["produce"]
-            figures = {"records_per_s": p["records_per_s"], "mb_per_s": p["mb_per_s"],
-                       "records": p["records"],
-                       "value_bytes_per_record": p["bytes"] / max(1, p["records"]),
-                       "ack_p50_ms": p["ack_latency_ms"]["p50"], "ack_p99_ms": p["ack_latency_ms"]["p99"],
-                       "failed": p["failed"]}
-            if disk:
-                logs, total = self.disk_bytes(topic)
-                figures["log_bytes_per_record"] = logs / max(1, p["records"])
-                figures["disk_bytes_per_record"] = total / max(1, p["records"])
-            self.delete(topic)
-            out.append(figures)
-            _note(name, figures)
-        return out
+        return [self.produce_once(name, **settings) for _ in range(self.repeat)]
+
+    def e2e_once(self, name: str, *, rate: float, topic_configs: tuple = (), **settings) -> dict:
+        """One end-to-end run at ``rate`` (2 partitions, linger 0) into a fresh topic; its figures."""
+        topic = self.topic(name)
+        report = self.run(name, workload="e2e", topic=topic, create_topic=True, partitions=2,
+                          topic_configs=topic_configs, rate=rate, linger_ms=0, duration_s=self.duration_s,
+                          **settings)
+        latency = report["consume"]["e2e_latency_ms"]
+        if not report["check"]["ok"]:
+            raise RuntimeError(f"{name}: the check failed: {report['check']}")
+        p = report["produce"]
+        figures = {"p50_ms": latency["p50"], "p99_ms": latency["p99"], "p999_ms": latency["p999"],
+                   "records_per_s": p["records_per_s"], "retries": p["retries"],
+                   "deduplicated": p.get("deduplicated"), "duplicates": report.get("duplicates")}
+        self.check_idempotence(name, topic, settings)
+        self.delete(topic)
+        _note(name, figures)
+        return figures
 
 
 def _note(name: str, figures: dict) -> None:
@@ -158,15 +221,22 @@ def batch_bytes_for(records: int, value_bytes: int) -> int:
 # --- the scenarios ------------------------------------------------------------------------------
 
 
+SCENARIO_1 = "1-produce-100B"
+
+
+def _scenario_1_row(rates: list[float], which: str = "") -> dict:
+    return {"scenario": "1. one producer, 100 B random values, defaults (acks after the "
+                        f"fdatasync'd flush, linger 5 ms, 1 MiB batches{which}), max rate",
+            "measured": f"{_span(rates, ',.0f')} records/s ({_span(rates, '.0f', 1e-4)} MB/s)",
+            "target": "≥ 2,000,000 records/s", "met": min(rates) >= 2e6,
+            "anchor": f"{KAFKA_2014}: 821,557 records/s, one producer, 100 B, no replication; "
+                      f"{KAFKA_PAPER}: 50,000 (batch 1) and 400,000 (batch 50) records/s, 200 B"}
+
+
 def scenario_1(bench: Bench) -> float:
-    runs = bench.produce("1-produce-100B", duration_s=bench.duration_s)
+    runs = bench.produce(SCENARIO_1, duration_s=bench.duration_s)
     rates = [r["records_per_s"] for r in runs]
-    bench.rows.append({"scenario": "1. one producer, 100 B random values, defaults (acks after the "
-                                   "fdatasync'd flush, linger 5 ms, 1 MiB batches), max rate",
-                       "measured": f"{_span(rates, ',.0f')} records/s ({_span(rates, '.0f', 1e-4)} MB/s)",
-                       "target": "≥ 2,000,000 records/s", "met": min(rates) >= 2e6,
-                       "anchor": f"{KAFKA_2014}: 821,557 records/s, one producer, 100 B, no replication; "
-                                 f"{KAFKA_PAPER}: 50,000 (batch 1) and 400,000 (batch 50) records/s, 200 B"})
+    bench.rows.append(_scenario_1_row(rates))
     return statistics.median(rates)
 
 
@@ -233,37 +303,107 @@ def scenario_3(bench: Bench) -> None:
     bench.delete(topic)
 
 
-def scenario_4(bench: Bench, max_rate: float) -> None:
+NO_FSYNC = (("flush_ms", "0"), ("flush_fsync", "false"))
+NO_FSYNC_TEXT, FSYNC_TEXT = "topic flush_ms=0, flush_fsync=false", "topic defaults: flush_ms=1, fdatasync"
+HALF = "half of scenario 1's median"
+E2E_TARGET = "p50 ≤ 1 ms, p99 ≤ 3 ms"
+E2E_ANCHOR = f"{KAFKA_2014}: 2 ms median, 3 ms p99, 14 ms p99.9 (replicated, no fsync)"
+
+
+def _scenario_4_variants(max_rate: float) -> tuple:
+    """``(name, rate, topic_configs, why, described)`` of each scenario 4 row."""
     half = round(max_rate / 2, -3)
-    no_fsync = (("flush_ms", "0"), ("flush_fsync", "false"))
-    no_fsync_text, fsync_text = "topic flush_ms=0, flush_fsync=false", "topic defaults: flush_ms=1, fdatasync"
-    variants = (("4-e2e-no-fsync", half, no_fsync, "half of scenario 1's median", no_fsync_text),
-                ("4-e2e-fsync", half, (), "half of scenario 1's median", fsync_text),
-                ("4-e2e-no-fsync-100k", 100_000, no_fsync, "for comparison", no_fsync_text))
-    for name, rate, topic_configs, why, described in variants:
-        p50, p99, p999, achieved = [], [], [], []
-        for _ in range(bench.repeat):
-            topic = bench.topic(name)
-            report = bench.run(name, workload="e2e", topic=topic, create_topic=True, partitions=2,
-                               topic_configs=topic_configs, rate=rate, linger_ms=0,
-                               duration_s=bench.duration_s)
-            latency = report["consume"]["e2e_latency_ms"]
-            assert report["check"]["ok"], report["check"]
-            p50.append(latency["p50"])
-            p99.append(latency["p99"])
-            p999.append(latency["p999"])
-            achieved.append(report["produce"]["records_per_s"])
-            bench.delete(topic)
-            _note(name, {"p50_ms": latency["p50"], "p99_ms": latency["p99"], "p999_ms": latency["p999"],
-                         "records_per_s": report["produce"]["records_per_s"]})
-        bench.rows.append({"scenario": f"4. end to end at {rate:,.0f} records/s ({why}), 100 B, 1 producer, "
-                                       f"1 consumer, 2 partitions, producer linger_ms=0, {described}",
+    return (("4-e2e-no-fsync", half, NO_FSYNC, HALF, NO_FSYNC_TEXT),
+            ("4-e2e-fsync", half, (), HALF, FSYNC_TEXT),
+            ("4-e2e-no-fsync-100k", 100_000, NO_FSYNC, "for comparison", NO_FSYNC_TEXT))
+
+
+def _scenario_4_text(rate: float, why: str, described: str) -> str:
+    return (f"4. end to end at {rate:,.0f} records/s ({why}), 100 B, 1 producer, 1 consumer, 2 partitions, "
+            f"producer linger_ms=0, {described}")
+
+
+def scenario_4(bench: Bench, max_rate: float) -> None:
+    for name, rate, topic_configs, why, described in _scenario_4_variants(max_rate):
+        runs = [bench.e2e_once(name, rate=rate, topic_configs=topic_configs) for _ in range(bench.repeat)]
+        p50, p99 = [r["p50_ms"] for r in runs], [r["p99_ms"] for r in runs]
+        bench.rows.append({"scenario": _scenario_4_text(rate, why, described),
                            "measured": f"p50 {_span(p50, '.2f')} ms, p99 {_span(p99, '.2f')} ms, "
-                                       f"p99.9 {_span(p999, '.2f')} ms "
-                                       f"(at {_span(achieved, ',.0f')} records/s)",
-                           "target": "p50 ≤ 1 ms, p99 ≤ 3 ms", "met": max(p50) <= 1 and max(p99) <= 3,
-                           "anchor": f"{KAFKA_2014}: 2 ms median, 3 ms p99, 14 ms p99.9 (replicated, no "
-                                     "fsync)"})
+                                       f"p99.9 {_span([r['p999_ms'] for r in runs], '.2f')} ms "
+                                       f"(at {_span([r['records_per_s'] for r in runs], ',.0f')} records/s)",
+                           "target": E2E_TARGET, "met": max(p50) <= 1 and max(p99) <= 3,
+                           "anchor": E2E_ANCHOR})
+
+
+# --- idempotence on and off, interleaved (--idempotence-compare) -----------------------------------
+
+IDEMPOTENCE_COST_TARGET_PERCENT = 3.0
+WARM_UP_S = 2.0
+
+
+def _median_range(values: list[float], fmt: str, unit: str = "") -> str:
+    median, _, _ = spread(values)
+    return f"{format(median, fmt)}{unit} ({_span(values, fmt)})"
+
+
+def _change(change: dict) -> str:
+    return (f"{change['of_medians']:+.1f}% (paired per round: median {change['paired_median']:+.1f}%, "
+            f"{change['paired_low']:+.1f}% to {change['paired_high']:+.1f}%)")
+
+
+def scenario_1_compare(bench: Bench) -> float:
+    """Scenario 1 with idempotence on (the default, 5 in flight), on with 1 in flight, and off,
+    interleaved; returns the median of the default's runs."""
+    bench.run("warm-up", workload="produce", topic=bench.topic("warm-up"), create_topic=True, partitions=2,
+              duration_s=WARM_UP_S, delete_topic=True)
+    variants = (IDEMPOTENCE_ON, IDEMPOTENCE_ON_1, IDEMPOTENCE_OFF)
+    results = interleave(variants, bench.repeat,
+                         lambda v: bench.produce_once(f"{SCENARIO_1}-{v.slug}", duration_s=bench.duration_s,
+                                                      **v.options))
+    rates = {label: [r["records_per_s"] for r in runs] for label, runs in results.items()}
+    on, on_1, off = (rates[v.label] for v in variants)
+    bench.rows.append(_scenario_1_row(on, ", idempotent, 5 in flight"))
+    change = relative_change(on, off)
+    cost = -change["of_medians"]
+    bench.comparisons.append({"scenario": SCENARIO_1, "variants": results, "cost_percent": cost,
+                              "on_vs_off_percent": change, "on_1_vs_on_percent": relative_change(on_1, on)})
+    bench.rows.append({"scenario": f"1. the same, idempotence on vs off, interleaved ({bench.repeat} "
+                                   "rounds): records/s, median (range)",
+                       "measured": f"on (5 in flight): {_median_range(on, ',.0f')}; on, 1 in flight: "
+                                   f"{_median_range(on_1, ',.0f')}; off: {_median_range(off, ',.0f')}; "
+                                   f"on against off: {_change(change)}",
+                       "target": f"cost ≤ {IDEMPOTENCE_COST_TARGET_PERCENT:.0f}%",
+                       "met": cost <= IDEMPOTENCE_COST_TARGET_PERCENT,
+                       "anchor": "Kafka: the idempotent producer on by default since 3.0 (KIP-679)"})
+    return statistics.median(on)
+
+
+def scenario_4_compare(bench: Bench, max_rate: float) -> None:
+    """Each scenario 4 row with idempotence on (5 in flight) and off, interleaved; the two rows at
+    half of scenario 1's rate also with idempotence on and 1 in flight (does pipelining lower the
+    latency at high load?)."""
+    for name, rate, topic_configs, why, described in _scenario_4_variants(max_rate):
+        variants = ((IDEMPOTENCE_ON, IDEMPOTENCE_ON_1, IDEMPOTENCE_OFF) if why == HALF
+                    else (IDEMPOTENCE_ON, IDEMPOTENCE_OFF))
+        results = interleave(variants, bench.repeat,
+                             lambda v, n=name, r=rate, t=topic_configs:
+                             bench.e2e_once(f"{n}-{v.slug}", rate=r, topic_configs=t, **v.options))
+        shown, comparison = [], {"scenario": name, "rate": rate, "variants": results}
+        for variant in variants:
+            runs = results[variant.label]
+            shown.append(f"{variant.label}: p50 {_median_range([r['p50_ms'] for r in runs], '.2f', ' ms')}, "
+                         f"p99 {_median_range([r['p99_ms'] for r in runs], '.2f', ' ms')}")
+        on = results[IDEMPOTENCE_ON.label]
+        for other in variants[1:]:
+            runs = results[other.label]
+            comparison[f"{other.label} vs on, percent"] = {
+                q: relative_change([r[q] for r in runs], [r[q] for r in on]) for q in ("p50_ms", "p99_ms")}
+        achieved = [r["records_per_s"] for runs in results.values() for r in runs]
+        bench.comparisons.append(comparison)
+        bench.rows.append({"scenario": f"{_scenario_4_text(rate, why, described)}: idempotence on and off, "
+                                       f"interleaved ({bench.repeat} rounds), median (range)",
+                           "measured": "; ".join(shown) + f" (at {_span(achieved, ',.0f')} records/s)",
+                           "target": E2E_TARGET, "met": None, "anchor": E2E_ANCHOR})
 
 
 def _tenth_rates(report: dict) -> tuple[float, float]:
@@ -372,6 +512,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=int(os.environ.get("SCENARIO_REPEAT", "3")))
     parser.add_argument("--duration", type=float, default=DURATION_S, help="seconds per timed run")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--idempotence-compare", action="store_true",
+                        help="scenarios 1 and 4 with idempotence on (5 in flight, the default), on with 1 in "
+                             "flight, and off, interleaved; --repeat rounds")
     args = parser.parse_args(argv)
     chosen = {s.strip() for s in args.only.split(",") if s.strip()} | ({"5"} if args.long else set())
     args.out.mkdir(parents=True, exist_ok=True)
@@ -381,23 +524,29 @@ def main(argv: list[str] | None = None) -> int:
         with running_broker(root) as port:
             bench = Bench(root, f"127.0.0.1:{port}", args.repeat, args.duration)
             max_rate = None
-            if "1" in chosen or "4" in chosen:
+            if ("1" in chosen or "4" in chosen) and args.idempotence_compare:
+                max_rate = scenario_1_compare(bench)
+            elif "1" in chosen or "4" in chosen:
                 max_rate = scenario_1(bench)
             if "2" in chosen:
                 scenario_2(bench)
             if "3" in chosen:
                 scenario_3(bench)
-            if "4" in chosen:
+            if "4" in chosen and args.idempotence_compare:
+                scenario_4_compare(bench, max_rate)
+            elif "4" in chosen:
                 scenario_4(bench, max_rate)
             if "5" in chosen:
                 scenario_5(bench)
-    text = (f"Machine: {machine()}. {args.repeat} runs per figure, {time.time() - started:.0f} s in all.\n\n"
+    runs = f"{args.repeat} rounds of interleaved runs" if args.idempotence_compare else f"{args.repeat} runs"
+    text = (f"Machine: {machine()}. {runs} per figure, {time.time() - started:.0f} s in all.\n\n"
             + table(bench.rows) + "\n\n" + ANCHORS + "\n")
-    name = "scenarios-long" if chosen == {"5"} else "scenarios"
+    name = ("scenarios-long" if chosen == {"5"} else "scenarios-idempotence" if args.idempotence_compare
+            else "scenarios")
     (args.out / f"{name}.md").write_text(text)
     with open(args.out / f"{name}.json", "w") as f:
         json.dump({"machine": machine(), "started_at": started, "repeat": args.repeat, "rows": bench.rows,
-                   "runs": bench.runs}, f, indent=1)
+                   "comparisons": bench.comparisons, "runs": bench.runs}, f, indent=1)
         f.write("\n")
     print(text)
     return 0
