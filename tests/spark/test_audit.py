@@ -150,7 +150,7 @@ def test_the_audit_flags_exactly_the_windows_that_lost_or_gained_records(spark, 
     rogue_ms = NOW_MS - 30_000
     connection = BrokerConnection(parse_bootstrap(bootstrap)[0])
     try:  # records no producer announces
-        rogue = build_batch([b"rogue"] * 7, producer="rogue", timestamps=rogue_ms)
+        rogue = build_batch([b"rogue %d" % i for i in range(7)], producer="rogue", timestamps=rogue_ms)
         connection.call(protocol.ProduceRequest("orders", 1, payload=rogue))
     finally:
         connection.close()
@@ -182,4 +182,4 @@ def test_the_audit_flags_exactly_the_windows_that_lost_or_gained_records(spark, 
     assert printed.splitlines()[0].split() == ["topic", "producer", "window", "start", "window", "ms",
                                                "announced", "consumed", "difference", "duplicates",
                                                "unannounced", "missing", "verdict"]
-    assert "audit FAILED: " in printed and f" {len(expected)} mismatched;" in printed
+    assert "audit FAILED: " in printed and f" {len(expected)} mismatched (" in printed
