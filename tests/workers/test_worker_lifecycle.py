@@ -261,7 +261,7 @@ def test_retention_runs_periodically_and_moves_the_log_start_offset(start_worker
     deadline = time.monotonic() + TIMEOUT_S
     while True:
         _header, earliest = arbiter.call(0, ListOffsetsRequest("orders", 0, EARLIEST_TIMESTAMP))
-        if earliest.offset > 0 or time.monotonic() > deadline:
+        if earliest.offset > 200 or time.monotonic() > deadline:  # a pass may run between produces
             break
         time.sleep(0.05)
     assert earliest.offset > 200  # all but the last few kilobytes are gone
