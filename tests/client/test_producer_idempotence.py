@@ -288,10 +288,65 @@ def test_a_refused_request_is_resent_before_the_ones_behind_it(bootstrap, connec
     producer = Producer(bootstrap, linger_ms=0, batch_bytes=2048, retry_backoff_ms=10,
                         retry_backoff_max_ms=50, delivery_timeout_ms=60_000, audit_topic=None)
     try:
-        futures = stream(producer, topic_name, 1, 1.5, time.sleep)
+        def until_out_of_order(duration_s):  # some refused request had others in flight behind it
+            wait_until(lambda: out_of_order[0] > 0, 10 * duration_s, what="an error 20")
+            time.sleep(duration_s)
+
+        futures = stream(producer, topic_name, 1, 1.0, until_out_of_order)
         metrics = producer.metrics
     finally:
         producer.close(10)
     assert out_of_order[0] > 0 and in_flight_peak[0] >= 2
     assert metrics["records_failed"] == 0 and metrics["producer_id_resets"] == 0
     check_stored_once_in_order(connection, topic_name, 1, futures)
+
+
+def test_records_of_unknown_outcome_fail_and_a_new_id_follows(bootstrap, connection, topic_name):
+    """A flush slower than the whole delivery timeout: the request is stored but never answered
+    in time, so its records fail saying they may have been stored; the producer takes a new id
+    (the old one's next sequence on the partition is unknown) and goes on."""
+    create_topic(connection, topic_name, flush_ms=4000)
+    with Producer(bootstrap, linger_ms=0, request_timeout_ms=400, delivery_timeout_ms=1200,
+                  retry_backoff_ms=50, audit_topic=None) as producer:
+        future = producer.send_future(topic_name, b"slow")
+        error = future.exception(20)
+        assert "not delivered within delivery_timeout_ms 1200" in str(error)
+        assert "they may have been stored" in str(error)
+        first_id = producer.producer_id
+        fast = [protocol.TopicConfigEntry("flush_ms", "1")]
+        connection.call(protocol.AlterTopicConfigRequest(topic_name, fast))
+        wait_until(lambda: len(read_partition(connection, topic_name, 0)) == 1, 10, what="the first copy")
+        assert producer.send_future(topic_name, b"after").result(20).offset == 1
+        assert producer.producer_id != first_id and producer.metrics["producer_id_resets"] == 1
+    assert [r.value for r in read_partition(connection, topic_name, 0)] == [b"slow", b"after"]
+
+
+def test_records_waiting_for_a_producer_id_fail_after_the_delivery_timeout(bootstrap, connection, topic_name,
+                                                                           monkeypatch):
+    """The broker cannot hand out an id (error 17): the records fail, never sent, after
+    delivery_timeout_ms, and once ids are available again the producer sends."""
+    from hpbroker.client.connection import BrokerConnection
+    from hpbroker.errors import CoordinationError
+
+    create_topic(connection, topic_name)
+    call = BrokerConnection.call
+    refusing = threading.Event()
+    refusing.set()
+
+    def refusing_call(self, message, timeout_s=30.0):
+        if isinstance(message, protocol.InitProducerIdRequest) and refusing.is_set():
+            raise CoordinationError("no producer id block at hand")
+        return call(self, message, timeout_s)
+
+    monkeypatch.setattr(BrokerConnection, "call", refusing_call)
+    with Producer(bootstrap, linger_ms=0, delivery_timeout_ms=800, retry_backoff_ms=50,
+                  retry_backoff_max_ms=100, audit_topic=None) as producer:
+        started = time.monotonic()
+        error = producer.send_future(topic_name, b"waits").exception(20)
+        assert isinstance(error, CoordinationError) and "no producer id" in str(error)
+        assert 0.7 < time.monotonic() - started < 10
+        assert producer.producer_id == -1
+        refusing.clear()
+        assert producer.send_future(topic_name, b"sent").result(20).offset == 0
+        assert producer.producer_id >= 0
+    assert [r.value for r in read_partition(connection, topic_name, 0)] == [b"sent"]
