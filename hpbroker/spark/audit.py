@@ -18,11 +18,12 @@ compares:
    ``record_count`` per (topic, producer, window) (``announced``, A; a window may be announced by
    several events, and an event stored twice, published again after an unknown outcome with the
    same ``instance`` and ``sequence``, is counted once).  The two are joined (full outer).
-4. **Duplicates.**  Only when some audited window has C > A, the data is read a second time with
-   its contents, for those windows alone: records equal in topic, producer, timestamp, key, value
-   and headers are one record stored several times (a retry resends the same bytes), and
-   ``duplicates`` (D) counts the copies beyond the first.  Then, with ``distinct = C - D``,
-   ``unannounced = max(0, distinct - A)`` and ``missing = max(0, A - distinct)``:
+4. **Duplicates.**  Only when some audited window has C > A, the topics holding such windows are
+   read a second time with the records' contents, kept for those windows alone: records equal in
+   topic, producer, timestamp, key, value and headers are one record stored several times (a
+   retry resends the same bytes), and ``duplicates`` (D) counts the copies beyond the first.
+   Then, with ``distinct = C - D``, ``unannounced = max(0, distinct - A)`` and
+   ``missing = max(0, A - distinct)``:
 
    ===============  ============================================================================
    verdict          when
@@ -177,8 +178,10 @@ def run_audit(spark: Any, config: AuditConfig, *, show: int = 100) -> AuditRepor
     try:
         surplus = (counts.where(~F.col("open") & (F.col("consumed") > F.col("announced")))
                    .select("topic", "producer", "window_start_ms"))
-        copies = (_duplicates(spark, config, data_plan, surplus, producer_windows)
-                  if data_plan and not surplus.isEmpty() else None)
+        # Only the topics with a surplus are read again (the windows are few: known to the driver).
+        surplus_topics = {row["topic"] for row in surplus.select("topic").distinct().collect()}
+        reread = [r for r in data_plan if r.topic in surplus_topics]
+        copies = _duplicates(spark, config, reread, surplus, producer_windows) if reread else None
         windows = _judged(counts, copies).cache()
         _tally(report, windows)
         audited = windows.where(~F.col("open")).select(*REPORT_COLUMNS)
