@@ -339,7 +339,8 @@ class Worker:
             except OSError as e:
                 error = StorageError(f"reading {file_slice.length} bytes at position {file_slice.position} "
                                      f"of {file_slice.path} failed: {e}")
-                frames[2] = error_reply(reply.api_key, reply.correlation_id, error, version=reply.api_version).head
+                frames[2] = error_reply(reply.api_key, reply.correlation_id, error,
+                                        version=reply.api_version).head
                 reply.error_code, reply.file_slice = error.code, None  # what the client gets, for the stats
             else:
                 if len(data) != file_slice.length:
