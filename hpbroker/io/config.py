@@ -14,8 +14,9 @@ from hpbroker.errors import InvalidConfigError
 
 __all__ = ["LogConfig", "MAX_SEGMENT_BYTES", "MIN_SEGMENT_BYTES"]
 
-# Index entries store byte positions as u32 and every segment stays below its limit (a batch
-# larger than segment_bytes gets a segment of its own), so a segment never outgrows an i32.
+# Index entries store byte positions as u32 and every segment stays below its limit (a request
+# larger than segment_bytes gets a segment of its own; the log refuses one larger than this),
+# so a segment never outgrows an i32.
 MAX_SEGMENT_BYTES = 2**31 - 1
 # Small enough for tests that roll every few batches, large enough to hold any batch header.
 MIN_SEGMENT_BYTES = 512
@@ -33,11 +34,13 @@ class LogConfig:
     by any number of logs.
     """
 
-    #: bytes; roll to a new segment when the active one would grow past this.  Default 1 GiB.
+    #: bytes; roll to a new segment when the active one would grow past this with the request
+    #: being appended (decided once per request: a request never straddles two segments, and
+    #: one larger than this gets a segment to itself).  Default 1 GiB.
     #: Range [512, 2**31 - 1]: index entries hold positions as u32.
     segment_bytes: int = 1 << 30
-    #: ms; roll when a batch's timestamp is more than this after the active segment's first
-    #: batch timestamp (Kafka's rule; the wall clock since the segment's creation where
+    #: ms; roll when a request's largest timestamp is more than this after the active segment's
+    #: first batch timestamp (Kafka's rule; the wall clock since the segment's creation where
     #: timestamps are missing).  Default 7 days.  Range [1, 2**63 - 1].
     segment_ms: int = 7 * _DAY_MS
     #: ms; a closed segment whose largest timestamp (or, holding none, its file's modification

@@ -122,11 +122,12 @@ from hpbroker.errors import (
     HPBrokerError,
     InvalidTimestampError,
     OffsetOutOfRangeError,
+    RecordTooLargeError,
     StorageError,
 )
 from hpbroker.io._writer import WriteJob
 from hpbroker.io.checkpoint import CleanShutdownMarker, DamagedSegments, RecoveryPointCheckpoint
-from hpbroker.io.config import LogConfig
+from hpbroker.io.config import MAX_SEGMENT_BYTES, LogConfig
 from hpbroker.io.damage import DamagedRange
 from hpbroker.io.files import fsync_dir, lock_directory, make_directory, pread_full
 from hpbroker.io.index import IndexCorruptError
@@ -513,8 +514,14 @@ class PartitionLog:
         against the producer state first (hpbroker.io.producer_state): OutOfOrderSequenceError,
         ProducerFencedError or UnknownProducerIdError append nothing; a request whose batches
         are all stored already appends nothing either and returns the stored copy's offsets
-        with ``duplicate`` set.  The
-        records are pending until flushed.  A ``bytes`` object, or a view of one, is held, not
+        with ``duplicate`` set.
+
+        The whole request goes into one segment: whether to roll is decided once, for its total
+        size, last offset and largest timestamp (a request larger than ``segment_bytes`` gets a
+        new segment to itself), so a roll never writes its first batches ahead of the rest
+        (a crash or failed flush in between would keep only part of it); one that no segment
+        could hold (over MAX_SEGMENT_BYTES, or 2**32 offsets) is RecordTooLargeError.
+        The records are pending until flushed.  A ``bytes`` object, or a view of one, is held, not
         copied, until then; so is any buffer the caller declares ``immutable`` (a received
         ZeroMQ message: libzmq never changes one).  Anything else is copied first (a bytearray,
         an mmap, and also a read-only view of one: read-only says only that the view cannot
@@ -530,6 +537,11 @@ class PartitionLog:
         scan = _core.validate_batches(view, max_batch_bytes=self._config.max_message_bytes)
         now = self._clock()
         self._check_timestamps(scan, now)
+        if len(view) > MAX_SEGMENT_BYTES or scan.record_count - 1 > _MAX_RELATIVE_OFFSET:
+            raise RecordTooLargeError(
+                f"[{self._name}] a request of {len(view)} bytes and {scan.record_count} records cannot "
+                f"lie in one segment (at most {MAX_SEGMENT_BYTES} bytes and "
+                f"{_MAX_RELATIVE_OFFSET + 1} offsets)")
         idempotent = scan.idempotent_batches != 0
         if idempotent:  # per batch, before any offset is given (hpbroker.io.producer_state)
             stored = self._producers.check(scan)
@@ -537,15 +549,17 @@ class PartitionLog:
                 return AppendInfo(stored[2], stored[3], scan.record_count, scan.batch_count, duplicate=True)
             producers, table = scan.producer_ids, self._producers.table
         first_offset = self._log_end_offset
+        # One roll decision for the whole request (Kafka's maybeRoll per append): a request never
+        # straddles two segments, so a crash or a failed flush keeps all of it or none of it.
+        reason = self._roll_reason(len(view), first_offset + scan.record_count - 1, scan.max_timestamp, now)
+        if reason is not None:
+            self._roll(now, reason)
+        if not self._pending and not self._in_flight and self._segments[-1].size_in_bytes == 0:
+            self._active_first_timestamp = scan.max_timestamps[0]
         for i in range(scan.batch_count):
             position, size, max_timestamp = scan.positions[i], scan.sizes[i], scan.max_timestamps[i]
             base_offset = self._log_end_offset
             next_offset = base_offset + scan.last_offset_deltas[i] + 1
-            reason = self._roll_reason(size, base_offset, max_timestamp, now)
-            if reason is not None:
-                self._roll(now, reason)
-            if not self._pending and not self._in_flight and self._segments[-1].size_in_bytes == 0:
-                self._active_first_timestamp = max_timestamp
             head = bytearray(view[position : position + STAMP_BYTES])
             _core.stamp_batch(head, 0, base_offset, 0)
             body = view[position + STAMP_BYTES : position + size]
@@ -553,7 +567,7 @@ class PartitionLog:
             self._pending_bytes += size
             self._pending_records += next_offset - base_offset
             self._log_end_offset = next_offset
-            if idempotent and producers[i] >= 0:  # after a roll: its snapshot holds what is below it
+            if idempotent and producers[i] >= 0:  # after the roll: its snapshot holds what is below it
                 sequence = scan.base_sequences[i]
                 table.update(producers[i], scan.producer_epochs[i], sequence,
                              sequence + scan.last_offset_deltas[i], base_offset, next_offset - 1, now)
@@ -682,26 +696,30 @@ class PartitionLog:
 
     # --- rolling -------------------------------------------------------------------------------
 
-    def _roll_reason(self, batch_bytes: int, base_offset: int, max_timestamp: int, now_ms: int) -> str | None:
-        """Why the batch about to be appended must start a new segment, or None.
+    def _roll_reason(self, request_bytes: int, last_offset: int, max_timestamp: int,
+                     now_ms: int) -> str | None:
+        """Why the request about to be appended (``request_bytes`` of batches ending at
+        ``last_offset``, its largest timestamp ``max_timestamp``) must start a new segment, or None.
+        Decided once per request, so the request lands whole in one segment.
 
-        Time is measured Kafka's way: from the active segment's first batch timestamp to this
-        batch's, so producer clocks (or replayed old data) cannot roll a segment per batch; the
-        wall clock since the segment was created counts only where timestamps are missing.
+        Time is measured Kafka's way: from the active segment's first batch timestamp to the
+        request's largest, so producer clocks (or replayed old data) cannot roll a segment per
+        request; the wall clock since the segment was created counts only where timestamps are
+        missing.
         """
         active, config = self._segments[-1], self._config
         active_bytes = active.size_in_bytes + self.pending_bytes
         if active_bytes == 0:
-            return None  # never roll an empty segment: a huge batch gets one to itself
-        if active_bytes + batch_bytes > config.segment_bytes:
-            return f"{active_bytes} + {batch_bytes} bytes would exceed segment_bytes {config.segment_bytes}"
+            return None  # never roll an empty segment: a huge request gets one to itself
+        if active_bytes + request_bytes > config.segment_bytes:
+            return f"{active_bytes} + {request_bytes} bytes would exceed segment_bytes {config.segment_bytes}"
         first = self._active_first_timestamp
         if first >= 0 and max_timestamp >= 0:
             if max_timestamp - first > config.segment_ms:
                 return f"timestamp {max_timestamp} is more than segment_ms {config.segment_ms} after {first}"
         elif now_ms - active.created_ms > config.segment_ms:
             return f"segment created at {active.created_ms} is older than segment_ms {config.segment_ms}"
-        if base_offset - active.base_offset > _MAX_RELATIVE_OFFSET:
+        if last_offset - active.base_offset > _MAX_RELATIVE_OFFSET:
             return "relative offsets would overflow u32"
         return None
 
@@ -716,9 +734,9 @@ class PartitionLog:
     def _roll(self, now_ms: int, reason: str) -> None:
         """Start a new segment at the log end: flush and fsync the active one, checkpoint.
 
-        The new segment is made first, as it is what a full disk refuses: a roll that fails has
-        written nothing, not even the batches of the request being appended before it (the
-        failure drops everything pending, so no part of a refused request becomes readable).
+        Called before any batch of the request being appended is pending (append decides the
+        roll once per request).  The new segment is made first, as it is what a full disk
+        refuses: a roll that fails has written nothing (the failure drops everything pending).
         The checkpoint after it is best effort: a stale one only makes the next open scan more."""
         new = Segment(self._directory, self._log_end_offset, self._config, create=True, now_ms=now_ms,
                       log_name=self._name)

@@ -171,18 +171,19 @@ def test_a_stale_snapshot_is_caught_up_from_the_log(open_log, log_dir, tmp_path)
     assert_remembers(log, 7, sent, 0, 14)
 
 
-def test_a_roll_in_the_middle_of_a_request_snapshots_only_what_lies_below_it(open_log, log_dir):
+def test_the_roll_before_a_request_snapshots_only_what_lies_below_it(open_log, log_dir):
     log = open_log(segment_bytes=1024)
     first, second = idempotent(7, 0, 0, 4, tag="y" * 150), idempotent(7, 0, 4, 4, tag="y" * 150)
-    info = log.append(first + second)  # the second batch rolls to a new segment
-    assert log.segment_count == 2 and info.last_offset == 7
+    log.append(first)
+    info = log.append(second + idempotent(7, 0, 8))  # too large for the first segment: rolls
+    assert log.segment_count == 2 and (info.first_offset, info.last_offset) == (4, 8)
     assert list_snapshots(log_dir) == [4]
     log.flush()
     log._abandon()
     log = open_log(segment_bytes=1024)
     assert log._producers.loaded_from == 4
-    assert log.append(first + second).duplicate
-    assert log.append(idempotent(7, 0, 8)).first_offset == 8
+    assert log.append(second + idempotent(7, 0, 8)).duplicate
+    assert log.append(idempotent(7, 0, 9)).first_offset == 9
 
 
 def test_a_torn_tail_cut_at_open_leaves_the_state_and_its_retry_is_stored(open_log, log_dir):

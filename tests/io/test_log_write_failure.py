@@ -286,13 +286,13 @@ def test_a_roll_that_fails_in_the_middle_of_a_request_leaves_none_of_it_readable
 
         monkeypatch.setattr(index.OffsetIndex, "__init__", no_space)
         with pytest.raises(StorageError, match="no space left on device"):
-            log.append(request)  # its first batch fits the active segment, its second needs a roll
+            log.append(request)  # its first batch would fit the active segment, the request does not: a roll
         assert log.high_watermark == log.log_end_offset == 1, "nothing of the refused request is readable"
         monkeypatch.undo()
         assert log.resume_writes()
         assert log.append(request).first_offset == 1
         log.flush()
         assert [offset for offset, _ in read_all(log)] == [0, 1, 2]
-        assert [s.base_offset for s in log.segments] == [0, 2]
+        assert [s.base_offset for s in log.segments] == [0, 1], "the request whole in the new segment"
     finally:
         log.close()
