@@ -480,7 +480,8 @@ class ProducerStateManager:
         snapshots outside that range (a snapshot at either end stays), take the newest one that
         parses (removing those that do not), then apply every batch ``replay(start)`` yields from
         its offset on (without one: from ``unexpired_offset``, the first segment whose records
-        may not have expired), and drop the producers expired at ``now_ms``.  Raises OSError."""
+        may not have expired), and drop the producers wholly below ``log_start_offset`` and those
+        expired at ``now_ms``.  Raises OSError."""
         self.table = ProducerStateTable()
         self.loaded_from = None
         snapshots = list_snapshots(self.directory)
@@ -512,11 +513,14 @@ class ProducerStateManager:
                               batch.base_sequence + batch.last_offset - batch.base_offset, batch.base_offset,
                               batch.last_offset, timestamp)
             replayed += 1
+        # A snapshot written before retention moved the log start still holds the producers it
+        # dropped: their stored batches are gone, so a retry of them is no duplicate.
+        dropped = self.table.drop_below(log_start_offset)
         expired = self.table.expire(now_ms - expiration_ms)
         logger.info("[%s] producer state: %d producer ids, from %s and %d batches replayed from offset %d "
-                    "(%d expired)", self.name, len(self.table),
+                    "(%d below the log start, %d expired)", self.name, len(self.table),
                     "no snapshot" if self.loaded_from is None else f"the snapshot at {self.loaded_from}",
-                    replayed, start, len(expired))
+                    replayed, start, len(dropped), len(expired))
 
     def take_snapshot(self, offset: int) -> bool:
         """Write the state as the snapshot at ``offset`` (every batch below it applied, none at

@@ -266,6 +266,27 @@ def test_retention_drops_producers_below_the_log_start_and_their_snapshots(open_
     assert log.append(idempotent(1, 0, 7)).first_offset == log.log_end_offset - 1, "any sequence again"
 
 
+@pytest.mark.parametrize("crash", [True, False], ids=["crash", "clean-close"])
+def test_a_producer_retention_dropped_stays_dropped_after_a_reopen(open_log, log_dir, crash):
+    log = open_log(retention_bytes=5000)
+    deleted = idempotent(7, 0, 0, tag="d" * 600)
+    log.append(deleted)
+    for k in range(20):  # plain batches: the snapshots of their rolls still hold producer 7
+        log.append(make_batch(1, value_bytes=900, tag=k))
+        log.flush()
+    assert log.delete_old_segments() > 0 and log.log_start_offset > 0
+    assert log.producer_state.get(7) is None
+    assert any(offset >= log.log_start_offset for offset in list_snapshots(log_dir))
+    if crash:
+        log._abandon()  # the snapshots written before retention stay, producer 7 in them
+    else:
+        log.close()
+    log = open_log(retention_bytes=5000)
+    assert log.producer_state.get(7) is None, "its only batch was deleted by retention"
+    info = log.append(deleted)
+    assert not info.duplicate and info.first_offset == 21, "a retry of a deleted batch is stored again"
+
+
 def test_a_producer_quiet_for_producer_id_expiration_ms_expires(open_log, clock):
     log = open_log(producer_id_expiration_ms=DAY_MS)
     log.append(idempotent(1, 0, 0, 2))
