@@ -38,6 +38,8 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from hpbroker.client.backoff import backoff_ms
+
 __all__ = ["ACKED", "IN_FLIGHT", "MAX_UNSETTLED_BATCHES", "QUEUED", "PartitionWindow", "ProducerIdentity"]
 
 # The partition leader remembers this many batches per producer (Kafka keeps 5): a partition's
@@ -213,6 +215,6 @@ class ProducerIdentity:
         if self.failing_since_s is None:
             self.failing_since_s = now_s
         self.last_error = error
-        backoff_ms = min(self._backoff_max_ms, self._backoff_ms * 2 ** min(self._failures, 30))
+        wait_ms = backoff_ms(self._backoff_ms, self._backoff_max_ms, self._failures)
         self._failures += 1
-        self.next_attempt_s = now_s + backoff_ms / 1000
+        self.next_attempt_s = now_s + wait_ms / 1000

@@ -18,8 +18,8 @@ per partition with unsettled requests and applies the rules of ``hpbroker.client
 
 What it uses of the sender: ``_producer``, ``_config``, ``connection``, ``identity``,
 ``_windows``, ``_max_in_flight``, ``_control_timeout_s``, ``counts`` and the methods
-``_new_request``, ``_send``, ``_settle``, ``_retry``, ``_retry_after``, ``_refresh_if_stale`` and
-``_delivery_timeout_error``.
+``_new_request``, ``_send``, ``_settle``, ``_retry``, ``_retry_after``, ``_retry_backoff_ms``,
+``_refresh_if_stale`` and ``_delivery_timeout_error``.
 """
 
 from __future__ import annotations
@@ -189,15 +189,14 @@ class IdempotentSending:
         if now >= request.deadline_s:
             self._give_up(request, self._delivery_timeout_error(request, error))
             return
-        backoff_ms = min(self._config.retry_backoff_max_ms,
-                         self._config.retry_backoff_ms * 2 ** min(request.retries, 30))
+        wait_ms = self._retry_backoff_ms(request)
         request.retries += 1
-        request.due_s = min(now + backoff_ms / 1000, request.deadline_s)
+        request.due_s = min(now + wait_ms / 1000, request.deadline_s)
         self.counts["retries"] += 1
         self._windows[request.queue].to_retry(request)
         self._update_window(request.queue)
         logger.debug("[producer %s] %s: %s again in %d ms after %s", self._producer.name, request,
-                     request.sequences, backoff_ms, error)
+                     request.sequences, wait_ms, error)
 
     def _give_up(self, request: Any, error: BaseException) -> None:
         """``request`` fails for good: tell its records, then any acknowledged ones behind it,

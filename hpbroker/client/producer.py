@@ -12,19 +12,12 @@ Two threads (the Kafka paper's asynchronous producer: latency traded for through
   finishes them into one ProduceRequest per partition and sends them, retries what failed.  The
   application wakes it through the pipe at most once per batch opened or closed, never per record.
 
-**Idempotence** (``enable_idempotence``, on by default with ``acks=1``; the bookkeeping is
-``hpbroker.client.idempotence``, the I/O thread's half ``hpbroker.client.idempotent_sending``).
-The I/O thread takes a producer id and epoch (InitProducerId) before it drains a batch; every
-batch carries them and its partition's ``base_sequence``, assigned once at drain.  A partition
-keeps up to ``max_in_flight_requests_per_partition`` requests in flight (at most 5 batches
-unsettled: what the leader remembers per producer), in sequence order on its leader's
-connection.  A retry resends the same bytes and never looks: the leader answers a request it
-already stored with its offsets (``duplicate``), also while the first copy waits for its flush.
-After a retriable failure the partition's requests are resent one at a time, in order (error
-20 on a request behind an unsettled one is such a failure); acknowledgements are told in
-sequence order.  A request that fails for good (errors 20/21/22, any error that is not
-retriable, the delivery timeout) makes the producer take a new id before it drains more; a
-partition drains batches of the new id once no request of the old one is unsettled there.
+**Idempotence** (``enable_idempotence``, on by default with ``acks=1``): the I/O thread takes a
+producer id and epoch (InitProducerId) before it drains a batch; every batch carries them and
+its partition's ``base_sequence``, assigned once at drain; a partition keeps up to
+``max_in_flight_requests_per_partition`` requests in flight, and a retry resends the same bytes
+(the leader answers a copy it stored with its offsets).  The rules are in
+``hpbroker.client.idempotence``, the I/O thread's half in ``hpbroker.client.idempotent_sending``.
 
 **Order** (without idempotence). A partition has at most one produce request in flight or
 waiting for a retry (its queue is *muted* meanwhile), and a request carries every batch that
@@ -38,14 +31,11 @@ could not be handed to a connection waits (muted) for a retry.
 within ``request_timeout_ms``) sends the same bytes again after a backoff (``retry_backoff_ms``,
 doubling up to ``retry_backoff_max_ms``), refreshing the topic's metadata first after errors 6
 and 15, until ``delivery_timeout_ms`` after the oldest batch was opened; then, or at once for an
-error that is not retriable, the request's records fail.  Without idempotence, when an attempt's
-outcome is unknown (lost connection, timeout, error 7, 12 or 15: the broker may have appended it),
-the I/O thread first looks for the request's first batch in the partition (by producer name,
-``base_sequence`` and CRC, fetching from where its previous acknowledged request ended): found,
-the records are acknowledged at the offsets where they are; not found, they are sent again.  So
-records that were appended are not appended twice, and a broker restart costs no duplicates (the
-look sees flushed records only: an append still waiting for its flush can be stored twice, which
-the idempotent producer rules out).
+error that is not retriable, the request's records fail.  Without idempotence, when an
+attempt's outcome is unknown (lost connection, timeout, error 7, 12 or 15: the broker may have
+appended it), the I/O thread first looks for the request in the partition
+(``hpbroker.client.appended_lookup``): found, the records are acknowledged where they are; not
+found, they are sent again.
 
 **Delivery reports.**  Every record is acknowledged or failed, never dropped: a future
 (:meth:`send_future`) or callback (``send(..., callback=f)``, called on the I/O thread as
@@ -69,26 +59,22 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass
+from concurrent.futures import Future
 from typing import Any
 
 import zmq
 
 from hpbroker import protocol
-from hpbroker.audit.events import AUDIT_TOPIC, DEFAULT_WINDOW_MS
-from hpbroker.client.partitioner import STICKY, Partitioner, partitioner_kind
 from hpbroker.errors import (
     BrokerNotAvailableError,
     HPBrokerError,
-    OffsetOutOfRangeError,
     PartitionNotAvailableError,
     RequestTimedOutError,
     UnknownServerError,
     UnknownTopicOrPartitionError,
     error_for_code,
 )
-from hpbroker.records import codec_for_name, read_header, scan_batches
+from hpbroker.records import codec_for_name
 
 try:
     from hpbroker.client._accumulator import Batch, PartitionQueue, RecordAccumulator
@@ -98,19 +84,18 @@ except ImportError as exc:  # pragma: no cover - exercised only on a broken inst
         f"load: {exc}. Build it with `python setup.py build_ext --inplace` (or `pip install -e .`)."
     ) from exc
 
+from hpbroker.client.appended_lookup import AppendedLookup
+from hpbroker.client.backoff import backoff_ms
 from hpbroker.client.connection import BrokerAddress, BrokerConnection, parse_bootstrap
-from hpbroker.client.idempotence import (
-    ACKED,
-    IN_FLIGHT,
-    MAX_UNSETTLED_BATCHES,
-    PartitionWindow,
-    ProducerIdentity,
-)
+from hpbroker.client.idempotence import ACKED, IN_FLIGHT, PartitionWindow, ProducerIdentity
 from hpbroker.client.idempotent_sending import GiveUp as _GiveUp
 from hpbroker.client.idempotent_sending import IdempotentSending
 from hpbroker.client.links import BrokerLink, BrokerLinks
 from hpbroker.client.metadata import ClusterMetadata
 from hpbroker.client.monitoring import MonitoringCounts, MonitoringPublisher
+from hpbroker.client.partitioner import partitioner_kind
+from hpbroker.client.produce_request import PartitionRequest, broker_timeout_ms, report
+from hpbroker.client.producer_config import ProducerConfig, RecordMetadata
 
 __all__ = ["Producer", "ProducerClosedError", "ProducerConfig", "RecordMetadata"]
 
@@ -121,8 +106,6 @@ _REFUSED_BEFORE_APPEND = frozenset({2, 6})  # corrupt (checked before append), u
 # Errors after which the topic's metadata is refreshed before the retry.
 _REFRESH_METADATA = frozenset({6, 15})
 _CONTROL_TIMEOUT_S = 5.0  # longest wait for one metadata, list-offsets or verifying fetch response
-_VERIFY_FETCH_BYTES = 4 << 20
-_VERIFY_MAX_BYTES = 256 << 20  # give up looking for a request's batch after scanning this much
 # Leaving a with block by an exception: the longest close() waits for records still unsent.
 _CLOSE_ON_ERROR_TIMEOUT_S = 5.0
 # acks=0: how long the closed connection goes on sending requests queued before close (in libzmq's
@@ -134,123 +117,6 @@ _names = itertools.count(1)
 class ProducerClosedError(RuntimeError):
     """The producer is closed: :meth:`Producer.send` refuses records, and records still unsent
     when :meth:`Producer.close` gave up fail with this error."""
-
-
-@dataclass(frozen=True, slots=True)
-class RecordMetadata:
-    """Where an acknowledged record is: ``offset`` is -1 with ``acks=0`` (nobody answers)."""
-
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int  # ms since the epoch, as stored in the record
-    #: True when the broker already had this record (an idempotent retry whose first attempt was
-    #: stored): ``offset`` is where that first copy is, and nothing was appended again.
-    deduplicated: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class ProducerConfig:
-    """A producer's settings, validated on construction (ValueError names the field)."""
-
-    #: 1: a record is acknowledged once the broker has flushed it (per the topic's flush policy);
-    #: 0: requests are sent and never answered (no offsets, no retries after a send).  Default 1.
-    acks: int = 1
-    #: how long a batch that is not full may wait for more records before it is sent.  Default 5.
-    linger_ms: float = 5
-    #: the largest batch, header included, before compression; a record that cannot fit alone in
-    #: one is refused by send().  Default 1 MiB (the broker's default max_message_bytes).
-    batch_bytes: int = 1 << 20
-    #: "lz4" or None: the codec of each batch's records section (a batch that lz4 would not
-    #: shrink is sent uncompressed).  Default None.
-    compression: str | None = None
-    #: "sticky", "round_robin", or a callable (topic, key, partition_count) -> partition: see
-    #: hpbroker.client.partitioner.  Keyed records always go to crc32c(key) mod partitions unless
-    #: a callable decides.  Default "sticky".
-    partitioner: str | Partitioner = STICKY
-    #: the producer's name: in every batch header and as the requests' client_id (at most 255
-    #: bytes of UTF-8).  Default "<host>-<pid>-<n>".
-    name: str | None = None
-    #: encoded records held (open, queued, in flight) before send() blocks.  Default 32 MiB.
-    buffer_bytes: int = 32 << 20
-    #: the largest ProduceRequest payload: a partition's due batches travel together up to this
-    #: size.  Default 8 MiB.
-    max_request_bytes: int = 8 << 20
-    #: how long send() may block, learning a new topic's partitions or waiting for buffer room,
-    #: before it raises.  Default 60000.
-    max_block_ms: int = 60_000
-    #: from a batch's first record to its acknowledgement, retries included; then its records
-    #: fail with the last error.  Default 120000.
-    delivery_timeout_ms: int = 120_000
-    #: how long to wait for the response to one request.  Its timeout_ms on the wire is a tenth
-    #: shorter (at most 1 s), so the broker's error 12 arrives while the client listens.
-    #: Default 30000.
-    request_timeout_ms: int = 30_000
-    #: the first wait before a retry; it doubles on each retry of a request.  Default 100.
-    retry_backoff_ms: int = 100
-    #: the longest wait between retries.  Default 1000.
-    retry_backoff_max_ms: int = 1000
-    #: the topic monitoring events go to (hpbroker.audit.events: records acknowledged per topic
-    #: and window, published every ``audit_window_ms`` and on close; the topic is created with
-    #: one partition if missing), or None for no monitoring events.  Default "_audit".
-    audit_topic: str | None = AUDIT_TOPIC
-    #: the window of the monitoring counts, ms of record timestamps.  Default 10000.
-    audit_window_ms: int = DEFAULT_WINDOW_MS
-    #: the idempotent producer (docs/CLIENT.md): batches carry a producer id, epoch and sequence
-    #: numbers, a retry resends the same bytes and the broker stores them once.  None: on unless
-    #: acks=0 (nobody answers, so nothing is retried); True with acks=0 is a ValueError.
-    #: Default None.
-    enable_idempotence: bool | None = None
-    #: requests of one partition in flight at once, 1 to 5, with idempotence (order and a
-    #: single copy kept across retries); without it always 1.  Default 5.
-    max_in_flight_requests_per_partition: int = 5
-
-    def __post_init__(self) -> None:
-        if self.acks not in (0, 1):
-            raise ValueError(f"acks must be 0 or 1, got {self.acks!r}")
-        if self.enable_idempotence is not None and not isinstance(self.enable_idempotence, bool):
-            raise ValueError(f"enable_idempotence must be True, False or None, "
-                             f"got {self.enable_idempotence!r}")
-        if self.enable_idempotence and self.acks == 0:
-            raise ValueError("enable_idempotence=True needs acks=1: with acks=0 nothing is answered, so "
-                             "nothing is retried or deduplicated (leave enable_idempotence None or False)")
-        if (isinstance(self.max_in_flight_requests_per_partition, bool)
-                or not isinstance(self.max_in_flight_requests_per_partition, int)
-                or not 1 <= self.max_in_flight_requests_per_partition <= MAX_UNSETTLED_BATCHES):
-            raise ValueError(f"max_in_flight_requests_per_partition must be an int in [1, "
-                             f"{MAX_UNSETTLED_BATCHES}], got {self.max_in_flight_requests_per_partition!r}")
-        codec_for_name(self.compression)
-        partitioner_kind(self.partitioner)
-        if self.name is not None and len(self.name.encode("utf-8")) > 255:
-            raise ValueError(f"name is {len(self.name.encode('utf-8'))} bytes of UTF-8; at most 255 fit")
-        _check_range("linger_ms", self.linger_ms, 0, 3_600_000)
-        _check_range("batch_bytes", self.batch_bytes, 1024, protocol.MAX_MESSAGE_BYTES - 4096)
-        _check_range("buffer_bytes", self.buffer_bytes, self.batch_bytes, 2**62)
-        _check_range("max_request_bytes", self.max_request_bytes, self.batch_bytes,
-                     protocol.MAX_MESSAGE_BYTES - 4096)
-        if self.audit_topic is not None and (not isinstance(self.audit_topic, str) or not self.audit_topic):
-            raise ValueError(f"audit_topic must be a topic name or None, got {self.audit_topic!r}")
-        _check_range("audit_window_ms", self.audit_window_ms, 100, 86_400_000)
-        if not isinstance(self.audit_window_ms, int):
-            raise ValueError(f"audit_window_ms must be an int, got {self.audit_window_ms!r}")
-        for field in ("max_block_ms", "delivery_timeout_ms", "request_timeout_ms", "retry_backoff_ms",
-                      "retry_backoff_max_ms"):
-            _check_range(field, getattr(self, field), 0 if "backoff" in field else 1, 2**32 - 1)
-
-    @property
-    def idempotent(self) -> bool:
-        """Whether the producer is idempotent: ``enable_idempotence``, or when None, acks=1."""
-        return self.acks == 1 if self.enable_idempotence is None else self.enable_idempotence
-
-    @property
-    def max_in_flight(self) -> int:
-        """Requests of one partition in flight at once: 1 unless idempotent."""
-        return self.max_in_flight_requests_per_partition if self.idempotent else 1
-
-
-def _check_range(field: str, value: Any, low: float, high: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise ValueError(f"{field} must be a number in [{low}, {high}], got {value!r}")
 
 
 class Producer(RecordAccumulator):
@@ -439,7 +305,7 @@ class Producer(RecordAccumulator):
     def _topic_partition_count(self, topic: str) -> int:
         """A topic's first record: ask the I/O thread for its partitions, for ``max_block_ms``."""
         deadline = time.monotonic() + self.config.max_block_ms / 1000
-        backoff_s = self.config.retry_backoff_ms / 1000
+        failures = 0
         while True:
             try:
                 count = self._sender.call(lambda sender: sender.partition_count(topic),
@@ -448,12 +314,14 @@ class Producer(RecordAccumulator):
                 raise UnknownTopicOrPartitionError(
                     f"topic {topic!r} does not exist on broker {self.address}") from None
             except (BrokerNotAvailableError, RequestTimedOutError, TimeoutError) as e:
+                backoff_s = backoff_ms(self.config.retry_backoff_ms, self.config.retry_backoff_max_ms,
+                                       failures) / 1000
+                failures += 1
                 if time.monotonic() + backoff_s >= deadline:
                     raise BrokerNotAvailableError(
                         f"broker {self.address}: no partitions for topic {topic!r} within max_block_ms "
                         f"{self.config.max_block_ms} ({e})") from e
                 time.sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, self.config.retry_backoff_max_ms / 1000)
                 continue
             if self.closed:
                 self._raise_closed()
@@ -510,44 +378,7 @@ class Producer(RecordAccumulator):
                       f"{error}") from error
 
 
-@dataclass(slots=True, eq=False)
-class _Request:
-    """One ProduceRequest of one partition: its batches, finished into ``payload``, until settled."""
-
-    queue: PartitionQueue
-    batches: list[Batch]
-    payload: bytes
-    record_count: int
-    deadline_s: float  # delivery_timeout_ms after the oldest batch was opened
-    attempts: int = 0
-    retries: int = 0
-    correlation_id: int = -1
-    sent_s: float = 0.0
-    due_s: float = 0.0  # when to retry
-    uncertain: bool = False  # a previous attempt may have been appended: look before resending
-    error: BaseException | None = None
-    link: BrokerLink | None = None  # the connection it is in flight on
-    # Idempotent requests only (hpbroker.client.idempotence):
-    generation: int = 0  # of the producer identity its batches carry
-    state: int = 0  # QUEUED, IN_FLIGHT or ACKED
-    base_offset: int = -1  # once ACKED
-    deduplicated: bool = False  # once ACKED: the broker had stored it already
-
-    def __str__(self) -> str:
-        return f"{self.queue.topic}-{self.queue.partition}"
-
-    @property
-    def batch_count(self) -> int:
-        return len(self.batches)
-
-    @property
-    def sequences(self) -> str:
-        """Its batches' sequence range, for messages."""
-        last = self.batches[-1]
-        return f"sequences {self.batches[0].base_sequence}..{last.base_sequence + last.record_count - 1}"
-
-
-class _Sender(IdempotentSending):
+class _Sender(AppendedLookup, IdempotentSending):
     """The I/O thread (module docstring).  Everything here runs on it, but :meth:`call`,
     :meth:`stop` and the constructor.  The idempotent path is in :class:`IdempotentSending`."""
 
@@ -567,10 +398,10 @@ class _Sender(IdempotentSending):
         self.counts = {"records_acknowledged": 0, "records_deduplicated": 0, "records_failed": 0,
                        "retries": 0, "producer_id_resets": 0}
         self._request_timeout_s = config.request_timeout_ms / 1000
-        self._broker_timeout_ms = _broker_timeout_ms(config.request_timeout_ms)
+        self._broker_timeout_ms = broker_timeout_ms(config.request_timeout_ms)
         self._control_timeout_s = min(self._request_timeout_s, _CONTROL_TIMEOUT_S)
         self._tasks: collections.deque[tuple[Callable[[_Sender], Any], Future]] = collections.deque()
-        self._waiting: list[_Request] = []  # to be retried at their due_s
+        self._waiting: list[PartitionRequest] = []  # to be retried at their due_s
         self._known_end: dict[tuple[str, int], int] = {}  # offset after our last acknowledged record
         self._stale_topics: set[str] = set()
         self._next_due_s = math.inf
@@ -689,7 +520,7 @@ class _Sender(IdempotentSending):
         if self.links is not None:
             self.links.close(0 if self._acks else _ACKS_0_CLOSE_LINGER_MS)
 
-    def _in_flight(self) -> list[_Request]:
+    def _in_flight(self) -> list[PartitionRequest]:
         if self.links is None:  # the connections were never opened
             return []
         return [request for link in self.links for request in link.in_flight.values()]
@@ -734,7 +565,7 @@ class _Sender(IdempotentSending):
             if self._idempotent:
                 self._queue_idempotent(queue, batches, delivery_timeout_s)
                 continue
-            request = _Request(queue, batches, producer.build_payload(batches),
+            request = PartitionRequest(queue, batches, producer.build_payload(batches),
                                sum(b.record_count for b in batches),
                                min(b.created_s for b in batches) + delivery_timeout_s)
             if self._acks or queue.topic == self._audit_topic:
@@ -743,7 +574,7 @@ class _Sender(IdempotentSending):
         if self._idempotent:
             self._send_queued(now)
 
-    def _send(self, request: _Request, now: float) -> None:
+    def _send(self, request: PartitionRequest, now: float) -> None:
         queue = request.queue
         acks = 1 if queue.topic == self._audit_topic else self._acks  # events are acknowledged, always
         message = protocol.ProduceRequest(queue.topic, queue.partition, acks, self._broker_timeout_ms,
@@ -775,11 +606,11 @@ class _Sender(IdempotentSending):
 
     @staticmethod
     def _new_request(queue: PartitionQueue, batches: list[Batch], payload: bytes, deadline_s: float,
-                     generation: int) -> _Request:
-        return _Request(queue, batches, payload, sum(b.record_count for b in batches), deadline_s,
+                     generation: int) -> PartitionRequest:
+        return PartitionRequest(queue, batches, payload, sum(b.record_count for b in batches), deadline_s,
                         generation=generation)
 
-    def _leader_may_have_moved(self, request: _Request, link: BrokerLink) -> None:
+    def _leader_may_have_moved(self, request: PartitionRequest, link: BrokerLink) -> None:
         """A leader other than the bootstrap broker did not answer: ask the bootstrap broker
         where the partition is before the retry (it may have moved, or changed address)."""
         if link is not self.links.bootstrap:
@@ -795,7 +626,7 @@ class _Sender(IdempotentSending):
                 if request is not None:
                     self._response(request, response, now)
 
-    def _response(self, request: _Request, response: Any, now: float) -> None:
+    def _response(self, request: PartitionRequest, response: Any, now: float) -> None:
         """Settle or retry ``request`` by its response."""
         if self._idempotent:
             self._idempotent_response(request, response, now)
@@ -810,7 +641,7 @@ class _Sender(IdempotentSending):
             return
         self._retry_after(request, error, now)
 
-    def _retry_after(self, request: _Request, error: HPBrokerError, now: float) -> None:
+    def _retry_after(self, request: PartitionRequest, error: HPBrokerError, now: float) -> None:
         """Retry ``request`` after a retriable error the broker answered."""
         if error.code in _REFRESH_METADATA:
             self._stale_topics.add(request.queue.topic)
@@ -829,7 +660,7 @@ class _Sender(IdempotentSending):
 
     # --- retries --------------------------------------------------------------------------------
 
-    def _retry(self, request: _Request, error: HPBrokerError, now: float, *, uncertain: bool) -> None:
+    def _retry(self, request: PartitionRequest, error: HPBrokerError, now: float, *, uncertain: bool) -> None:
         request.error = error
         request.uncertain |= uncertain
         if self._idempotent:
@@ -839,12 +670,11 @@ class _Sender(IdempotentSending):
         if now >= request.deadline_s:
             self._settle(request, self._delivery_timeout_error(request, error))
             return
-        backoff_ms = min(self._config.retry_backoff_max_ms,
-                         self._config.retry_backoff_ms * 2 ** min(request.retries, 30))
+        wait_ms = self._retry_backoff_ms(request)
         request.retries += 1
-        request.due_s = min(now + backoff_ms / 1000, request.deadline_s)
+        request.due_s = min(now + wait_ms / 1000, request.deadline_s)
         self._waiting.append(request)
-        logger.debug("[producer %s] %s: retry in %d ms after %s", self._producer.name, request, backoff_ms,
+        logger.debug("[producer %s] %s: retry in %d ms after %s", self._producer.name, request, wait_ms,
                      error)
 
     def _retry_due(self, now: float) -> None:
@@ -856,22 +686,29 @@ class _Sender(IdempotentSending):
         self._waiting = [r for r in self._waiting if r.due_s > now]
         for request in due:
             try:
-                self._prepare_retry(request)
+                self._refresh_if_stale(request)
+                found = self._look_if_uncertain(request)
             except HPBrokerError as e:
                 if e.retriable:
                     self._retry(request, e, now, uncertain=False)
                 else:
                     self._settle(request, e)
                 continue
-            except _Found as found:
-                self._acknowledged(request, found.base_offset)
-                continue
             except _GiveUp as give_up:
                 self._settle(request, give_up.error)
                 continue
-            self._send(request, now)
+            if found is not None:
+                self._acknowledged(request, found)
+            else:
+                self._send(request, now)
 
-    def _delivery_timeout_error(self, request: _Request, error: BaseException | None) -> HPBrokerError:
+    def _retry_backoff_ms(self, request: PartitionRequest) -> float:
+        """The wait before ``request`` goes again (it failed ``retries + 1`` times)."""
+        config = self._config
+        return backoff_ms(config.retry_backoff_ms, config.retry_backoff_max_ms, request.retries)
+
+    def _delivery_timeout_error(self, request: PartitionRequest,
+                                error: BaseException | None) -> HPBrokerError:
         """The error of records that ran out of delivery_timeout_ms, of ``error``'s class."""
         cls = type(error) if isinstance(error, HPBrokerError) else RequestTimedOutError
         last = f"last error: {error.message}" if isinstance(error, HPBrokerError) else "never sent"
@@ -880,21 +717,7 @@ class _Sender(IdempotentSending):
         return cls(f"{request.record_count} records to {request} not delivered within delivery_timeout_ms "
                    f"{self._config.delivery_timeout_ms} ({request.attempts} attempts); {last}{stored}")
 
-    def _prepare_retry(self, request: _Request) -> None:
-        """Refresh metadata if asked, and find out whether an uncertain attempt was appended
-        (raises _Found if so).  Raises HPBrokerError when that cannot be known yet, _GiveUp when
-        the partition is gone."""
-        self._refresh_if_stale(request)
-        if request.uncertain:
-            base_offset = self._find_appended(request)
-            logger.info("[producer %s] %s: the outcome of an earlier attempt was unknown; its records %s",
-                        self._producer.name, request, "are not in the log: sending them again"
-                        if base_offset is None else f"were appended at offset {base_offset}")
-            if base_offset is not None:
-                raise _Found(base_offset)
-            request.uncertain = False
-
-    def _refresh_if_stale(self, request: _Request) -> None:
+    def _refresh_if_stale(self, request: PartitionRequest) -> None:
         """Refresh the topic's metadata if an error asked for it.  Raises HPBrokerError when the
         broker cannot say now, _GiveUp when the partition is gone."""
         topic, partition = request.queue.topic, request.queue.partition
@@ -911,63 +734,14 @@ class _Sender(IdempotentSending):
                     f"topic {topic!r} now has {count} partitions, no partition {partition}"))
             self._producer.set_partition_count(topic, count)
 
-    def _find_appended(self, request: _Request) -> int | None:
-        """The base offset at which ``request`` was appended, or None if it is not in the log.
-
-        Its first batch is looked for from the end of this producer's previous acknowledged
-        request to the partition (or, with none, from the first record at least as recent as
-        the request's oldest timestamp), by producer name, ``base_sequence`` and CRC."""
-        topic, partition = request.queue.topic, request.queue.partition
-        first = request.batches[0]
-        call = self.links.for_partition(self.metadata, topic, partition).connection.call
-        timeout_s = self._control_timeout_s
-        start = self._known_end.get((topic, partition))
-        by_time = start is None
-        if by_time:
-            start = self._first_offset_since(request)
-        scanned = 0
-        while start is not None and scanned < _VERIFY_MAX_BYTES:
-            try:
-                fetched = call(protocol.FetchRequest(topic, partition, start, max_bytes=_VERIFY_FETCH_BYTES,
-                                                     max_wait_ms=0), timeout_s)
-            except OffsetOutOfRangeError:  # the log no longer has our last acknowledged offset
-                start = None if by_time else self._first_offset_since(request)
-                by_time = True
-                continue
-            payload = fetched.payload
-            scan = scan_batches(payload)
-            for position in scan.positions:
-                header = read_header(payload, position)
-                if (header.base_sequence == first.base_sequence and header.crc == first.crc
-                        and header.producer == self._producer.name):
-                    return header.base_offset
-            if scan.batch_count == 0 or scan.next_offset >= fetched.high_watermark:
-                return None
-            start = scan.next_offset
-            scanned += len(payload)
-        if start is None:
-            return None
-        raise UnknownServerError(f"{request}: request {request.correlation_id} not found in {scanned} bytes "
-                                 "after the producer's last acknowledged offset; giving up looking")
-
-    def _first_offset_since(self, request: _Request) -> int | None:
-        """The first offset whose timestamp is at least the request's oldest one (None: no record
-        is that recent, so the request is not there)."""
-        oldest = min(b.min_timestamp for b in request.batches)
-        queue = request.queue
-        link = self.links.for_partition(self.metadata, queue.topic, queue.partition)
-        found = link.connection.call(protocol.ListOffsetsRequest(queue.topic, queue.partition, oldest),
-                                     self._control_timeout_s).offset
-        return None if found < 0 else found
-
     # --- settling ---------------------------------------------------------------------------------
 
-    def _acknowledged(self, request: _Request, base_offset: int) -> None:
+    def _acknowledged(self, request: PartitionRequest, base_offset: int) -> None:
         queue = request.queue
         self._known_end[queue.topic, queue.partition] = base_offset + request.record_count
         self._settle(request, None, base_offset)
 
-    def _settle(self, request: _Request, error: BaseException | None = None, base_offset: int = -1,
+    def _settle(self, request: PartitionRequest, error: BaseException | None = None, base_offset: int = -1,
                 deduplicated: bool = False) -> None:
         """Report every record of ``request`` (acknowledged at ``base_offset`` onwards, or failed
         with ``error``) and release its batches; the partition may send again (idempotent: as
@@ -985,9 +759,9 @@ class _Sender(IdempotentSending):
                         metadata = RecordMetadata(queue.topic, queue.partition,
                                                   offset + index if offset >= 0 else -1, timestamp,
                                                   deduplicated)
-                        _report(waiter, metadata, None)
+                        report(waiter, metadata, None)
                     else:
-                        _report(waiter, None, error)
+                        report(waiter, None, error)
             if error is not None:
                 unobserved += batch.record_count - batch.waiter_count
             elif offset >= 0:
@@ -1024,7 +798,7 @@ class _Sender(IdempotentSending):
             link.in_flight = {}
         self._waiting = []
         for queue, batches in self._producer.take_all():
-            self._settle(_Request(queue, batches, b"", sum(b.record_count for b in batches), 0.0), error)
+            self._settle(self._new_request(queue, batches, b"", 0.0, 0), error)
         while self._tasks:
             _task, future = self._tasks.popleft()
             if future.set_running_or_notify_cancel():
@@ -1048,34 +822,3 @@ class _Sender(IdempotentSending):
 
     def unpublished_monitoring(self) -> bool:
         return self._monitoring is not None and bool(self._monitoring.counts)
-
-
-class _Found(Exception):  # noqa: N818 - control flow, never leaves this module
-    def __init__(self, base_offset: int) -> None:
-        self.base_offset = base_offset
-
-
-def _broker_timeout_ms(request_timeout_ms: float) -> int:
-    """The timeout_ms a ProduceRequest carries: a tenth (at most 1 s) below request_timeout_ms,
-    so that the broker's error 12 reaches a client still waiting for it."""
-    return max(1, int(request_timeout_ms - min(1000.0, request_timeout_ms / 10)))
-
-
-def _report(waiter: Any, metadata: RecordMetadata | None, error: BaseException | None) -> None:
-    """Tell one future or callback.  Whatever it raises, SystemExit and KeyboardInterrupt too,
-    is logged: the I/O thread must live on to report every other record."""
-    if type(waiter) is Future:
-        try:
-            if error is None:
-                waiter.set_result(metadata)
-            else:
-                waiter.set_exception(error)
-        except InvalidStateError:  # cancelled by its owner: nobody is listening
-            pass
-        except BaseException:  # a done-callback of the future raised past concurrent.futures
-            logger.exception("a done-callback of a producer future raised")
-        return
-    try:
-        waiter(metadata, error)
-    except BaseException:
-        logger.exception("a producer callback raised")

@@ -222,6 +222,7 @@ def test_a_request_sent_after_a_reconnect_is_not_taken_for_lost(own_broker, topi
         later.append(producer.send_future(topic_name, b"after the restart", partition=1))
 
     caplog.set_level(logging.DEBUG, logger="hpbroker.client.producer")
+    caplog.set_level(logging.DEBUG, logger="hpbroker.client.appended_lookup")
     try:
         producer.send_future(topic_name, b"connected", partition=0).result(10)
         producer.send(topic_name, b"before the restart", partition=0, callback=restart_then_send)
