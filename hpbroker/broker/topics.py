@@ -2,9 +2,9 @@
 
 Owned by the arbiter (single writer, one process); workers learn their partitions from it through
 the arbiter, never by reading the file.  On disk it is one JSON document,
-``<data_dir>/topics.json``, replaced atomically on every change (write ``topics.json.tmp``,
-fsync it, rename it over the old one, fsync the directory), so a crash leaves either the old or the
-new store, never a mix::
+``<data_dir>/topics.json``, replaced atomically on every change (``hpbroker.io.files.replace_atomically``:
+write ``topics.json.tmp``, fsync it, rename it over the old one, fsync the directory), so a crash
+leaves either the old or the new store, never a mix::
 
     {"version": 1,
      "topics": {"orders": {"partitions": 4, "config": {"retention_ms": 86400000},
@@ -39,7 +39,7 @@ from hpbroker.errors import (
     UnknownTopicOrPartitionError,
 )
 from hpbroker.io import LogConfig
-from hpbroker.io.files import fsync_dir
+from hpbroker.io.files import replace_atomically
 
 __all__ = [
     "MAX_PARTITIONS",
@@ -55,7 +55,6 @@ __all__ = [
 ]
 
 TOPICS_FILE_NAME = "topics.json"  # the store, in the data directory
-_TMP_SUFFIX = ".tmp"  # the next version of the store while it is being written
 _FORMAT_VERSION = 1  # the "version" field of topics.json
 MAX_TOPIC_NAME_LENGTH = 249  # Kafka's limit: a partition directory name must stay under 255 bytes
 MAX_PARTITIONS = 100_000
@@ -247,18 +246,8 @@ class TopicStore:
         document = {"version": _FORMAT_VERSION,
                     "topics": {name: t.to_json() for name, t in sorted(topics.items())}}
         data = json.dumps(document, indent=1, sort_keys=True).encode("utf-8") + b"\n"
-        tmp = self.path + _TMP_SUFFIX
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.path)
-            fsync_dir(self._directory)
+            replace_atomically(self.path, data)
         except OSError as e:
             raise StorageError(f"cannot write the topic store {self.path}: {e}") from e
         self._topics = topics

@@ -26,10 +26,11 @@ current block runs out before the next has arrived, :meth:`~ProducerIdAllocator.
 CoordinationError (retriable, error 17) at once.
 
 **Issued ceiling.**  Workers tell an issued id from one never issued (UnknownProducerIdError,
-22) by ``<data_dir>/producer-ids-issued`` (:data:`ISSUED_CEILING_FILE_NAME`), ASCII, two lines,
-each ending with a newline: the format version ``0``, then the ceiling in decimal.  Every id
-below the ceiling counts as issued.  The allocator writes it atomically (tmp + rename; no fsync:
-at start it is rewritten from the durable block) *before* :meth:`~ProducerIdAllocator.next_id`
+22) by ``<data_dir>/producer-ids-issued`` (:data:`ISSUED_CEILING_FILE_NAME`; its format, reader
+and writer are in ``hpbroker.io.producer_state``, the workers' side), ASCII, two lines, each
+ending with a newline: the format version ``0``, then the ceiling in decimal.  Every id below the
+ceiling counts as issued.  The allocator writes it atomically (tmp + rename; no fsync: at start
+it is rewritten from the durable block) *before* :meth:`~ProducerIdAllocator.next_id`
 returns the id, so a worker never meets an id it would call unknown.  The ceiling is one more
 than the highest id this broker handed out, at least the start of its first block (every id of
 an earlier block is below it).  With ZooKeeper it also covers the blocks the other brokers took
@@ -55,7 +56,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hpbroker.errors import CoordinationError, HPBrokerError, InvalidRequestError, StorageError
-from hpbroker.io.files import TMP_SUFFIX, fsync_dir
+from hpbroker.io.files import replace_atomically
+from hpbroker.io.producer_state import ISSUED_CEILING_FILE_NAME, read_issued_ceiling, write_issued_ceiling
 from hpbroker.protocol import MAX_PRODUCER_EPOCH, NO_PRODUCER_EPOCH, NO_PRODUCER_ID
 
 if TYPE_CHECKING:
@@ -71,7 +73,6 @@ __all__ = [
     "ProducerIdAllocator",
     "ProducerIdBlock",
     "ZkBlockStore",
-    "write_issued_ceiling",
 ]
 
 logger = logging.getLogger(__name__)
@@ -79,8 +80,6 @@ logger = logging.getLogger(__name__)
 BLOCK_SIZE = 1000  # ids in a block (Kafka's /latest_producer_id_block takes 1000 too)
 PREFETCH_FRACTION = 0.1  # the next block is fetched when this much of the current one is left
 BLOCK_FILE_NAME = "producer-id-block"  # standalone: the newest block taken, in data_dir
-ISSUED_CEILING_FILE_NAME = "producer-ids-issued"  # in data_dir: every id below its ceiling was issued
-_ISSUED_CEILING_VERSION = 0  # line 1 of the issued-ceiling file
 _BLOCK_VERSION = 1  # "version" of a block's JSON
 _MAX_PRODUCER_ID = 2**63 - 1
 _CONFLICT_ATTEMPTS = 50  # conditional sets lost in a row before a ZooKeeper allocation gives up
@@ -164,14 +163,8 @@ class FileBlockStore:
                  ) -> tuple[ProducerIdBlock, ProducerIdBlock | None]:
         previous = self.read()
         block = _next_block(previous, broker_id, size, floor)
-        tmp = self.path + TMP_SUFFIX
         try:
-            with open(tmp, "wb") as f:
-                f.write(block.to_json())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-            fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+            replace_atomically(self.path, block.to_json())
         except OSError as e:
             raise StorageError(f"cannot store producer id block {block.block_start}..{block.block_end - 1} "
                                f"in {self.path}: {e}") from e
@@ -234,15 +227,12 @@ class ZkBlockStore:
 def _local_floor(data_dir: str) -> int:
     """The lowest id a new block of this data directory may start at: above every id it handed
     out (its issued ceiling) and every block it took standalone.  Files that cannot be read
-    count for nothing (the store's own newest block still applies)."""
-    floor = 0
+    count for nothing (logged; the store's own newest block still applies)."""
     try:
-        with open(os.path.join(data_dir, ISSUED_CEILING_FILE_NAME), "rb") as f:
-            lines = f.read(256).decode("ascii").split("\n")
-        if lines[0] == str(_ISSUED_CEILING_VERSION) and lines[1].isdigit():
-            floor = int(lines[1])
-    except (OSError, UnicodeDecodeError, IndexError):
-        pass
+        floor = read_issued_ceiling(data_dir)
+    except (OSError, ValueError) as e:
+        logger.warning("[producer-ids] the issued ceiling does not count for the next block: %s", e)
+        floor = 0
     try:
         block = FileBlockStore(data_dir).read()
     except StorageError:
@@ -250,17 +240,13 @@ def _local_floor(data_dir: str) -> int:
     return max(floor, 0 if block is None else block.block_end)
 
 
-def write_issued_ceiling(data_dir: str, ceiling: int) -> None:
-    """Replace ``<data_dir>/producer-ids-issued`` atomically (tmp + rename, no fsync) with
-    ``0\\n<ceiling>\\n``.  StorageError when it cannot."""
-    path = os.path.join(data_dir, ISSUED_CEILING_FILE_NAME)
-    tmp = path + TMP_SUFFIX
+def _write_issued_ceiling(data_dir: str, ceiling: int) -> None:
+    """:func:`hpbroker.io.producer_state.write_issued_ceiling`; StorageError when it cannot."""
     try:
-        with open(tmp, "wb") as f:
-            f.write(f"{_ISSUED_CEILING_VERSION}\n{ceiling}\n".encode("ascii"))
-        os.replace(tmp, path)
+        write_issued_ceiling(data_dir, ceiling)
     except OSError as e:
-        raise StorageError(f"cannot write the issued producer id ceiling {ceiling} to {path}: {e}") from e
+        raise StorageError(f"cannot write the issued producer id ceiling {ceiling} to "
+                           f"{os.path.join(data_dir, ISSUED_CEILING_FILE_NAME)}: {e}") from e
 
 
 class ProducerIdAllocator:
@@ -413,7 +399,7 @@ class ProducerIdAllocator:
         """Write the ceiling if it grew (the lock held)."""
         ceiling = max(self._handed_ceiling, self._foreign_ceiling)
         if ceiling != self._written_ceiling:
-            write_issued_ceiling(self.data_dir, ceiling)
+            _write_issued_ceiling(self.data_dir, ceiling)
             self._written_ceiling = ceiling
 
     def _ask_refill(self) -> None:

@@ -5,13 +5,16 @@ guarantees), :class:`LogConfig`, and the values they return, :class:`FileSlice` 
 :class:`AppendInfo`.  The other modules are the log's parts, one responsibility each:
 
 - ``config``      LogConfig, validated
-- ``files``       file names and raw file operations
+- ``files``       file names and raw file operations, atomic replacement of small files
 - ``logfile``     one ``.log`` file of batches: append, read, walk headers, scan, truncate
 - ``index``       the sparse offset index and time index of a segment
 - ``segment``     a ``.log`` plus its indexes: the indexing rule, load, recover, read
 - ``checkpoint``  the recovery-point checkpoint file, replaced atomically
 - ``loader``      opening a directory: cleanup, trusted load or recovery of each segment
-- ``producer_state`` the idempotent producers' state: deduplication checks, snapshots, rebuild
+- ``producer_state`` the idempotent producers' state: deduplication checks, snapshots, rebuild,
+                  the issued producer ids' ceiling file
+- ``producer_replay`` re-reading the log's idempotent batch headers for that rebuild
+- ``flush_job``   FlushJob: one group commit in flight, run by a flusher, applied by the log
 - ``log``         PartitionLog: append, group-commit flush, roll, read, retention
 - ``verify``      offline checks of a partition directory, reading only (``hpbroker check``)
 - ``_writer``     compiled: group-commit I/O (writev + fdatasync) run without the GIL, and the

@@ -40,8 +40,8 @@ from hpbroker.io.files import (
     CHECKPOINT_FILE_NAME,
     CLEAN_SHUTDOWN_FILE_NAME,
     DAMAGED_SEGMENTS_FILE_NAME,
-    TMP_SUFFIX,
     fsync_dir,
+    replace_atomically,
     unlink_if_exists,
     write_all,
 )
@@ -60,7 +60,6 @@ class RecoveryPointCheckpoint:
     def __init__(self, directory: str) -> None:
         self.directory = directory
         self.path = os.path.join(directory, CHECKPOINT_FILE_NAME)
-        self.tmp_path = self.path + TMP_SUFFIX
 
     def read(self) -> int | None:
         """The recovery point, or None when the file is missing or malformed (logged)."""
@@ -79,9 +78,7 @@ class RecoveryPointCheckpoint:
         """Replace the checkpoint with ``recovery_point``, durably (tmp, fsync, rename, fsync dir)."""
         if recovery_point < 0:
             raise ValueError(f"recovery point {recovery_point} is negative")
-        _write_synced(self.tmp_path, recovery_point)
-        os.replace(self.tmp_path, self.path)
-        fsync_dir(self.directory)
+        replace_atomically(self.path, _content(recovery_point))
 
 
 class CleanShutdownMarker:
@@ -122,7 +119,6 @@ class DamagedSegments:
     def __init__(self, directory: str) -> None:
         self.directory = directory
         self.path = os.path.join(directory, DAMAGED_SEGMENTS_FILE_NAME)
-        self.tmp_path = self.path + TMP_SUFFIX
 
     def read(self) -> set[int]:
         """The base offsets listed; empty when the file is missing.  A malformed file lists
@@ -146,21 +142,17 @@ class DamagedSegments:
                 fsync_dir(self.directory)
             return
         content = "".join(f"{base}\n" for base in sorted(base_offsets))
-        fd = os.open(self.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            write_all(fd, f"{CHECKPOINT_VERSION}\n{content}".encode("ascii"))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(self.tmp_path, self.path)
-        fsync_dir(self.directory)
+        replace_atomically(self.path, f"{CHECKPOINT_VERSION}\n{content}".encode("ascii"))
+
+
+def _content(offset: int) -> bytes:
+    return f"{CHECKPOINT_VERSION}\n{offset}\n".encode("ascii")
 
 
 def _write_synced(path: str, offset: int) -> None:
-    content = f"{CHECKPOINT_VERSION}\n{offset}\n".encode("ascii")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
-        write_all(fd, content)
+        write_all(fd, _content(offset))
         os.fsync(fd)
     finally:
         os.close(fd)

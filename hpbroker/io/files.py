@@ -1,4 +1,5 @@
-"""File names and the few raw file operations storage needs: whole writes, whole reads, dir fsync.
+"""File names and the few raw file operations storage needs: whole writes, whole reads, dir fsync,
+atomic replacement of a small file (:func:`replace_atomically`, for every such file of the broker).
 
 A partition directory holds, per segment, three files named by the segment's base offset
 written as 20 zero-padded decimal digits, plus a checkpoint, a lock and, while the log is
@@ -20,6 +21,7 @@ is debris from an interrupted operation and is removed on open.  Every function 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 
@@ -40,6 +42,7 @@ __all__ = [
     "open_for_append",
     "parse_segment_file_name",
     "pread_full",
+    "replace_atomically",
     "segment_file_name",
     "unlink_if_exists",
     "write_all",
@@ -85,6 +88,31 @@ def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
     while view:
         written = os.write(fd, view)
         view = view[written:]
+
+
+def replace_atomically(path: str, data: bytes | bytearray | memoryview, *, durable: bool = True) -> None:
+    """Replace the file ``path`` with ``data`` so that a crash leaves the old content or the new,
+    never a mix: write ``path.tmp``, fsync it, rename it over ``path``, fsync the directory (the
+    rename then survives a power loss too).  ``durable=False`` skips both syncs, for a file
+    that is rewritten from a durable source at start anyway: after a process crash it holds the
+    old or the new content, after an OS crash either, or nothing.  A ``.tmp`` left by a failure
+    is removed (best effort); raises OSError."""
+    tmp = path + TMP_SUFFIX
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            write_all(fd, data)
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            unlink_if_exists(tmp)
+        raise
+    if durable:
+        fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
 def pread_full(fd: int, length: int, position: int) -> bytes:

@@ -111,7 +111,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -125,15 +125,16 @@ from hpbroker.errors import (
     RecordTooLargeError,
     StorageError,
 )
-from hpbroker.io._writer import WriteJob
 from hpbroker.io.checkpoint import CleanShutdownMarker, DamagedSegments, RecoveryPointCheckpoint
 from hpbroker.io.config import MAX_SEGMENT_BYTES, LogConfig
 from hpbroker.io.damage import DamagedRange
 from hpbroker.io.files import fsync_dir, lock_directory, make_directory, pread_full
+from hpbroker.io.flush_job import FlushJob
 from hpbroker.io.index import IndexCorruptError
 from hpbroker.io.loader import load_segments, reload_last_segment
 from hpbroker.io.logfile import FileSlice
-from hpbroker.io.producer_state import ProducerStateManager, ProducerStateTable, ReplayedBatch, slice_headers
+from hpbroker.io.producer_replay import replay_batches, unexpired_offset
+from hpbroker.io.producer_state import ProducerStateManager, ProducerStateTable
 from hpbroker.io.segment import STAMP_BYTES, PendingBatch, Segment
 
 __all__ = ["MAX_PENDING_BYTES", "AppendInfo", "FlushJob", "PartitionLog"]
@@ -145,8 +146,6 @@ logger = logging.getLogger(__name__)
 MAX_PENDING_BYTES = 64 << 20
 # Index entries hold offsets relative to the segment's base offset as u32.
 _MAX_RELATIVE_OFFSET = 2**32 - 1
-# Replaying the producer state reads the log through its read path this much at a time.
-_REPLAY_READ_BYTES = 4 << 20
 _T = TypeVar("_T")
 BytesLike = bytes | bytearray | memoryview
 
@@ -163,84 +162,6 @@ class AppendInfo:
     record_count: int
     batch_count: int
     duplicate: bool = False
-
-
-class FlushJob:
-    """One group commit in flight: the batches pending when :meth:`PartitionLog.begin_flush` was
-    called, written by :meth:`run` on any thread.
-
-    The I/O is a native :class:`~hpbroker.io._writer.WriteJob` (one ``writev``, then
-    ``fdatasync`` when ``fsync``, all without the GIL, so the owner goes on validating and
-    appending meanwhile and a flusher never waits for the GIL between the two); it touches no
-    state of the log.  Hand it to a :class:`~hpbroker.io._writer.WriterThread` with
-    ``writer.submit(job.io)``, or call :meth:`run` from a thread of your own.  The owner applies
-    the result with :meth:`PartitionLog.complete_flush`.
-
-    Several jobs may be in flight; they write in the order they were begun because each one,
-    once claimed, first waits for the job begun before it (and writes nothing if that one failed).
-
-    A job runs at most once: whoever calls :meth:`run` first *claims* it (pending -> running ->
-    done); a later call does nothing.  The owner never waits for a job nobody has claimed: when
-    it needs the result (a roll, :meth:`PartitionLog.flush`, close) it runs the job itself, and
-    it waits only for a job some thread is actually running.  So a job queued on a writer that
-    stopped costs nothing but the pipelining.  A job cancelled by closing an abandoned or
-    offline log never runs; nor does one a write failure dropped (``dropped``: its records are
-    never acknowledged).
-    """
-
-    __slots__ = ("segment", "batches", "fsync", "records", "size", "io", "applied", "dropped")
-
-    def __init__(self, segment: Segment, batches: list[PendingBatch], fsync: bool, records: int, size: int,
-                 previous: FlushJob | None) -> None:
-        self.segment = segment
-        self.batches = batches
-        self.fsync = fsync
-        self.records = records
-        self.size = size
-        self.io = WriteJob(segment.log.fd, segment.buffers(batches), fsync,
-                           previous.io if previous is not None else None)
-        self.applied = False  # set by the log once it has taken the result in
-        self.dropped = False  # set with applied when a write failure dropped it unwritten
-
-    def __repr__(self) -> str:
-        return (f"FlushJob({self.segment.path}, batches={len(self.batches)}, records={self.records}, "
-                f"size={self.size}, done={self.done}, applied={self.applied})")
-
-    def run(self) -> None:
-        """Write (and sync) the batches here, unless the job was claimed already: then do nothing."""
-        self.io.run()
-
-    @property
-    def done(self) -> bool:
-        return self.io.done
-
-    def wait(self) -> None:
-        """Block until the job is done (whoever runs it)."""
-        self.io.wait()
-
-    @property
-    def written(self) -> int:
-        return self.io.written
-
-    @property
-    def error(self) -> OSError | None:
-        return self.io.error
-
-    @property
-    def write_ns(self) -> int:
-        """Nanoseconds its ``writev`` calls took (measured in the native job; 0 until done)."""
-        return self.io.write_ns
-
-    @property
-    def sync_ns(self) -> int:
-        """Nanoseconds its ``fdatasync`` took (0 until done, and without ``fsync``)."""
-        return self.io.sync_ns
-
-    def cancel(self) -> None:
-        """Make sure the job never runs (its descriptor is about to be closed), unless it was
-        claimed already; either way it is done once this returns (never close a descriptor a
-        job is writing to)."""
-        self.io.cancel()
 
 
 def _backed_by_bytes(view: memoryview) -> bool:
@@ -881,59 +802,15 @@ class PartitionLog:
 
     def _load_producer_state(self, now_ms: int) -> None:
         """Rebuild the producer state from the newest valid snapshot at or below the high
-        watermark and the batch headers after it (at open, and when writes resume: the batches
-        a write failure dropped must leave it, else their retry would be taken for a duplicate
-        and never stored).  Raises OSError."""
-        self._producers.load(self.log_start_offset, self.high_watermark, now_ms=now_ms,
-                             expiration_ms=self._config.producer_id_expiration_ms,
-                             unexpired_offset=self._unexpired_offset(now_ms), replay=self._replay_batches)
-
-    def _unexpired_offset(self, now_ms: int) -> int:
-        """Where replaying must start without a snapshot: the first segment whose ``.log`` was
-        written to within ``producer_id_expiration_ms`` (every producer appending only to the
-        ones before it has expired)."""
-        cutoff_ms = now_ms - self._config.producer_id_expiration_ms
-        for segment in self._segments:
-            if os.fstat(segment.log.fd).st_mtime_ns // 1_000_000 >= cutoff_ms:
-                return segment.base_offset
-        return self.high_watermark
-
-    def _replay_batches(self, start: int) -> Iterator[ReplayedBatch]:
-        """The idempotent batches from ``start`` to the high watermark, read through the read
-        path, so damaged ranges are stepped over as a consumer would (their batches are lost
-        to the state too)."""
-        offset, end = max(start, self.log_start_offset), self.high_watermark
-        retried = -1
-        while offset < end:
-            try:
-                file_slice = self._read(offset, _REPLAY_READ_BYTES)
-            except DamagedRangeError as e:
-                offset = max(e.next_offset, offset + 1)
-                continue
-            except CorruptRecordError as e:
-                if retried != offset:  # damage met just now: the segment knows its range, read again
-                    retried = offset
-                    continue
-                offset = self._next_segment_base(offset)  # cannot be read at all: the next segment
-                logger.error("[%s] producer state: batches below offset %d skipped: %s", self._name, offset,
-                             e)
-                continue
-            if not file_slice.length:
-                return
-            mtime_ms = os.fstat(file_slice.fd).st_mtime_ns // 1_000_000
-            try:
-                for header in slice_headers(file_slice.fd, file_slice.position, file_slice.length):
-                    if header.idempotent and header.base_offset >= offset:
-                        yield ReplayedBatch(header.producer_id, header.producer_epoch, header.base_sequence,
-                                            header.base_offset, header.last_offset, mtime_ms)
-            except CorruptRecordError as e:
-                logger.error("[%s] producer state: a batch header in [%d, %d) does not parse: %s", self._name,
-                             file_slice.first_offset, file_slice.next_offset, e)
-            offset = file_slice.next_offset
-
-    def _next_segment_base(self, offset: int) -> int:
-        i = bisect.bisect_right(self._bases, offset)
-        return self._bases[i] if i < len(self._bases) else self.high_watermark
+        watermark and the batch headers after it, read through the read path
+        (hpbroker.io.producer_replay): at open, and when writes resume (the batches a write
+        failure dropped must leave it, else their retry would be taken for a duplicate and never
+        stored).  Raises OSError."""
+        end, expiration_ms = self.high_watermark, self._config.producer_id_expiration_ms
+        self._producers.load(
+            self.log_start_offset, end, now_ms=now_ms, expiration_ms=expiration_ms,
+            unexpired_offset=unexpired_offset(self._segments, now_ms - expiration_ms, end),
+            replay=lambda start: replay_batches(self._read, start, end, self._bases, self._name))
 
     # --- retention -----------------------------------------------------------------------------
 

@@ -30,7 +30,9 @@ rename, fsync of the directory) by the log at each roll, at the new segment's ba
 a clean close at the log end; the newest :data:`SNAPSHOTS_KEPT` are kept, those below the log
 start (retention) and above the log end (truncation) are deleted.  One that does not parse is
 logged and removed.  Loading takes the newest valid snapshot at or below the log end and replays
-the batch headers from its offset to the log end (:meth:`ProducerStateManager.load`).
+the batch headers from its offset to the log end (:meth:`ProducerStateManager.load`, with the
+log's batches read by hpbroker.io.producer_replay), then drops the producers wholly below the
+log start (a snapshot older than a retention pass still holds them).
 
 ``last_timestamp`` is the broker's clock at the append (ms since the epoch); a state rebuilt from
 the log takes the modification time of the ``.log`` holding the batch instead (no earlier than
@@ -47,18 +49,20 @@ import logging
 import os
 import struct
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hpbroker import _core
 from hpbroker.errors import OutOfOrderSequenceError, ProducerFencedError, UnknownProducerIdError
 from hpbroker.io.files import (
-    TMP_SUFFIX,
     fsync_dir,
     parse_segment_file_name,
-    pread_full,
+    replace_atomically,
     segment_file_name,
     unlink_if_exists,
 )
+
+if TYPE_CHECKING:
+    from hpbroker.io.producer_replay import ReplayedBatch
 
 __all__ = [
     "ISSUED_CEILING_FILE_NAME",
@@ -74,7 +78,7 @@ __all__ = [
     "decode_snapshot",
     "encode_snapshot",
     "read_issued_ceiling",
-    "slice_headers",
+    "write_issued_ceiling",
 ]
 
 logger = logging.getLogger(__name__)
@@ -182,46 +186,25 @@ class ProducerStateTable:
         last: ProducerBatch | None = None
         for i in range(len(producer_ids)):
             pid = producer_ids[i]
-            if pid < 0:
-                new += 1
-                continue
-            epoch, first_seq = producer_epochs[i], base_sequences[i]
-            last_seq = first_seq + last_offset_deltas[i]
-            earlier = seen.get(pid) if seen is not None else None
-            if earlier is not None:
-                if epoch != earlier[0] or first_seq != earlier[1] + 1:
-                    raise OutOfOrderSequenceError(
-                        f"{_where(log_name, i, pid, epoch, first_seq, last_seq)}: does not follow the "
-                        f"request's earlier batch of epoch {earlier[0]} ending at sequence {earlier[1]}")
-            else:
-                entry = entries.get(pid)
-                if entry is None:
-                    if issued is not None and not issued(pid):
-                        raise UnknownProducerIdError(
-                            f"{_where(log_name, i, pid, epoch, first_seq, last_seq)}: this producer id was "
-                            f"never issued; get one with InitProducerId")
-                elif epoch == entry.epoch:
-                    if first_seq != entry.batches[-1][1] + 1:  # not the next one: stored, or a gap
-                        stored = entry.find(first_seq, last_seq)
-                        if stored is None:
-                            raise OutOfOrderSequenceError(
-                                f"{_where(log_name, i, pid, epoch, first_seq, last_seq)}: expected sequence "
-                                f"{entry.last_sequence + 1} (the stored batches hold {_ranges(entry)})")
-                        if first is None:
-                            first = stored
+            if pid >= 0:
+                epoch, first_seq = producer_epochs[i], base_sequences[i]
+                last_seq = first_seq + last_offset_deltas[i]
+                earlier = seen.get(pid) if seen is not None else None
+                if earlier is not None:  # follows a new batch of the same request
+                    if epoch != earlier[0] or first_seq != earlier[1] + 1:
+                        raise OutOfOrderSequenceError(
+                            f"{_where(log_name, i, pid, epoch, first_seq, last_seq)}: does not follow the "
+                            f"request's earlier batch of epoch {earlier[0]} ending at sequence {earlier[1]}")
+                else:
+                    where = (log_name, i, pid, epoch, first_seq, last_seq)
+                    stored = _check_batch(entries.get(pid), issued, where)
+                    if stored is not None:
+                        first = stored if first is None else first
                         last = stored
                         continue
-                elif epoch < entry.epoch:
-                    raise ProducerFencedError(
-                        f"{_where(log_name, i, pid, epoch, first_seq, last_seq)}: epoch {epoch} is older "
-                        f"than epoch {entry.epoch} stored for this producer id")
-                elif first_seq != 0:
-                    raise OutOfOrderSequenceError(
-                        f"{_where(log_name, i, pid, epoch, first_seq, last_seq)}: a new epoch (stored: "
-                        f"{entry.epoch}) must start at sequence 0")
-            if seen is None:
-                seen = {}
-            seen[pid] = (epoch, last_seq)
+                if seen is None:
+                    seen = {}
+                seen[pid] = (epoch, last_seq)
             new += 1
         if first is None:
             return None
@@ -264,6 +247,35 @@ class ProducerStateTable:
         for pid in gone:
             del self.entries[pid]
         return gone
+
+
+def _check_batch(entry: ProducerEntry | None, issued: Callable[[int], bool] | None,
+                 where: tuple[str, int, int, int, int, int]) -> ProducerBatch | None:
+    """One batch, the first of its producer in the request, against that producer's ``entry``:
+    the stored batch it duplicates, or None when it is new; raises errors 20-22.  ``where``:
+    ``(log_name, batch index, producer id, epoch, first_sequence, last_sequence)``."""
+    _log_name, _i, pid, epoch, first_seq, last_seq = where
+    if entry is None:
+        if issued is not None and not issued(pid):
+            raise UnknownProducerIdError(
+                f"{_where(*where)}: this producer id was never issued; get one with InitProducerId")
+        return None
+    if epoch == entry.epoch:
+        if first_seq == entry.batches[-1][1] + 1:
+            return None
+        stored = entry.find(first_seq, last_seq)  # not the next one: stored, or a gap
+        if stored is None:
+            raise OutOfOrderSequenceError(
+                f"{_where(*where)}: expected sequence {entry.last_sequence + 1} (the stored batches hold "
+                f"{_ranges(entry)})")
+        return stored
+    if epoch < entry.epoch:
+        raise ProducerFencedError(
+            f"{_where(*where)}: epoch {epoch} is older than epoch {entry.epoch} stored for this producer id")
+    if first_seq != 0:
+        raise OutOfOrderSequenceError(
+            f"{_where(*where)}: a new epoch (stored: {entry.epoch}) must start at sequence 0")
+    return None
 
 
 def _where(log_name: str, i: int, pid: int, epoch: int, first_seq: int, last_seq: int) -> str:
@@ -354,32 +366,29 @@ def write_snapshot(directory: str, offset: int, table: ProducerStateTable) -> st
     """Write ``table`` as the snapshot at ``offset``, durably (``.tmp``, fsync, rename, fsync of
     the directory); its path."""
     path = os.path.join(directory, snapshot_file_name(offset))
-    tmp = path + TMP_SUFFIX
-    data = encode_snapshot(table)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        unlink_if_exists(tmp)
-        raise
-    os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(directory)
+    replace_atomically(path, encode_snapshot(table))
     return path
 
 
 # --- the issued ceiling -------------------------------------------------------------------------
 
 
+def write_issued_ceiling(data_dir: str, ceiling: int) -> None:
+    """Replace ``<data_dir>/producer-ids-issued`` with ``0\n<ceiling>\n`` atomically (tmp +
+    rename) but not durably: the arbiter rewrites it from its durable id block at start
+    (hpbroker.coord.producer_ids, the one writer).  Raises OSError."""
+    if ceiling < 0:
+        raise ValueError(f"issued ceiling {ceiling} is negative")
+    replace_atomically(os.path.join(data_dir, ISSUED_CEILING_FILE_NAME),
+                       f"{ISSUED_CEILING_VERSION}\n{ceiling}\n".encode("ascii"), durable=False)
+
+
 def read_issued_ceiling(data_dir: str) -> int:
     """One more than the highest producer id the broker has handed out, from
     ``<data_dir>/producer-ids-issued`` (ASCII: line 1 the format version ``0``, line 2 the
-    ceiling; written atomically by the arbiter before it answers an InitProducerId).  0 when the
-    file is missing (no id issued yet).  ValueError when it does not parse."""
+    ceiling, each ending with a newline; written by :func:`write_issued_ceiling` before the
+    arbiter answers an InitProducerId).  0 when the file is missing (no id issued yet).
+    ValueError when it does not parse, OSError when it cannot be read."""
     path = os.path.join(data_dir, ISSUED_CEILING_FILE_NAME)
     try:
         with open(path, "rb") as f:
@@ -418,43 +427,6 @@ class IssuedProducerIds:
 
 
 # --- the manager --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ReplayedBatch:
-    """What replaying needs of one stored idempotent batch: its identity, sequence and offsets,
-    and ``timestamp``, no earlier than its append (its ``.log``'s modification time: the log no
-    longer knows when exactly it was appended, and a later time only keeps the producer longer)."""
-
-    producer_id: int
-    producer_epoch: int
-    base_sequence: int
-    base_offset: int
-    last_offset: int
-    timestamp: int
-
-
-# Replaying walks headers a window at a time; past a batch larger than a window it reads one
-# header's worth at most (the fixed header, the producer identity block, the longest name).
-_REPLAY_WINDOW_BYTES = 64 << 10
-_MAX_HEADER_BYTES = 512
-
-
-def slice_headers(fd: int, position: int, length: int) -> Iterator[_core.BatchHeader]:
-    """The headers of the whole batches in ``[position, position + length)`` of the file ``fd``
-    (a slice the log's read path handed out: its framing was walked already).  Raises
-    CorruptRecordError when the bytes at a batch boundary are not a header, OSError."""
-    end = position + length
-    window, window_at, want = b"", position, _REPLAY_WINDOW_BYTES
-    while position < end:
-        relative = position - window_at
-        if relative + _MAX_HEADER_BYTES > len(window) and window_at + len(window) < end:
-            window = pread_full(fd, min(want, end - position), position)
-            window_at, relative = position, 0
-        header = _core.read_header(window, relative)
-        yield header
-        position += header.size
-        want = _MAX_HEADER_BYTES if header.size > _REPLAY_WINDOW_BYTES else _REPLAY_WINDOW_BYTES
 
 
 class ProducerStateManager:

@@ -10,17 +10,18 @@ import pytest
 
 from hpbroker import _core
 from hpbroker.errors import OutOfOrderSequenceError, ProducerFencedError, UnknownProducerIdError
+from hpbroker.io.producer_replay import ReplayedBatch
 from hpbroker.io.producer_state import (
     MAX_BATCHES_PER_PRODUCER,
     IssuedProducerIds,
     ProducerStateManager,
     ProducerStateTable,
-    ReplayedBatch,
     SnapshotCorruptError,
     decode_snapshot,
     encode_snapshot,
     list_snapshots,
     read_issued_ceiling,
+    write_issued_ceiling,
     write_snapshot,
 )
 
@@ -251,6 +252,13 @@ def test_the_issued_ceiling_file(tmp_path):
         (tmp_path / "producer-ids-issued").write_text(bad)
         with pytest.raises(ValueError):
             read_issued_ceiling(str(tmp_path))
+
+
+def test_the_issued_ceiling_written_is_the_one_read(tmp_path):
+    write_issued_ceiling(str(tmp_path), 1000)
+    assert (tmp_path / "producer-ids-issued").read_bytes() == b"0\n1000\n"
+    write_issued_ceiling(str(tmp_path), 2000)
+    assert read_issued_ceiling(str(tmp_path)) == 2000 and os.listdir(tmp_path) == ["producer-ids-issued"]
 
 
 def test_issued_ids_re_read_the_file_only_on_a_miss(tmp_path):
