@@ -22,7 +22,10 @@ or rebuild, or where acknowledged data rotted:
   ``hpbroker.io.segment``; after a batch whose bytes fail, whose timestamps are unknown, only
   "at least");
 - **state files**: the recovery-point checkpoint well formed and not past the log end; a
-  clean-shutdown marker, if any, well formed and equal to the checkpoint and the log end.
+  clean-shutdown marker, if any, well formed and equal to the checkpoint and the log end;
+  each producer state snapshot (``hpbroker.io.producer_state``) well formed, its batches below
+  its offset.  A snapshot is a cache of what the batch headers say, so a bad one, or one past the
+  log end, is a note: the next open removes it and rebuilds the state from the log.
 
 What a crash leaves is not damage, and is reported as a note: without a valid clean-shutdown
 marker (none, or one cut short by a crash while closing: ``hpbroker.io.checkpoint``), the last
@@ -70,6 +73,12 @@ from hpbroker.io.index import (
     parse_time_index,
 )
 from hpbroker.io.logfile import core_detail
+from hpbroker.io.producer_state import (
+    SnapshotCorruptError,
+    decode_snapshot,
+    list_snapshots,
+    snapshot_file_name,
+)
 
 __all__ = [
     "PartitionReport",
@@ -228,6 +237,7 @@ def check_partition(directory: str, *, name: str | None = None, ignore_lock: boo
         else:
             report.notes.append("no segments (the next open creates an empty one)")
         _check_state_files(report, checkpoint, marker)
+        _check_snapshots(directory, report)
     finally:
         if fd >= 0:
             os.close(fd)
@@ -457,3 +467,20 @@ def _check_state_files(report: PartitionReport, checkpoint: _StateFile, marker: 
         report.problems.append(Problem(marker.name, -1, marker.offset,
                                        f"says the log was closed at offset {marker.offset}, but the "
                                        f"checkpoint says {checkpoint.offset} and the log ends at {end}"))
+
+
+def _check_snapshots(directory: str, report: PartitionReport) -> None:
+    """Notes for producer state snapshots the next open removes (module docstring)."""
+    end = report.log_end_offset
+    for offset in list_snapshots(directory):
+        name = snapshot_file_name(offset)
+        try:
+            with open(os.path.join(directory, name), "rb") as f:
+                decode_snapshot(f.read(), offset)
+        except SnapshotCorruptError as e:
+            report.notes.append(f"{name}: a producer state snapshot that does not parse ({e}): the next "
+                                f"open removes it and rebuilds the state from the log")
+            continue
+        if end >= 0 and offset > end:
+            report.notes.append(f"{name}: a producer state snapshot past the log end offset {end}: the "
+                                f"next open removes it")
