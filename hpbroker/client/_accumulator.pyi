@@ -121,6 +121,10 @@ class RecordAccumulator:
         not idempotent; ValueError for an id < 0 or an epoch outside [0, 2**31 - 1]."""
     def drain(self, now_s: float, max_request_bytes: int) -> tuple[Ready, float]:
         """RuntimeError when idempotent and no identity was set yet."""
+    def take_expired(self, cutoff_s: float) -> Ready:
+        """The queued batches opened at or before ``cutoff_s`` (``time.monotonic()``), muted
+        partitions included, oldest first; they leave without a sequence or identity, to be
+        failed and finished by the caller."""
     def take_all(self) -> Ready:
         """Every unfinished batch that no request holds (when the producer gives up)."""
     def build_payload(self, batches: list[Batch]) -> bytes: ...

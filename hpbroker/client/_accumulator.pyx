@@ -12,7 +12,8 @@ Who calls what:
   a 2-D buffer of bytes, :meth:`send_many` encodes each row in place, holding the buffer for the
   whole call, so a chunk of fixed-size values costs no Python object per record;
 - the producer's I/O thread: :meth:`drain` (take the batches that are due), :meth:`build_payload`
-  (finish them into the bytes of a ProduceRequest), :meth:`finish` (account for completed batches).
+  (finish them into the bytes of a ProduceRequest), :meth:`finish` (account for completed batches),
+  :meth:`take_expired` (take batches that waited too long to be drained, to fail them).
 
 There is no lock: every method runs with the GIL held and never lets it go while it changes
 shared state (the only calls that may release it, lz4 and the producer's blocking hooks, happen
@@ -971,6 +972,41 @@ cdef class RecordAccumulator:
                         q.next_sequence += b.record_count
                     ready.append((q, taken))
         return ready, next_due
+
+    def take_expired(self, double cutoff_s):
+        """The batches opened at or before ``cutoff_s`` (``time.monotonic()``) that are still
+        queued, muted partitions included: they leave the accumulator without a sequence or an
+        identity (never sent), for the caller to fail and then :meth:`finish`.  The producer
+        calls it for batches that waited ``delivery_timeout_ms`` for a producer id.
+
+        A partition's batches are opened in order, so the ones taken are its oldest and those
+        left behind keep their order; its next sequence is untouched (nothing was numbered).
+        Returns ``[(queue, batches)]``, each partition's batches oldest first."""
+        cdef list expired = []
+        cdef TopicState t
+        cdef PartitionQueue q
+        cdef Batch b
+        cdef list taken
+        cdef Py_ssize_t i, n
+        for t in list(self._topics.values()):  # a copy: a send may add a topic while this allocates
+            for q in t.partitions:
+                if q.open is None and not q.closed:
+                    continue
+                taken = []  # allocated before q is read (module docstring: allocate first, then touch)
+                n = len(q.closed)
+                i = 0
+                while i < n and (<Batch>q.closed[i]).created_s <= cutoff_s:
+                    taken.append(q.closed[i])
+                    i += 1
+                del q.closed[:i]
+                b = q.open
+                if i == n and b is not None and b.created_s <= cutoff_s:
+                    self._close(q, False)
+                    del q.closed[:]
+                    taken.append(b)
+                if taken:
+                    expired.append((q, taken))
+        return expired
 
     def take_all(self):
         """Every unfinished batch (when the producer gives up, after settling the requests it

@@ -162,3 +162,34 @@ def test_buffered_bytes_return_to_zero_with_the_larger_header():
     accumulator.build_payload(batches)
     accumulator.finish(batches)
     assert accumulator.buffered_bytes == 0 and accumulator.unfinished_batches == 0
+
+
+def test_take_expired_takes_only_each_partition_s_batches_opened_by_the_cutoff():
+    """Batches that waited too long for an identity leave (to be failed) oldest first; younger
+    ones stay, and are drained later with sequences from 0 as if the old ones never were."""
+    import time
+
+    accumulator = FixedTopics(2, "svc", batch_bytes=1024, linger_ms=0, idempotent=True)
+    accumulator.send("t", b"a" * 700, partition=0)  # batch 1 of partition 0
+    accumulator.send("t", b"b" * 700, partition=0)  # does not fit: batch 1 closed, batch 2 opened
+    time.sleep(0.01)
+    cutoff = time.monotonic()
+    time.sleep(0.01)
+    accumulator.send("t", b"c" * 700, partition=0)  # batch 3, after the cutoff
+    accumulator.send("t", b"d", partition=1)  # open, after the cutoff
+    buffered = accumulator.buffered_bytes
+    expired = accumulator.take_expired(cutoff)
+    assert [(q.partition, [b.record_count for b in batches]) for q, batches in expired] == [(0, [1, 1])]
+    batches = expired[0][1]
+    assert all(b.base_sequence == -1 and b.producer_id == -1 and b.created_s <= cutoff for b in batches)
+    assert accumulator.take_expired(cutoff) == []
+    accumulator.finish(batches)
+    assert accumulator.buffered_bytes < buffered and accumulator.unfinished_batches == 2
+    accumulator.set_producer_identity(5, 0)
+    left = drain_all(accumulator)
+    assert sorted((q.partition, [(b.base_sequence, b.record_count) for b in bs]) for q, bs in left) == [
+        (0, [(0, 1)]), (1, [(0, 1)])]
+    queue, muted_batches = left[0]
+    accumulator.send("t", b"e", partition=queue.partition)
+    queue.muted = True  # a partition with a request in flight: its queued batches expire too
+    assert [q.partition for q, _ in accumulator.take_expired(time.monotonic())] == [queue.partition]
