@@ -101,7 +101,8 @@ class BrokerConnection:
         host = f"[{address.host}]" if ":" in address.host else address.host
         self._socket.connect(f"tcp://{host}:{address.port}")
         self._ids = itertools.count(1)
-        self._waiting: dict[int, int] = {}  # correlation id -> api key, requests in flight
+        # correlation id -> (api key, version asked: None for the newest), requests in flight
+        self._waiting: dict[int, tuple[int, int | None]] = {}
         self._arrived: dict[int, Response] = {}  # answered, not yet taken
         self._closed = False
 
@@ -123,18 +124,21 @@ class BrokerConnection:
         :meth:`poll`: the socket no longer shows them, so a poller would not wake for them."""
         return len(self._arrived)
 
-    def send(self, message: protocol.Message, *, expect_response: bool = True) -> int:
+    def send(self, message: protocol.Message, *, expect_response: bool = True,
+             version: int | None = None) -> int:
         """Send a request; its correlation id.  ``expect_response=False`` for a request the broker
-        does not answer (acks=0 produce).  Raises BrokerNotAvailableError when no connection to
-        the broker takes it within ``connect_timeout_s``."""
+        does not answer (acks=0 produce).  ``version``: the request's api_version (None: the
+        newest the message type has); its response is decoded in the same version.  Raises
+        BrokerNotAvailableError when no connection to the broker takes it within
+        ``connect_timeout_s``, UnsupportedVersionError for a version the type does not have."""
         correlation_id = next(self._ids) & _MAX_CORRELATION_ID
-        frames = protocol.encode_request(message, correlation_id, self.client_id)
+        frames = protocol.encode_request(message, correlation_id, self.client_id, version)
         try:
             self._socket.send_multipart(frames, zmq.NOBLOCK, copy=False)
         except zmq.Again:
             self._send_once_connected(frames)
         if expect_response:
-            self._waiting[correlation_id] = message.API_KEY
+            self._waiting[correlation_id] = (message.API_KEY, version)
         return correlation_id
 
     def _send_once_connected(self, frames: list) -> None:
@@ -174,10 +178,11 @@ class BrokerConnection:
         frames = self._socket.recv_multipart(copy=False)
         head = frames[0].buffer
         correlation_id = int.from_bytes(head[:4], "little") if len(head) >= 4 else -1
-        api_key = self._waiting.pop(correlation_id, None)
-        if api_key is None:
+        asked = self._waiting.pop(correlation_id, None)
+        if asked is None:
             return None  # a late answer to an abandoned request, or garbage
-        header, body = protocol.decode_response(api_key, [frame.buffer for frame in frames])
+        api_key, version = asked
+        header, body = protocol.decode_response(api_key, [frame.buffer for frame in frames], version)
         return Response(correlation_id, header, body)
 
     def wait_for(self, correlation_id: int, timeout_s: float) -> Response:

@@ -8,6 +8,12 @@ The rules (Kafka's, KIP-98), for one partition and one producer identity:
   them (``Batch.base_sequence``) and the request's bytes are built then; a retry resends those
   bytes, so the broker sees the same (producer id, epoch, sequence range) and answers a copy it
   already stored with its offsets (``duplicate``) instead of appending it again.
+- **One request at a time until the partition knows the identity.**  A leader with no state
+  for a producer id accepts any first sequence (it must: the state may have expired, or gone
+  with retention).  So until a request of the current identity is acknowledged on a partition,
+  that partition has one request in flight: were a first request lost and a second stored, the
+  second would be accepted behind a gap and the first's resend refused (error 20).  Once one is
+  acknowledged the leader checks every sequence against the last it stored.
 - **At most 5 batches unsettled.**  The partition leader remembers the last 5 batches of each
   producer (docs/PROTOCOL.md): a request is at most :data:`MAX_UNSETTLED_BATCHES` batches, and a
   partition never has more batches sent and not yet settled than that, so every batch a retry
@@ -22,8 +28,12 @@ The rules (Kafka's, KIP-98), for one partition and one producer identity:
 - **Outcomes are told in order.**  A request acknowledged while an earlier one of its partition
   is still unsettled waits (``ACKED``) until every earlier one is settled, so later records are
   never acknowledged before earlier ones fail.  Failures are told at once.
+- **A fresh id may be unknown for a moment.**  Error 22 (the leader does not know the id was
+  issued) is retried, like a retriable error, while the identity is younger than
+  :data:`UNKNOWN_PRODUCER_ID_RETRY_S`: another broker's new id block may not have reached
+  this leader yet.  Later it is final.
 - **A new identity after a break.**  A request that fails for good (errors 20 as the first
-  unsettled request, 21, 22, any other error that is not retriable, or the delivery timeout)
+  unsettled request, 21, 22 (but while fresh), any other error that is not retriable, or the delivery timeout)
   leaves a hole in the identity's sequences on that partition: the producer takes a new
   identity (:class:`ProducerIdentity`), and a partition drains batches of the new identity only
   once no request of the old one is left in its window.
@@ -40,11 +50,17 @@ from typing import Any
 
 from hpbroker.client.backoff import backoff_ms
 
-__all__ = ["ACKED", "IN_FLIGHT", "MAX_UNSETTLED_BATCHES", "QUEUED", "PartitionWindow", "ProducerIdentity"]
+__all__ = ["ACKED", "IN_FLIGHT", "MAX_UNSETTLED_BATCHES", "QUEUED", "UNKNOWN_PRODUCER_ID_RETRY_S",
+           "PartitionWindow", "ProducerIdentity"]
 
 # The partition leader remembers this many batches per producer (Kafka keeps 5): a partition's
 # batches sent and not yet settled never exceed it, so a retry always finds its first copy.
 MAX_UNSETTLED_BATCHES = 5
+
+# How long after the producer took an identity a partition leader's error 22 (producer id
+# unknown) is retried rather than final: in a cluster a broker learns of an id block another
+# broker took through a ZooKeeper watch, which may lag behind the id it handed out.
+UNKNOWN_PRODUCER_ID_RETRY_S = 10.0
 
 QUEUED = 0  # built, to be sent (first time, or again after a retriable failure) at due_s
 IN_FLIGHT = 1  # handed to a connection, no answer yet
@@ -54,17 +70,24 @@ ACKED = 2  # acknowledged, its outcome told once every earlier request is settle
 class PartitionWindow:
     """One partition's requests not yet settled, in sequence order (module docstring).
 
-    Invariant: ``requests[0]`` is never ``ACKED`` after a call returns (an acknowledged head is
-    handed back to be settled at once)."""
+    ``acknowledged_generation``: the newest identity generation a request of this partition was
+    acknowledged under (0: none); requests of a newer generation go one at a time.  The owner
+    keeps it when it drops an empty window and gives it back to the partition's next one.
 
-    __slots__ = ("requests",)
+    Invariants: ``requests[0]`` is never ``ACKED`` after a call returns (an acknowledged head is
+    handed back to be settled at once); the requests are all of one generation (the owner adds
+    a newer generation's only once :meth:`blocks_drain` says the older ones are settled)."""
 
-    def __init__(self) -> None:
+    __slots__ = ("acknowledged_generation", "requests")
+
+    def __init__(self, acknowledged_generation: int = 0) -> None:
         self.requests: list[Any] = []
+        self.acknowledged_generation = acknowledged_generation
 
     def __repr__(self) -> str:
         states = "".join("QFA"[r.state] for r in self.requests)
-        return f"PartitionWindow({states}, recovering={self.recovering})"
+        return (f"PartitionWindow({states}, recovering={self.recovering}, "
+                f"acknowledged_generation={self.acknowledged_generation})")
 
     def __bool__(self) -> bool:
         return bool(self.requests)
@@ -87,11 +110,19 @@ class PartitionWindow:
         sequence is the one before this request's, if this identity's requests all went well)."""
         return bool(self.requests) and self.requests[0] is request
 
+    def in_flight_limit(self, max_in_flight: int) -> int:
+        """How many requests may be in flight now: ``max_in_flight`` once a request of the
+        requests' identity has been acknowledged here, 1 until then (module docstring)."""
+        if self.requests and self.requests[0].generation != self.acknowledged_generation:
+            return 1
+        return max_in_flight
+
     def blocks_drain(self, generation: int, max_in_flight: int) -> bool:
         """Whether the partition must take no new batches now: a request of an older identity is
         unsettled, it is recovering, requests wait to be sent, or it is at its limits."""
         if not self.requests:
             return False
+        max_in_flight = self.in_flight_limit(max_in_flight)
         sent = [r for r in self.requests if r.state != QUEUED]
         return (len(self.requests) >= max_in_flight or len(sent) < len(self.requests)
                 or sum(r.batch_count for r in sent) >= MAX_UNSETTLED_BATCHES
@@ -104,6 +135,7 @@ class PartitionWindow:
                 return []
             first = next((r for r in self.requests if r.state == QUEUED), None)
             return [first] if first is not None and first.due_s <= now_s else []
+        max_in_flight = self.in_flight_limit(max_in_flight)
         out = []
         busy = [r for r in self.requests if r.state != QUEUED]
         count, batches = len(busy), sum(r.batch_count for r in busy)
@@ -131,7 +163,7 @@ class PartitionWindow:
         if self.recovering:
             free = not any(r.state == IN_FLIGHT for r in self.requests)
         else:
-            free = (len(busy) < max_in_flight
+            free = (len(busy) < self.in_flight_limit(max_in_flight)
                     and sum(r.batch_count for r in busy) + first.batch_count <= MAX_UNSETTLED_BATCHES)
         return min(due, first.due_s) if free else due
 
@@ -145,6 +177,7 @@ class PartitionWindow:
     def acknowledged(self, request: Any) -> list[Any]:
         """``request`` was acknowledged: the requests whose outcome may be told now, in order."""
         request.state = ACKED
+        self.acknowledged_generation = max(self.acknowledged_generation, request.generation)
         return self._settleable()
 
     def remove(self, request: Any) -> list[Any]:
@@ -166,7 +199,11 @@ class ProducerIdentity:
     ``generation`` counts the identities set (0: none yet); a request remembers the generation it
     was drained under, so a partition can tell its requests of an older identity.  An identity
     is wanted before the first drain and again after a request of the current generation failed
-    for good (``reset_wanted``).  Asking (InitProducerId) backs off after failures."""
+    for good (``reset_wanted``).  Asking (InitProducerId) backs off after failures.
+
+    ``obtained_s``: when the current identity came (``time.monotonic()``).  For
+    :data:`UNKNOWN_PRODUCER_ID_RETRY_S` after that, the identity is *fresh*: a partition leader
+    may not know it was issued yet (error 22), so that error is retried then (:meth:`fresh`)."""
 
     def __init__(self, backoff_ms: float, backoff_max_ms: float) -> None:
         self.producer_id = -1
@@ -175,7 +212,7 @@ class ProducerIdentity:
         self.reset_wanted = False
         self.resets = 0  # identities taken after the first
         self.next_attempt_s = 0.0
-        self.failing_since_s: float | None = None  # first failed attempt of the current run of them
+        self.obtained_s = -math.inf
         self.last_error: BaseException | None = None
         self._backoff_ms = backoff_ms
         self._backoff_max_ms = backoff_max_ms
@@ -199,21 +236,25 @@ class ProducerIdentity:
             return True
         return False
 
-    def obtained(self, producer_id: int, producer_epoch: int) -> None:
+    def obtained(self, producer_id: int, producer_epoch: int, now_s: float) -> None:
         if self.generation:
             self.resets += 1
         self.producer_id, self.producer_epoch = producer_id, producer_epoch
         self.generation += 1
+        self.obtained_s = now_s
         self.reset_wanted = False
-        self.failing_since_s = None
         self.last_error = None
         self._failures = 0
         self.next_attempt_s = 0.0
 
+    def fresh(self, generation: int, now_s: float) -> bool:
+        """Whether ``generation`` is the current identity and it came less than
+        :data:`UNKNOWN_PRODUCER_ID_RETRY_S` ago."""
+        return (generation == self.generation and not self.reset_wanted
+                and now_s - self.obtained_s < UNKNOWN_PRODUCER_ID_RETRY_S)
+
     def failed(self, now_s: float, error: BaseException) -> None:
         """An InitProducerId attempt failed: the next after a backoff (doubling up to the max)."""
-        if self.failing_since_s is None:
-            self.failing_since_s = now_s
         self.last_error = error
         wait_ms = backoff_ms(self._backoff_ms, self._backoff_max_ms, self._failures)
         self._failures += 1

@@ -6,30 +6,33 @@ per partition with unsettled requests and applies the rules of ``hpbroker.client
 
 - before the first drain, and again after a request failed for good, it asks the bootstrap
   broker for a producer identity (InitProducerId), retrying with backoff; batches wait in the
-  accumulator meanwhile, and fail (never sent) if no identity comes within
-  ``delivery_timeout_ms``;
+  accumulator meanwhile, and each fails (never sent) once it has waited ``delivery_timeout_ms``
+  since it was opened;
 - drained batches become requests of at most ``MAX_UNSETTLED_BATCHES`` batches, queued in their
-  partition's window and sent as the window allows (up to ``max_in_flight`` at once);
+  partition's window and sent as the window allows (up to ``max_in_flight`` at once, once a
+  request of the identity was acknowledged on the partition; one at a time before);
 - a retry resends the same bytes (the broker answers a stored copy with ``duplicate``: the
   records are acknowledged at its offsets, ``RecordMetadata.deduplicated``); error 20 on a
   request behind an unsettled one is retried after it; errors 20 (on the first unsettled
-  request), 21, 22 and every other error that is not retriable fail the request, as does the
-  delivery timeout, and a failure of the current identity's request asks for a new identity.
+  request), 21, 22 (retried while the identity is fresh: ``UNKNOWN_PRODUCER_ID_RETRY_S``) and
+  every other error that is not retriable fail the request, as does the delivery timeout, and a
+  failure of the current identity's request asks for a new identity.
 
 What it uses of the sender: ``_producer``, ``_config``, ``connection``, ``identity``,
-``_windows``, ``_max_in_flight``, ``_control_timeout_s``, ``counts`` and the methods
-``_new_request``, ``_send``, ``_settle``, ``_retry``, ``_retry_after``, ``_retry_backoff_ms``,
-``_refresh_if_stale`` and ``_delivery_timeout_error``.
+``_windows``, ``_acknowledged_generations``, ``_max_in_flight``, ``_control_timeout_s``,
+``counts`` and the methods ``_new_request``, ``_send``, ``_settle``, ``_retry``,
+``_retry_after``, ``_retry_backoff_ms``, ``_refresh_if_stale`` and ``_delivery_timeout_error``.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from hpbroker import protocol
 from hpbroker.client.idempotence import IN_FLIGHT, MAX_UNSETTLED_BATCHES, QUEUED, PartitionWindow
-from hpbroker.errors import HPBrokerError, OutOfOrderSequenceError, error_for_code
+from hpbroker.errors import HPBrokerError, OutOfOrderSequenceError, UnknownProducerIdError, error_for_code
 
 __all__ = ["GiveUp", "IdempotentSending"]
 
@@ -69,7 +72,7 @@ class IdempotentSending:
             return False
         old = identity.producer_id, identity.producer_epoch
         self._producer.set_producer_identity(response.producer_id, response.producer_epoch)
-        identity.obtained(response.producer_id, response.producer_epoch)
+        identity.obtained(response.producer_id, response.producer_epoch, time.monotonic())
         self.counts["producer_id_resets"] = identity.resets
         for queue in list(self._windows):  # partitions with requests of the old identity: no drain
             self._update_window(queue)
@@ -88,25 +91,19 @@ class IdempotentSending:
                                                 and bool(self._producer.unfinished_batches))
 
     def _expire_without_identity(self, now: float) -> None:
-        """No identity for ``delivery_timeout_ms`` while records wait: fail the batches that are
-        due (drained under a stand-in identity, never sent), and count the time afresh."""
-        identity = self.identity
-        since = identity.failing_since_s
-        if since is None or now - since < self._config.delivery_timeout_ms / 1000:
+        """No identity to drain with: fail the batches that have waited ``delivery_timeout_ms``
+        since they were opened (never sent); younger ones wait on for the identity."""
+        expired = self._producer.take_expired(now - self._config.delivery_timeout_ms / 1000)
+        if not expired:
             return
-        producer = self._producer
-        if identity.generation == 0:  # the accumulator drains nothing without an identity
-            producer.set_producer_identity(0, 0)  # replaced by the real one, sequences and all
-        ready, _ = producer.drain(now, self._config.max_request_bytes)
-        last = identity.last_error
+        last = self.identity.last_error
         cls = type(last) if isinstance(last, HPBrokerError) else HPBrokerError
-        for queue, batches in ready:
+        for queue, batches in expired:
             request = self._new_request(queue, batches, b"", 0.0, 0)
             self._settle(request, cls(
                 f"{request.record_count} records to {request} not sent: no producer id from broker "
                 f"{self.connection.address} within delivery_timeout_ms {self._config.delivery_timeout_ms}; "
                 f"last error: {last}"))
-        identity.failing_since_s = now
 
     # --- sending ---------------------------------------------------------------------------------
 
@@ -114,7 +111,7 @@ class IdempotentSending:
         """Drained batches into requests of at most MAX_UNSETTLED_BATCHES, queued in order."""
         window = self._windows.get(queue)
         if window is None:
-            window = self._windows[queue] = PartitionWindow()
+            window = self._windows[queue] = PartitionWindow(self._acknowledged_generations.pop(queue, 0))
         for start in range(0, len(batches), MAX_UNSETTLED_BATCHES):
             group = batches[start:start + MAX_UNSETTLED_BATCHES]
             window.add(self._new_request(queue, group, self._producer.build_payload(group),
@@ -152,6 +149,8 @@ class IdempotentSending:
             queue.muted = False
         elif not window:
             del self._windows[queue]
+            if window.acknowledged_generation:  # the leader knows this identity: pipeline at once
+                self._acknowledged_generations[queue] = window.acknowledged_generation
             queue.muted = False
         else:
             queue.muted = window.blocks_drain(self.identity.generation, self._max_in_flight)
@@ -176,6 +175,11 @@ class IdempotentSending:
         if code == OutOfOrderSequenceError.code and not window.is_first(request):
             # An earlier request of the partition is unsettled (failed, or not answered yet): this
             # one's sequences did not follow what the broker had.  Resent after it, as it was.
+            self._retry(request, error, now, uncertain=False)
+            return
+        if code == UnknownProducerIdError.code and self.identity.fresh(request.generation, now):
+            # The leader may not know yet that the id was issued (another broker's new block):
+            # nothing was appended; sent again as it was, until the identity is no longer fresh.
             self._retry(request, error, now, uncertain=False)
             return
         if not error.retriable:

@@ -105,6 +105,9 @@ logger = logging.getLogger(__name__)
 _REFUSED_BEFORE_APPEND = frozenset({2, 6})  # corrupt (checked before append), unknown topic/partition
 # Errors after which the topic's metadata is refreshed before the retry.
 _REFRESH_METADATA = frozenset({6, 15})
+# The ProduceRequest version of an idempotent producer: version 1's response says whether the
+# request was a duplicate.  A producer that is not idempotent sends version 0.
+_PRODUCE_VERSION_IDEMPOTENT = 1
 _CONTROL_TIMEOUT_S = 5.0  # longest wait for one metadata, list-offsets or verifying fetch response
 # Leaving a with block by an exception: the longest close() waits for records still unsent.
 _CLOSE_ON_ERROR_TIMEOUT_S = 5.0
@@ -392,9 +395,13 @@ class _Sender(AppendedLookup, IdempotentSending):
         self._audit_topic = config.audit_topic
         self._idempotent = config.idempotent
         self._max_in_flight = config.max_in_flight
+        # Idempotent: version 1 (its response says duplicate); else version 0, as before idempotence.
+        self._produce_version = _PRODUCE_VERSION_IDEMPOTENT if config.idempotent else 0
         self.identity = ProducerIdentity(config.retry_backoff_ms, config.retry_backoff_max_ms)
         # Idempotent: each partition's unsettled requests, in sequence order (only partitions with some).
         self._windows: dict[PartitionQueue, PartitionWindow] = {}
+        # Idempotent: partitions without a window -> the newest identity generation acknowledged there.
+        self._acknowledged_generations: dict[PartitionQueue, int] = {}
         self.counts = {"records_acknowledged": 0, "records_deduplicated": 0, "records_failed": 0,
                        "retries": 0, "producer_id_resets": 0}
         self._request_timeout_s = config.request_timeout_ms / 1000
@@ -589,7 +596,8 @@ class _Sender(AppendedLookup, IdempotentSending):
             self._read_monitor()
             if not link.connected and request.attempts:
                 raise BrokerNotAvailableError(f"broker {link.address} is not connected")
-            correlation_id = link.connection.send(message, expect_response=bool(acks))
+            correlation_id = link.connection.send(message, expect_response=bool(acks),
+                                                  version=self._produce_version)
         except BrokerNotAvailableError as e:
             self._leader_may_have_moved(request, link)
             self._retry(request, e, now, uncertain=False)

@@ -15,6 +15,7 @@ from hpbroker.client.idempotence import (
     IN_FLIGHT,
     MAX_UNSETTLED_BATCHES,
     QUEUED,
+    UNKNOWN_PRODUCER_ID_RETRY_S,
     PartitionWindow,
     ProducerIdentity,
 )
@@ -36,8 +37,10 @@ class FakeRequest:
         return self.name
 
 
-def window_of(*requests: FakeRequest) -> PartitionWindow:
-    window = PartitionWindow()
+def window_of(*requests: FakeRequest, acknowledged_generation: int = 1) -> PartitionWindow:
+    """A window of ``requests``; by default on a partition that has acknowledged a request of
+    generation 1 (the leader knows the identity: requests are pipelined)."""
+    window = PartitionWindow(acknowledged_generation)
     for request in requests:
         window.add(request)
     return window
@@ -151,30 +154,76 @@ def test_a_request_held_back_by_the_in_flight_limit_is_not_woken_by_the_clock():
     assert not window_of().next_due_s(5) < math.inf
 
 
+def test_the_first_request_of_an_identity_goes_alone_until_it_is_acknowledged():
+    """A leader with no state for the producer id accepts any first sequence: were r1 (sequence
+    5) sent beside r0 (sequence 0) and r0 lost, r1 would be stored behind a gap and r0's resend
+    refused.  So r1 waits until r0 is acknowledged, then the partition pipelines."""
+    r0 = FakeRequest("r0", first_sequence=0, record_count=5)
+    r1 = FakeRequest("r1", first_sequence=5, record_count=5)
+    window = window_of(r0, r1, acknowledged_generation=0)
+    assert window.in_flight_limit(5) == 1
+    assert send(window) == [r0]
+    assert window.blocks_drain(1, 5)  # no new batches either: they join the next request
+    assert window.next_due_s(5) == r1.deadline_s  # r1 waits for r0's answer, not for the clock
+    fail_retriably(window, r0)  # r0 lost (no answer): r1 was never sent, so nothing got ahead
+    assert send(window) == [r0]
+    assert window.acknowledged(r0) == [r0]
+    assert window.acknowledged_generation == 1 and window.in_flight_limit(5) == 5
+    r2, r3 = FakeRequest("r2", first_sequence=10), FakeRequest("r3", first_sequence=11)
+    window.add(r2)
+    window.add(r3)
+    assert send(window) == [r1, r2, r3]
+
+
+def test_a_new_identity_goes_one_request_at_a_time_again():
+    window = window_of(old := FakeRequest("old", generation=1))
+    send(window)
+    window.acknowledged(old)
+    assert window.acknowledged_generation == 1
+    new = [FakeRequest(f"new{i}", generation=2) for i in range(3)]
+    for request in new:
+        window.add(request)
+    assert send(window) == [new[0]]
+    window.acknowledged(new[0])
+    assert send(window) == new[1:]
+
+
 def test_the_identity_is_wanted_first_and_after_a_break_of_the_current_one():
     identity = ProducerIdentity(backoff_ms=100, backoff_max_ms=1000)
     assert identity.wanted and identity.generation == 0
     assert not identity.broken(0)
     identity.failed(10.0, RuntimeError("down"))
-    assert identity.next_attempt_s == pytest.approx(10.1) and identity.failing_since_s == 10.0
+    assert identity.next_attempt_s == pytest.approx(10.1)
     identity.failed(10.1, RuntimeError("down"))
     assert identity.next_attempt_s == pytest.approx(10.3)
     for _ in range(10):
         identity.failed(20.0, RuntimeError("down"))
     assert identity.next_attempt_s == pytest.approx(21.0)
-    identity.obtained(7, 0)
-    assert not identity.wanted and identity.generation == 1 and identity.failing_since_s is None
+    identity.obtained(7, 0, 30.0)
+    assert not identity.wanted and identity.generation == 1 and identity.last_error is None
     assert identity.broken(1) and identity.wanted
     assert not identity.broken(1)  # asked once
-    identity.obtained(8, 0)
+    identity.obtained(8, 0, 40.0)
     assert identity.resets == 1 and identity.generation == 2
     assert not identity.broken(1) and not identity.wanted  # an old identity's failure changes nothing
+
+
+def test_a_fresh_identity_is_one_taken_less_than_the_retry_time_ago():
+    identity = ProducerIdentity(backoff_ms=100, backoff_max_ms=1000)
+    assert not identity.fresh(0, 0.0)
+    identity.obtained(7, 0, 100.0)
+    assert identity.fresh(1, 100.0) and identity.fresh(1, 100.0 + UNKNOWN_PRODUCER_ID_RETRY_S - 0.01)
+    assert not identity.fresh(1, 100.0 + UNKNOWN_PRODUCER_ID_RETRY_S)
+    assert not identity.fresh(0, 100.0)  # an older identity's request
+    identity.broken(1)
+    assert not identity.fresh(1, 100.0)  # being replaced: its error 22 is final
 
 
 class ModelLeader:
     """The partition leader's sequence check (docs/PROTOCOL.md) for one producer id: remembers
     the last 5 batches; a stored one is a duplicate, the next sequence is appended, anything
-    else is error 20 and nothing is appended."""
+    else is error 20 and nothing is appended.  With no state for the producer (nothing stored
+    yet) any sequence is appended, as the broker does."""
 
     def __init__(self) -> None:
         self.log: list[int] = []  # every sequence stored, in offset order
@@ -185,8 +234,7 @@ class ModelLeader:
         last = first + request.record_count - 1
         if (first, last) in self.remembered:
             return "duplicate"
-        expected = self.remembered[-1][1] + 1 if self.remembered else 0
-        if first != expected:
+        if self.remembered and first != self.remembered[-1][1] + 1:
             return "out_of_order"
         self.log.extend(range(first, last + 1))
         self.remembered = [*self.remembered, (first, last)][-MAX_UNSETTLED_BATCHES:]
@@ -196,9 +244,11 @@ class ModelLeader:
 @pytest.mark.parametrize("seed", range(60))
 def test_lost_connections_keep_order_and_one_copy_of_every_record(seed):
     """Requests pipelined on one connection; at random the connection drops (requests on the
-    wire are processed or not, their answers lost) or an answer is delayed.  Following the
-    window's rules (error 20 behind an unsettled request is retried, a lost answer is retried
-    as it was), every record is stored once, in order, and acknowledged in order."""
+    wire are processed or not, their answers lost), an answer is delayed, or a request is
+    refused before the leader looks at it (a retriable error, nothing appended: error 6 while
+    the leader moves).  Following the window's rules (error 20 behind an unsettled request is
+    retried, a lost or refused request is retried as it was, one request at a time until the
+    leader has stored one), every record is stored once, in order, and acknowledged in order."""
     rng = random.Random(seed)
     window = PartitionWindow()
     leader = ModelLeader()
@@ -224,11 +274,13 @@ def test_lost_connections_keep_order_and_one_copy_of_every_record(seed):
             wire, answers = [], []
         elif roll < 0.6 and wire:
             request = wire.pop(0)
-            answers.append((request, leader.produce(request)))
+            answers.append((request, "refused" if rng.random() < 0.1 else leader.produce(request)))
         elif answers:
             request, outcome = answers.pop(rng.randrange(len(answers)) if rng.random() < 0.2 else 0)
             if outcome in ("ok", "duplicate"):
                 told += window.acknowledged(request)
+            elif outcome == "refused":
+                fail_retriably(window, request)
             else:
                 assert not window.is_first(request), "error 20 for the first unsettled request"
                 fail_retriably(window, request)

@@ -489,9 +489,9 @@ def test_the_broker_is_given_less_time_than_the_client_waits(bootstrap, connecti
     sent = []
     original_send = BrokerConnection.send
 
-    def recording_send(self, message, *, expect_response=True):
+    def recording_send(self, message, **kwargs):
         sent.append(message)
-        return original_send(self, message, expect_response=expect_response)
+        return original_send(self, message, **kwargs)
 
     monkeypatch.setattr(BrokerConnection, "send", recording_send)
     with Producer(bootstrap, request_timeout_ms=10_000) as producer:

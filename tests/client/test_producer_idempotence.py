@@ -14,9 +14,15 @@ from harness import wait_until
 from test_producer_faults import OwnBroker, read_partition
 
 from hpbroker import protocol
-from hpbroker.client.idempotence import IN_FLIGHT
+from hpbroker.client.connection import BrokerConnection
+from hpbroker.client.idempotence import IN_FLIGHT, UNKNOWN_PRODUCER_ID_RETRY_S
 from hpbroker.client.producer import Producer, ProducerConfig, _Sender
-from hpbroker.errors import OutOfOrderSequenceError, ProducerFencedError, UnknownProducerIdError
+from hpbroker.errors import (
+    CoordinationError,
+    OutOfOrderSequenceError,
+    ProducerFencedError,
+    UnknownProducerIdError,
+)
 from hpbroker.records import build_batch, read_header, scan_batches
 
 
@@ -203,6 +209,7 @@ def test_an_unknown_producer_id_fails_the_records_and_a_new_id_follows(bootstrap
         def take_a_bogus_identity(sender):
             sender._producer.set_producer_identity(never_issued, 0)
             sender.identity.producer_id = never_issued
+            sender.identity.obtained_s -= UNKNOWN_PRODUCER_ID_RETRY_S  # not fresh: error 22 is final
 
         producer._sender.call(take_a_bogus_identity, 10)
         with pytest.raises(UnknownProducerIdError):
@@ -263,8 +270,6 @@ def test_a_refused_request_is_resent_before_the_ones_behind_it(bootstrap, connec
     """Every 5th produce request goes to a partition that does not exist (error 6, nothing
     appended) while the ones behind it are in flight: those arrive with a gap and get error 20,
     which, behind an unsettled request, is retried after it, as sent."""
-    from hpbroker.client.connection import BrokerConnection
-
     create_topic(connection, topic_name, 1)
     sent = [0]
     out_of_order = [0]
@@ -325,8 +330,6 @@ def test_records_waiting_for_a_producer_id_fail_after_the_delivery_timeout(boots
                                                                            monkeypatch):
     """The broker cannot hand out an id (error 17): the records fail, never sent, after
     delivery_timeout_ms, and once ids are available again the producer sends."""
-    from hpbroker.client.connection import BrokerConnection
-    from hpbroker.errors import CoordinationError
 
     create_topic(connection, topic_name)
     call = BrokerConnection.call
@@ -350,3 +353,144 @@ def test_records_waiting_for_a_producer_id_fail_after_the_delivery_timeout(boots
         assert producer.send_future(topic_name, b"sent").result(20).offset == 0
         assert producer.producer_id >= 0
     assert [r.value for r in read_partition(connection, topic_name, 0)] == [b"sent"]
+
+
+def test_the_first_request_of_a_producer_id_on_a_partition_goes_alone(bootstrap, connection, topic_name,
+                                                                       monkeypatch):
+    """A leader accepts any first sequence from a producer id it has no state for: had a second
+    request gone out beside the first and the first been lost, the second would be stored
+    behind a gap.  So each partition has one request in flight until its first is acknowledged
+    (a slow flush keeps that one out while many batches fill up), then pipelines."""
+    partitions = 2
+    create_topic(connection, topic_name, partitions, flush_ms=400)
+    in_flight_before: dict[int, int] = {}  # partition -> most in flight before its first acknowledgement
+    in_flight_after: dict[int, int] = {}
+    acknowledged: set[int] = set()
+    send, respond = _Sender._send, _Sender._idempotent_response
+
+    def counting_send(self, request, now):
+        send(self, request, now)
+        partition = request.queue.partition
+        count = sum(r.state == IN_FLIGHT for r in self._windows[request.queue].requests)
+        seen = in_flight_after if partition in acknowledged else in_flight_before
+        seen[partition] = max(seen.get(partition, 0), count)
+
+    def noting_response(self, request, response, now):
+        if response.header.error_code == 0:
+            acknowledged.add(request.queue.partition)
+        respond(self, request, response, now)
+
+    monkeypatch.setattr(_Sender, "_send", counting_send)
+    monkeypatch.setattr(_Sender, "_idempotent_response", noting_response)
+    with Producer(bootstrap, linger_ms=0, batch_bytes=1024, audit_topic=None) as producer:
+        futures = []
+        for i in range(60):  # 20 batches per partition, sent well within the first flush
+            value = b"%07d" % i + b"x" * 300
+            futures.append(producer.send_future(topic_name, value, partition=i % partitions))
+            if i % 6 == 5:
+                time.sleep(0.002)  # the I/O thread drains between the sends
+        producer.flush(30)
+        for i in range(60, 100):  # now acknowledged there: small requests one after another pipeline
+            futures.append(producer.send_future(topic_name, b"%07d" % i, partition=i % partitions))
+            time.sleep(0.002)
+        producer.flush(30)
+        assert producer.metrics["records_failed"] == 0
+    assert in_flight_before == {0: 1, 1: 1}
+    assert max(in_flight_after.values()) >= 2, "no pipelining once the first request was acknowledged"
+    for partition in range(partitions):
+        values = [r.value[:7] for r in read_partition(connection, topic_name, partition)]
+        assert values == [b"%07d" % i for i in range(partition, 100, partitions)]
+
+
+def test_waiting_for_a_producer_id_fails_only_records_older_than_the_delivery_timeout(
+        bootstrap, connection, topic_name, monkeypatch):
+    """While the broker hands out no id, a batch fails once it has waited delivery_timeout_ms
+    itself: one opened later waits on and is sent when an id comes."""
+    create_topic(connection, topic_name, 2)
+    call = BrokerConnection.call
+    refusing = threading.Event()
+    refusing.set()
+
+    def refusing_call(self, message, timeout_s=30.0):
+        if isinstance(message, protocol.InitProducerIdRequest) and refusing.is_set():
+            raise CoordinationError("no producer id block at hand")
+        return call(self, message, timeout_s)
+
+    monkeypatch.setattr(BrokerConnection, "call", refusing_call)
+    with Producer(bootstrap, linger_ms=0, batch_bytes=1024, delivery_timeout_ms=3000, retry_backoff_ms=20,
+                  retry_backoff_max_ms=50, audit_topic=None) as producer:
+        old = [producer.send_future(topic_name, b"o" * 700, partition=0) for _ in range(2)]  # 2 batches
+        time.sleep(2.0)
+        young = [producer.send_future(topic_name, b"y" * 700, partition=p) for p in (0, 1)]
+        for future in old:
+            assert isinstance(future.exception(20), CoordinationError)
+        assert not any(future.done() for future in young), "a batch failed before its delivery timeout"
+        refusing.clear()
+        assert [future.result(20).offset for future in young] == [0, 0]
+    assert [r.value for r in read_partition(connection, topic_name, 0)] == [b"y" * 700]
+
+
+def test_an_unknown_producer_id_is_retried_while_the_id_is_fresh(bootstrap, connection, topic_name,
+                                                                  monkeypatch):
+    """In a cluster, a broker learns of another broker's new id block through a ZooKeeper watch,
+    which may come after a producer got an id from that block: the leader answers error 22 for
+    a moment.  The producer retries while its id is fresh, and the records are stored once the
+    leader knows the id (here: an id handed to the producer before this broker issued it)."""
+    create_topic(connection, topic_name)
+    call_init = BrokerConnection.call
+    ahead = call_init(connection, protocol.InitProducerIdRequest()).producer_id + 3
+    unknown = [0]
+
+    def early_id(self, message, timeout_s=30.0):
+        if isinstance(message, protocol.InitProducerIdRequest):
+            return protocol.InitProducerIdResponse(ahead, 0)
+        return call_init(self, message, timeout_s)
+
+    respond = _Sender._idempotent_response
+
+    def counting_response(self, request, response, now):
+        unknown[0] += response.header.error_code == UnknownProducerIdError.code
+        respond(self, request, response, now)
+
+    monkeypatch.setattr(BrokerConnection, "call", early_id)
+    monkeypatch.setattr(_Sender, "_idempotent_response", counting_response)
+    with Producer(bootstrap, linger_ms=0, retry_backoff_ms=20, retry_backoff_max_ms=100,
+                  audit_topic=None) as producer:
+        future = producer.send_future(topic_name, b"early")
+        wait_until(lambda: unknown[0] >= 2, 10, what="error 22, retried")
+        issued = -1
+        while issued < ahead:  # this broker issues ids up to the producer's
+            issued = call_init(connection, protocol.InitProducerIdRequest()).producer_id
+        metadata = future.result(10)
+        assert metadata.offset == 0 and producer.producer_id == ahead
+        assert producer.metrics["producer_id_resets"] == 0 and producer.metrics["records_failed"] == 0
+    assert [r.value for r in read_partition(connection, topic_name, 0)] == [b"early"]
+
+
+@pytest.mark.parametrize(("options", "version"), [({}, 1), ({"enable_idempotence": False}, 0),
+                                                  ({"acks": 0}, 0)])
+def test_produce_requests_are_version_0_unless_idempotent(bootstrap, connection, topic_name, monkeypatch,
+                                                          options, version):
+    """A producer that is not idempotent sends what it sent before idempotence: Produce version 0
+    (and reads version 0 answers); an idempotent one version 1, whose answer says duplicate."""
+    create_topic(connection, topic_name)
+    encode = protocol.encode_request
+    sent = []
+
+    def capturing_encode(message, correlation_id, client_id="", version=None):
+        frames = encode(message, correlation_id, client_id, version)
+        if isinstance(message, protocol.ProduceRequest):
+            sent.append((message, correlation_id, client_id, frames))
+        return frames
+
+    monkeypatch.setattr(protocol, "encode_request", capturing_encode)
+    with Producer(bootstrap, linger_ms=0, audit_topic=None, **options) as producer:
+        futures = [producer.send_future(topic_name, b"v%d" % i) for i in range(3)]
+        producer.flush(10)
+    assert [f.result(0).offset for f in futures] == ([0, 1, 2] if options.get("acks") != 0 else [-1] * 3)
+    assert sent
+    for message, _correlation_id, _client_id, frames in sent:
+        header, decoded = protocol.decode_request(frames)
+        assert header.api_version == version
+        assert decoded.payload == message.payload
+    wait_until(lambda: len(read_partition(connection, topic_name, 0)) == 3, 10, what="the records")
