@@ -1,4 +1,5 @@
-"""Without idempotence: was an attempt of unknown outcome appended?  The producer's look.
+"""Without idempotence: a retry that is due, and the look whether an attempt of unknown outcome
+was appended.
 
 A request whose answer never came (a lost connection, a timeout, errors 7, 12 or 15) may or may
 not be in the partition.  Before it is resent, :meth:`AppendedLookup._look_if_uncertain` looks for
@@ -11,8 +12,10 @@ deduplicates).
 
 :class:`AppendedLookup` is a mixin of the producer's ``_Sender`` (``hpbroker.client.producer``)
 and runs on its I/O thread only.  What it uses of the sender: ``_producer`` (its ``name``),
-``links``, ``metadata``, ``_known_end`` (``(topic, partition)`` -> the offset after the
-producer's last acknowledged record there) and ``_control_timeout_s``.
+``links``, ``metadata``, ``_waiting`` (requests to retry at their ``due_s``), ``_known_end``
+(``(topic, partition)`` -> the offset after the producer's last acknowledged record there),
+``_control_timeout_s`` and the methods ``_refresh_if_stale``, ``_send``, ``_settle`` and
+``_retry``.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import logging
 from typing import Any
 
 from hpbroker import protocol
-from hpbroker.errors import OffsetOutOfRangeError, UnknownServerError
+from hpbroker.client.produce_request import GiveUp
+from hpbroker.errors import HPBrokerError, OffsetOutOfRangeError, UnknownServerError
 from hpbroker.records import read_header, scan_batches
 
 __all__ = ["AppendedLookup"]
@@ -34,6 +38,39 @@ _VERIFY_MAX_BYTES = 256 << 20  # give up looking for a request's batch after sca
 
 class AppendedLookup:
     """The look for a request's first batch in its partition (module docstring)."""
+
+    def _retry_due(self, now: float) -> None:
+        """Send the requests whose retry is due (``_waiting``), each after a look if its last
+        attempt's outcome is unknown (acknowledged where it is found)."""
+        if not self._waiting:
+            return
+        due = [r for r in self._waiting if r.due_s <= now]
+        if not due:
+            return
+        self._waiting = [r for r in self._waiting if r.due_s > now]
+        for request in due:
+            try:
+                self._refresh_if_stale(request)
+                found = self._look_if_uncertain(request)
+            except HPBrokerError as e:
+                if e.retriable:
+                    self._retry(request, e, now, uncertain=False)
+                else:
+                    self._settle(request, e)
+                continue
+            except GiveUp as give_up:
+                self._settle(request, give_up.error)
+                continue
+            if found is not None:
+                self._acknowledged(request, found)
+            else:
+                self._send(request, now)
+
+    def _acknowledged(self, request: Any, base_offset: int) -> None:
+        """``request`` is stored at ``base_offset``: tell it, and look after it next time."""
+        queue = request.queue
+        self._known_end[queue.topic, queue.partition] = base_offset + request.record_count
+        self._settle(request, None, base_offset)
 
     def _look_if_uncertain(self, request: Any) -> int | None:
         """Before a retry: the base offset at which an earlier attempt of ``request`` was

@@ -32,18 +32,12 @@ from typing import Any
 
 from hpbroker import protocol
 from hpbroker.client.idempotence import IN_FLIGHT, MAX_UNSETTLED_BATCHES, QUEUED, PartitionWindow
+from hpbroker.client.produce_request import GiveUp
 from hpbroker.errors import HPBrokerError, OutOfOrderSequenceError, UnknownProducerIdError, error_for_code
 
-__all__ = ["GiveUp", "IdempotentSending"]
+__all__ = ["IdempotentSending"]
 
 logger = logging.getLogger(__name__)
-
-
-class GiveUp(Exception):  # noqa: N818 - control flow inside the I/O thread, never leaves it
-    """Settle the request with ``error`` now (its partition is gone)."""
-
-    def __init__(self, error: HPBrokerError) -> None:
-        self.error = error
 
 
 class IdempotentSending:

@@ -18,8 +18,9 @@ if TYPE_CHECKING:
     from hpbroker.client._accumulator import Batch, PartitionQueue
     from hpbroker.client.links import BrokerLink
     from hpbroker.client.producer_config import RecordMetadata
+    from hpbroker.errors import HPBrokerError
 
-__all__ = ["PartitionRequest", "broker_timeout_ms", "report"]
+__all__ = ["GiveUp", "PartitionRequest", "broker_timeout_ms", "report"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,13 @@ class PartitionRequest:
         """Its batches' sequence range, for messages."""
         last = self.batches[-1]
         return f"sequences {self.batches[0].base_sequence}..{last.base_sequence + last.record_count - 1}"
+
+
+class GiveUp(Exception):  # noqa: N818 - control flow inside the I/O thread, never leaves it
+    """Settle the request with ``error`` now (its partition is gone)."""
+
+    def __init__(self, error: HPBrokerError) -> None:
+        self.error = error
 
 
 def broker_timeout_ms(request_timeout_ms: float) -> int:

@@ -88,13 +88,12 @@ from hpbroker.client.appended_lookup import AppendedLookup
 from hpbroker.client.backoff import backoff_ms
 from hpbroker.client.connection import BrokerAddress, BrokerConnection, parse_bootstrap
 from hpbroker.client.idempotence import ACKED, IN_FLIGHT, PartitionWindow, ProducerIdentity
-from hpbroker.client.idempotent_sending import GiveUp as _GiveUp
 from hpbroker.client.idempotent_sending import IdempotentSending
 from hpbroker.client.links import BrokerLink, BrokerLinks
 from hpbroker.client.metadata import ClusterMetadata
 from hpbroker.client.monitoring import MonitoringCounts, MonitoringPublisher
 from hpbroker.client.partitioner import partitioner_kind
-from hpbroker.client.produce_request import PartitionRequest, broker_timeout_ms, report
+from hpbroker.client.produce_request import GiveUp, PartitionRequest, broker_timeout_ms, report
 from hpbroker.client.producer_config import ProducerConfig, RecordMetadata
 
 __all__ = ["Producer", "ProducerClosedError", "ProducerConfig", "RecordMetadata"]
@@ -105,9 +104,7 @@ logger = logging.getLogger(__name__)
 _REFUSED_BEFORE_APPEND = frozenset({2, 6})  # corrupt (checked before append), unknown topic/partition
 # Errors after which the topic's metadata is refreshed before the retry.
 _REFRESH_METADATA = frozenset({6, 15})
-# The ProduceRequest version of an idempotent producer: version 1's response says whether the
-# request was a duplicate.  A producer that is not idempotent sends version 0.
-_PRODUCE_VERSION_IDEMPOTENT = 1
+_PRODUCE_VERSION_IDEMPOTENT = 1  # its response says duplicate; without idempotence: version 0, as before
 _CONTROL_TIMEOUT_S = 5.0  # longest wait for one metadata, list-offsets or verifying fetch response
 # Leaving a with block by an exception: the longest close() waits for records still unsent.
 _CLOSE_ON_ERROR_TIMEOUT_S = 5.0
@@ -685,31 +682,6 @@ class _Sender(AppendedLookup, IdempotentSending):
         logger.debug("[producer %s] %s: retry in %d ms after %s", self._producer.name, request, wait_ms,
                      error)
 
-    def _retry_due(self, now: float) -> None:
-        if not self._waiting:
-            return
-        due = [r for r in self._waiting if r.due_s <= now]
-        if not due:
-            return
-        self._waiting = [r for r in self._waiting if r.due_s > now]
-        for request in due:
-            try:
-                self._refresh_if_stale(request)
-                found = self._look_if_uncertain(request)
-            except HPBrokerError as e:
-                if e.retriable:
-                    self._retry(request, e, now, uncertain=False)
-                else:
-                    self._settle(request, e)
-                continue
-            except _GiveUp as give_up:
-                self._settle(request, give_up.error)
-                continue
-            if found is not None:
-                self._acknowledged(request, found)
-            else:
-                self._send(request, now)
-
     def _retry_backoff_ms(self, request: PartitionRequest) -> float:
         """The wait before ``request`` goes again (it failed ``retries + 1`` times)."""
         config = self._config
@@ -727,27 +699,22 @@ class _Sender(AppendedLookup, IdempotentSending):
 
     def _refresh_if_stale(self, request: PartitionRequest) -> None:
         """Refresh the topic's metadata if an error asked for it.  Raises HPBrokerError when the
-        broker cannot say now, _GiveUp when the partition is gone."""
+        broker cannot say now, GiveUp when the partition is gone."""
         topic, partition = request.queue.topic, request.queue.partition
         if topic in self._stale_topics:
             try:
                 count = len(self.metadata.partitions(topic, refresh=True))
             except UnknownTopicOrPartitionError:
-                raise _GiveUp(UnknownTopicOrPartitionError(
+                raise GiveUp(UnknownTopicOrPartitionError(
                     f"topic {topic!r} no longer exists on broker {self._address}")) from None
             self._stale_topics.discard(topic)
             self.links.prune(self.metadata.leader_addresses(), 0 if self._acks else _ACKS_0_CLOSE_LINGER_MS)
             if partition >= count:
-                raise _GiveUp(UnknownTopicOrPartitionError(
+                raise GiveUp(UnknownTopicOrPartitionError(
                     f"topic {topic!r} now has {count} partitions, no partition {partition}"))
             self._producer.set_partition_count(topic, count)
 
     # --- settling ---------------------------------------------------------------------------------
-
-    def _acknowledged(self, request: PartitionRequest, base_offset: int) -> None:
-        queue = request.queue
-        self._known_end[queue.topic, queue.partition] = base_offset + request.record_count
-        self._settle(request, None, base_offset)
 
     def _settle(self, request: PartitionRequest, error: BaseException | None = None, base_offset: int = -1,
                 deduplicated: bool = False) -> None:
