@@ -267,33 +267,57 @@ def test_without_idempotence_batches_carry_no_identity(bootstrap, connection, to
 
 def test_a_refused_request_is_resent_before_the_ones_behind_it(bootstrap, connection, topic_name, monkeypatch,
                                                                 in_flight_peak):
-    """Every 5th produce request goes to a partition that does not exist (error 6, nothing
-    appended) while the ones behind it are in flight: those arrive with a gap and get error 20,
-    which, behind an unsettled request, is retried after it, as sent."""
+    """Every 7th request goes, on its first attempt, to a partition that does not exist (error 6,
+    nothing appended), and its answer is held back until a request sent after it is answered:
+    that one arrived with a gap and got error 20, which, behind an unsettled request, is
+    retried after it, as sent."""
+    from hpbroker.errors import UnknownTopicOrPartitionError
+
     create_topic(connection, topic_name, 1)
-    sent = [0]
+    first_attempts: list[bytes] = []  # payloads sent so far (kept, so that their id()s stay theirs)
+    seen: set[int] = set()
+    held: list = []  # the answer of a refused request, until an error 20 comes (or 0.5 s passes)
     out_of_order = [0]
     original_send = BrokerConnection.send
     original_response = _Sender._idempotent_response
+    original_check = _Sender._check_timeouts
 
     def refusing_send(self, message, **kwargs):
-        if isinstance(message, protocol.ProduceRequest) and message.topic == topic_name:
-            sent[0] += 1
-            if sent[0] % 5 == 0:
+        if isinstance(message, protocol.ProduceRequest) and id(message.payload) not in seen:
+            seen.add(id(message.payload))
+            first_attempts.append(message.payload)
+            if len(first_attempts) % 7 == 0:
                 message = protocol.ProduceRequest(topic_name, 999, message.acks, message.timeout_ms,
                                                   message.payload)
         return original_send(self, message, **kwargs)
 
-    def counting_response(self, request, response, now):
-        out_of_order[0] += response.header.error_code == OutOfOrderSequenceError.code
+    def release(sender, now):
+        while held:
+            request, response, _since = held.pop()
+            original_response(sender, request, response, now)
+
+    def holding_response(self, request, response, now):
+        code = response.header.error_code
+        if code == UnknownTopicOrPartitionError.code and not held:
+            held.append((request, response, now))
+            return
+        out_of_order[0] += code == OutOfOrderSequenceError.code
         original_response(self, request, response, now)
+        if code == OutOfOrderSequenceError.code:
+            release(self, now)
+
+    def checking_timeouts(self, now):
+        if held and now - held[0][2] > 0.5:  # nothing was sent behind it
+            release(self, now)
+        original_check(self, now)
 
     monkeypatch.setattr(BrokerConnection, "send", refusing_send)
-    monkeypatch.setattr(_Sender, "_idempotent_response", counting_response)
+    monkeypatch.setattr(_Sender, "_idempotent_response", holding_response)
+    monkeypatch.setattr(_Sender, "_check_timeouts", checking_timeouts)
     producer = Producer(bootstrap, linger_ms=0, batch_bytes=2048, retry_backoff_ms=10,
                         retry_backoff_max_ms=50, delivery_timeout_ms=60_000, audit_topic=None)
     try:
-        def until_out_of_order(duration_s):  # some refused request had others in flight behind it
+        def until_out_of_order(duration_s):
             wait_until(lambda: out_of_order[0] > 0, 10 * duration_s, what="an error 20")
             time.sleep(duration_s)
 
