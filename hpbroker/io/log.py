@@ -56,12 +56,14 @@ Idempotent producers (hpbroker.io.producer_state): the log keeps, per producer i
 epoch and last five batches (sequences and offsets), updated as batches get their offsets, the
 pending ones included.  ``append`` checks every batch carrying a producer identity before it
 gives any offset: a request all of whose batches are stored already returns the stored copy's
-offsets with ``AppendInfo.duplicate`` and appends nothing; a gap, an older epoch or an id never
-issued raise errors 20-22 and append nothing.  The state is snapshotted (``<offset>.snapshot``)
-at each roll and clean close; open loads the newest valid snapshot and re-reads the batch
-headers after it through the read path (damaged ranges skipped); ``resume_writes`` rebuilds it
-the same way, so the batches a write failure dropped leave it; retention and
-``producer_id_expiration_ms`` trim it.
+offsets with ``AppendInfo.duplicate`` and appends nothing; a resend of a request a crash cut
+after its first whole batches, whose stored prefix ends at the log end, appends only the rest,
+right after the prefix; a gap, an older epoch, an id never issued or any other mix of stored
+and new batches raise errors 20-22 and append nothing.  The state is snapshotted
+(``<offset>.snapshot``) at each roll and clean close; open loads the newest valid snapshot and
+re-reads the batch headers after it through the read path (damaged ranges skipped);
+``resume_writes`` rebuilds it the same way, so the batches a write failure dropped leave it;
+retention and ``producer_id_expiration_ms`` trim it.
 
 Errors: an ``OSError`` from any disk operation becomes :class:`~hpbroker.errors.StorageError`
 (the ``OSError`` as its cause).  Two states follow, depending on what failed:
@@ -134,7 +136,7 @@ from hpbroker.io.index import IndexCorruptError
 from hpbroker.io.loader import load_segments, reload_last_segment
 from hpbroker.io.logfile import FileSlice
 from hpbroker.io.producer_replay import replay_batches, unexpired_offset
-from hpbroker.io.producer_state import ProducerStateManager, ProducerStateTable
+from hpbroker.io.producer_state import ProducerStateManager, ProducerStateTable, StoredPrefix
 from hpbroker.io.segment import STAMP_BYTES, PendingBatch, Segment
 
 __all__ = ["MAX_PENDING_BYTES", "AppendInfo", "FlushJob", "PartitionLog"]
@@ -153,15 +155,22 @@ BytesLike = bytes | bytearray | memoryview
 @dataclass(frozen=True, slots=True)
 class AppendInfo:
     """What :meth:`PartitionLog.append` assigned: offsets ``first_offset..last_offset`` to
-    ``record_count`` records in ``batch_count`` batches.  ``duplicate``: every batch of the
-    request was stored already (an idempotent producer's retry); nothing was appended, and the
-    offsets are those of the stored copy, which may still be pending."""
+    ``record_count`` records in ``batch_count`` batches (the whole request).  ``duplicate``:
+    every batch of the request was stored already (an idempotent producer's retry); nothing was
+    appended, and the offsets are those of the stored copy, which may still be pending.
+    ``duplicate_records``: how many of the records were stored already and not appended again:
+    all of them for a duplicate; for a resend of a request a crash cut after its first whole
+    batches (the stored prefix rule, hpbroker.io.producer_state), the prefix's records: the rest
+    was appended right after the prefix, ``first_offset`` is the prefix's first and
+    ``duplicate`` is False (part of it is new, so answer once ``last_offset`` is flushed);
+    else 0."""
 
     first_offset: int
     last_offset: int
     record_count: int
     batch_count: int
     duplicate: bool = False
+    duplicate_records: int = 0
 
 
 def _backed_by_bytes(view: memoryview) -> bool:
@@ -435,13 +444,16 @@ class PartitionLog:
         against the producer state first (hpbroker.io.producer_state): OutOfOrderSequenceError,
         ProducerFencedError or UnknownProducerIdError append nothing; a request whose batches
         are all stored already appends nothing either and returns the stored copy's offsets
-        with ``duplicate`` set.
+        with ``duplicate`` set; one whose first batches are stored and end at the log end (the
+        stored prefix rule) appends only the batches after them and returns offsets from the
+        prefix's first, with ``duplicate_records`` the prefix's records.
 
         The whole request goes into one segment: whether to roll is decided once, for its total
-        size, last offset and largest timestamp (a request larger than ``segment_bytes`` gets a
-        new segment to itself), so a roll never writes its first batches ahead of the rest
-        (a crash or failed flush in between would keep only part of it); one that no segment
-        could hold (over MAX_SEGMENT_BYTES, or 2**32 offsets) is RecordTooLargeError.
+        size, last offset and largest timestamp (of what is appended: without a stored prefix;
+        a request larger than ``segment_bytes`` gets a new segment to itself), so a roll never
+        writes its first batches ahead of the rest (a crash or failed flush in between would
+        keep only part of it); one that no segment could hold (over MAX_SEGMENT_BYTES, or 2**32
+        offsets) is RecordTooLargeError.
         The records are pending until flushed.  A ``bytes`` object, or a view of one, is held, not
         copied, until then; so is any buffer the caller declares ``immutable`` (a received
         ZeroMQ message: libzmq never changes one).  Anything else is copied first (a bytearray,
@@ -464,20 +476,32 @@ class PartitionLog:
                 f"lie in one segment (at most {MAX_SEGMENT_BYTES} bytes and "
                 f"{_MAX_RELATIVE_OFFSET + 1} offsets)")
         idempotent = scan.idempotent_batches != 0
-        if idempotent:  # per batch, before any offset is given (hpbroker.io.producer_state)
-            stored = self._producers.check(scan)
-            if stored is not None:
-                return AppendInfo(stored[2], stored[3], scan.record_count, scan.batch_count, duplicate=True)
-            producers, table = scan.producer_ids, self._producers.table
         first_offset = self._log_end_offset
-        # One roll decision for the whole request (Kafka's maybeRoll per append): a request never
-        # straddles two segments, so a crash or a failed flush keeps all of it or none of it.
-        reason = self._roll_reason(len(view), first_offset + scan.record_count - 1, scan.max_timestamp, now)
+        # What is appended: the batches from skip on (all but a stored prefix, of prefix_records
+        # records), request_bytes of them, their largest timestamp max_timestamp.
+        skip = prefix_records = 0
+        request_bytes, max_timestamp = len(view), scan.max_timestamp
+        if idempotent:  # per batch, before any offset is given (hpbroker.io.producer_state)
+            stored = self._producers.check(scan, first_offset)
+            if stored is not None:
+                if type(stored) is not StoredPrefix:
+                    return AppendInfo(stored[2], stored[3], scan.record_count, scan.batch_count,
+                                      duplicate=True, duplicate_records=scan.record_count)
+                # a resend of a request a crash cut: the rest is appended after its stored prefix
+                skip, first_offset = stored.batch_count, stored.first_offset
+                prefix_records = stored.last_offset - stored.first_offset + 1
+                request_bytes -= scan.positions[skip]
+                max_timestamp = max(scan.max_timestamps[skip:])
+            producers, table = scan.producer_ids, self._producers.table
+        # One roll decision for the whole request (Kafka's maybeRoll per append), on what is
+        # appended: a request never straddles two segments, so a crash or a failed flush keeps all
+        # of it or none of it.
+        reason = self._roll_reason(request_bytes, first_offset + scan.record_count - 1, max_timestamp, now)
         if reason is not None:
             self._roll(now, reason)
         if not self._pending and not self._in_flight and self._segments[-1].size_in_bytes == 0:
-            self._active_first_timestamp = scan.max_timestamps[0]
-        for i in range(scan.batch_count):
+            self._active_first_timestamp = scan.max_timestamps[skip]
+        for i in range(skip, scan.batch_count):
             position, size, max_timestamp = scan.positions[i], scan.sizes[i], scan.max_timestamps[i]
             base_offset = self._log_end_offset
             next_offset = base_offset + scan.last_offset_deltas[i] + 1
@@ -496,6 +520,12 @@ class PartitionLog:
             self._pending_since_ms = now
         if self._flush_on_append and self._flush_due(now):
             self._flush_pending(fsync=self._config.flush_fsync)
+        if skip:
+            logger.info("[%s] a resend of producer id %d's request, %d records stored from offset %d: %d of "
+                        "its %d batches appended after them", self._name, producers[0], prefix_records,
+                        first_offset, scan.batch_count - skip, scan.batch_count)
+            return AppendInfo(first_offset, self._log_end_offset - 1, self._log_end_offset - first_offset,
+                              scan.batch_count, duplicate_records=prefix_records)
         return AppendInfo(first_offset, self._log_end_offset - 1, self._log_end_offset - first_offset,
                           scan.batch_count)
 

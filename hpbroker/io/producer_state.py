@@ -15,7 +15,17 @@ waits for its flush is caught), and checks every batch that carries a producer i
   *duplicate* (answered with that batch's offsets, not appended again); ``base_sequence`` one
   after the last remembered ``last_sequence`` is new; anything else is OutOfOrderSequenceError;
 - a request is all or nothing: every idempotent batch of it a duplicate (and no other batch),
-  or none; a mix is OutOfOrderSequenceError.  An error appends nothing of the request.
+  or none; a mix is OutOfOrderSequenceError, with one exception, the *stored prefix*: a resend
+  of a request that a crash cut after its first whole batches (kill -9 or power loss during the
+  flush's ``writev``; recovery cuts only the torn batch).  It is accepted when every batch of the
+  request carries the same producer id and epoch, its first k batches have exactly the sequence
+  ranges of that producer's newest k remembered batches (in order, stored at consecutive
+  offsets), those end exactly at the log end (nothing was appended after them, by anyone, the
+  pending batches included), and the remaining batches continue the sequence from there.  Only
+  the remaining batches are appended, right after the prefix, so the request's records are
+  contiguous, and the request is answered from the prefix's first offset (not a duplicate:
+  part of it is new).  Any other mix stays OutOfOrderSequenceError.  An error appends nothing
+  of the request.
 
 Snapshots (Kafka's ``.snapshot``): ``<base offset, 20 digits>.snapshot`` beside the segments holds
 the state with every batch below that offset applied.  Layout (little-endian, docs/FORMAT.md)::
@@ -49,7 +59,7 @@ import logging
 import os
 import struct
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from hpbroker import _core
 from hpbroker.errors import OutOfOrderSequenceError, ProducerFencedError, UnknownProducerIdError
@@ -75,6 +85,7 @@ __all__ = [
     "ProducerStateManager",
     "ProducerStateTable",
     "SnapshotCorruptError",
+    "StoredPrefix",
     "decode_snapshot",
     "encode_snapshot",
     "read_issued_ceiling",
@@ -97,6 +108,16 @@ _BATCH = struct.Struct("<qqqq")  # first_sequence, last_sequence, first_offset, 
 
 # (first_sequence, last_sequence, first_offset, last_offset) of one stored batch
 ProducerBatch = tuple[int, int, int, int]
+
+
+class StoredPrefix(NamedTuple):
+    """The first ``batch_count`` batches of a request are stored already, at offsets
+    ``first_offset..last_offset`` ending at the log end: append only the batches after them
+    (the stored prefix rule of the module docstring)."""
+
+    batch_count: int
+    first_offset: int
+    last_offset: int
 
 
 class SnapshotCorruptError(ValueError):
@@ -165,15 +186,19 @@ class ProducerStateTable:
 
     def check(self, producer_ids: Sequence[int], producer_epochs: Sequence[int],
               base_sequences: Sequence[int], last_offset_deltas: Sequence[int],
-              issued: Callable[[int], bool] | None = None, log_name: str = "") -> ProducerBatch | None:
+              issued: Callable[[int], bool] | None = None, log_name: str = "",
+              log_end_offset: int | None = None) -> ProducerBatch | StoredPrefix | None:
         """Check one request's batches (one element per batch in each sequence; producer id -1:
         a batch without identity) against the state, changing nothing.
 
         Returns None when every batch is new (append them, then :meth:`update` each idempotent
         one), or, when every batch is an idempotent duplicate, ``(first_sequence, last_sequence,
         first_offset, last_offset)`` spanning the stored copies (the first's firsts, the last's
-        lasts).  Raises OutOfOrderSequenceError, ProducerFencedError or UnknownProducerIdError
-        (module docstring); later batches of the request see the earlier ones as stored."""
+        lasts), or a :class:`StoredPrefix` when the request resends a stored prefix of itself
+        and continues it (module docstring; only with ``log_end_offset``, the log's end, pending
+        batches included: None never takes that rule).  Raises OutOfOrderSequenceError,
+        ProducerFencedError or UnknownProducerIdError (module docstring); later batches of the
+        request see the earlier ones as stored."""
         entries = self.entries
         if len(producer_ids) == 1:  # the common case, first: one batch following its producer's last
             entry = entries.get(producer_ids[0])
@@ -210,9 +235,14 @@ class ProducerStateTable:
             return None
         assert last is not None
         if new:
+            prefix = _stored_prefix(entries.get(producer_ids[0]), producer_ids, producer_epochs,
+                                    base_sequences, last_offset_deltas, log_end_offset)
+            if type(prefix) is StoredPrefix:
+                return prefix
             raise OutOfOrderSequenceError(
                 f"{f'[{log_name}] ' if log_name else ''}the request mixes batches already stored (offsets "
-                f"{first[2]}..{last[3]}) with {new} new ones: nothing appended")
+                f"{first[2]}..{last[3]}) with {new} new ones, and is no resend of a stored prefix "
+                f"({prefix}): nothing appended")
         return (first[0], last[1], first[2], last[3])
 
     def update(self, producer_id: int, epoch: int, first_sequence: int, last_sequence: int, first_offset: int,
@@ -276,6 +306,43 @@ def _check_batch(entry: ProducerEntry | None, issued: Callable[[int], bool] | No
         raise OutOfOrderSequenceError(
             f"{_where(*where)}: a new epoch (stored: {entry.epoch}) must start at sequence 0")
     return None
+
+
+def _stored_prefix(entry: ProducerEntry | None, producer_ids: Sequence[int], producer_epochs: Sequence[int],
+                   base_sequences: Sequence[int], last_offset_deltas: Sequence[int],
+                   log_end_offset: int | None) -> StoredPrefix | str:
+    """A request that mixes stored and new batches, against the stored prefix rule (module
+    docstring): the :class:`StoredPrefix`, or why the rule does not apply.  ``entry``: the state
+    of the request's first batch's producer.  Only called for a mix, so cost does not matter."""
+    if log_end_offset is None:
+        return "no log end given"
+    if entry is None:
+        return "its first batch's producer has no state"
+    pid, epoch, batches = entry.producer_id, entry.epoch, entry.batches
+    n = len(producer_ids)
+    for i in range(n):
+        if producer_ids[i] != pid or producer_epochs[i] != epoch:
+            return f"not every batch is of producer id {pid}, epoch {epoch}"
+    j = next((j for j, batch in enumerate(batches) if batch[0] == base_sequences[0]), None)
+    if j is None:
+        return "its first batch is no remembered batch"
+    k = len(batches) - j  # the request's first k batches must be the newest k remembered
+    if k >= n:
+        return "its stored batches are not the producer's newest"
+    for i in range(k):
+        batch = batches[j + i]
+        if (base_sequences[i], base_sequences[i] + last_offset_deltas[i]) != (batch[0], batch[1]):
+            return f"its batch {i} is not the remembered batch {batch[0]}..{batch[1]}"
+        if i and batch[2] != batches[j + i - 1][3] + 1:
+            return f"the stored batches are not at consecutive offsets ({batches[j + i - 1][3]}, {batch[2]})"
+    if batches[-1][3] != log_end_offset - 1:
+        return f"the stored batches end at offset {batches[-1][3]}, not at the log end {log_end_offset}"
+    expected = batches[-1][1] + 1
+    for i in range(k, n):
+        if base_sequences[i] != expected:
+            return f"its batch {i} starts at sequence {base_sequences[i]}, not {expected}"
+        expected = base_sequences[i] + last_offset_deltas[i] + 1
+    return StoredPrefix(k, batches[j][2], batches[-1][3])
 
 
 def _where(log_name: str, i: int, pid: int, epoch: int, first_seq: int, last_seq: int) -> str:
@@ -441,10 +508,11 @@ class ProducerStateManager:
         self.table = ProducerStateTable()
         self.loaded_from: int | None = None  # the snapshot offset the last load started from
 
-    def check(self, scan: _core.ScanResult) -> ProducerBatch | None:
-        """:meth:`ProducerStateTable.check` of a validated request."""
+    def check(self, scan: _core.ScanResult, log_end_offset: int) -> ProducerBatch | StoredPrefix | None:
+        """:meth:`ProducerStateTable.check` of a validated request, for a log ending at
+        ``log_end_offset`` (pending batches included)."""
         return self.table.check(scan.producer_ids, scan.producer_epochs, scan.base_sequences,
-                                scan.last_offset_deltas, self.producer_id_issued, self.name)
+                                scan.last_offset_deltas, self.producer_id_issued, self.name, log_end_offset)
 
     def load(self, log_start_offset: int, log_end_offset: int, *, now_ms: int, expiration_ms: int,
              unexpired_offset: int, replay: Callable[[int], Iterator[ReplayedBatch]]) -> None:

@@ -17,7 +17,9 @@ A :class:`Partition` is one :class:`~hpbroker.io.PartitionLog` opened with
   ``duplicate``) appends nothing and waits the same way for the high watermark to pass the stored
   copy, which may still be pending or in a flush in flight, then is answered with the stored
   copy's base offset and ``duplicate=1`` (a version 0 request: the same, without the flag); a
-  write failure that drops the stored copy fails it like the original;
+  write failure that drops the stored copy fails it like the original.  A resend of a request
+  a crash cut after its first whole batches (the log appends only the rest, right after them)
+  waits like a new request and is answered from the stored prefix's first offset, ``duplicate=0``;
 - *fetch waiters*: long polls parked because less than ``min_bytes`` was readable, re-tried each
   time a flush moves the high watermark and answered with what there is at their deadline.
   Fetches of one client (or TCP connection) for one partition are answered in the order they
@@ -315,8 +317,9 @@ class Partition:
         if info.duplicate:
             self._duplicate(info, acks, correlation_id, responder, deadline, timeout_ms, version)
             return
-        self.produced_records += info.record_count
+        self.produced_records += info.record_count - info.duplicate_records
         self.produced_bytes += payload.nbytes
+        self.duplicate_records += info.duplicate_records  # a resend's stored prefix, not appended again
         if acks != 0:
             waiter = ProduceWaiter(correlation_id, responder, base_offset=info.first_offset,
                                    last_offset=info.last_offset, timeout_ms=timeout_ms, version=version)

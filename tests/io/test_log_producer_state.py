@@ -76,9 +76,9 @@ def test_a_request_mixing_a_stored_batch_and_a_new_one_is_out_of_order_and_appen
     stored = idempotent(7, 0, 0, 2)
     log.append(stored)
     with pytest.raises(OutOfOrderSequenceError, match="mixes"):
-        log.append(stored + idempotent(7, 0, 2))
-    with pytest.raises(OutOfOrderSequenceError, match="mixes"):
         log.append(stored + make_batch(1))
+    with pytest.raises(OutOfOrderSequenceError, match="mixes"):
+        log.append(stored + idempotent(8, 0, 0))  # (stored + idempotent(7, 0, 2): the stored prefix rule)
     assert log.log_end_offset == 2
     both = log.append(idempotent(7, 0, 2) + idempotent(8, 0, 0) + make_batch(1) + idempotent(7, 0, 3))
     assert (both.first_offset, both.last_offset, both.batch_count) == (2, 5, 4)
