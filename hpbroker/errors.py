@@ -224,7 +224,7 @@ class InvalidTimestampError(HPBrokerError):
 
 class OutOfOrderSequenceError(HPBrokerError):
     """An idempotent batch's ``base_sequence`` is not the one after the producer's last stored
-    batch on the partition (a gap, a partial overlap, a sequence older than the batches
+    batch on the partition (a gap, a partial overlap, a sequence older than the runs of batches
     remembered, a new epoch not starting at 0, or a request mixing stored and new batches).
     Nothing of the request is appended; the producer must take a new identity."""
 

@@ -71,7 +71,7 @@ class LogConfig:
     #: time-based retention and rolling of every later segment (Kafka's setting of the same
     #: name).  Default 3_600_000 (1 hour); 2**63 - 1 accepts any.  Range [0, 2**63 - 1].
     message_timestamp_after_max_ms: int = 3_600_000
-    #: ms; the partition forgets an idempotent producer (its epoch and last batches, the state
+    #: ms; the partition forgets an idempotent producer (its epoch and newest runs, the state
     #: that deduplicates its retries, hpbroker.io.producer_state) once it has appended nothing
     #: for this long; checked by each retention pass (Kafka's ``producer.id.expiration.ms``).
     #: Default 86_400_000 (1 day).  Range [1, 2**63 - 1].

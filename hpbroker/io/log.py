@@ -53,13 +53,15 @@ Durability, exactly:
   and close, and always rebuilt from the log when they cannot be trusted.
 
 Idempotent producers (hpbroker.io.producer_state): the log keeps, per producer id, its newest
-epoch and last five batches (sequences and offsets), updated as batches get their offsets, the
-pending ones included.  ``append`` checks every batch carrying a producer identity before it
-gives any offset: a request all of whose batches are stored already returns the stored copy's
-offsets with ``AppendInfo.duplicate`` and appends nothing; a resend of a request a crash cut
-after its first whole batches, whose stored prefix ends at the log end, appends only the rest,
-right after the prefix; a gap, an older epoch, an id never issued or any other mix of stored
-and new batches raise errors 20-22 and append nothing.  The state is snapshotted
+epoch and newest five runs (sequences and offsets of batches stored one right after the other
+with consecutive sequences: a producer alone on the partition has one run, however many
+requests it sent), updated as batches get their offsets, the pending ones included.  ``append``
+checks every batch carrying a producer identity before it gives any offset: a request all of
+whose batches are stored already returns the stored copy's offsets with ``AppendInfo.duplicate``
+and appends nothing; a resend of a request a crash cut after its first whole batches, whose
+stored prefix ends at the log end, appends only the rest, right after the prefix; a gap, an
+older epoch, an id never issued or any other mix of stored and new batches raise errors 20-22
+and append nothing.  The state is snapshotted
 (``<offset>.snapshot``) at each roll and clean close; open loads the newest valid snapshot and
 re-reads the batch headers after it through the read path (damaged ranges skipped);
 ``resume_writes`` rebuilds it the same way, so the batches a write failure dropped leave it;

@@ -3,7 +3,9 @@
 When the producer state (hpbroker.io.producer_state) has no valid snapshot at the log end, the
 batches after its snapshot (or, without one, after the producers that have surely expired) are
 replayed from the log: only their headers are read (fixed header and producer identity block),
-a window of the file at a time.  The log is read through the same path a consumer uses, given as
+a window of the file at a time, and yielded in offset order, so the state joins them into runs
+exactly as the appends did (a batch following its producer's newest run in sequence and offset
+extends it).  The log is read through the same path a consumer uses, given as
 a ``read(offset, max_bytes) -> FileSlice`` callback, so damaged ranges are stepped over as a
 consumer steps over them (their batches are lost to the state too) and no index is trusted over
 the log.

@@ -1,29 +1,45 @@
 """The producer state of one partition: what deduplicates idempotent producers at the single writer.
 
 Kafka's ``ProducerStateManager``, adapted.  Per producer id the partition remembers the newest
-producer epoch it stored, the time of its last append, and its last :data:`MAX_BATCHES_PER_PRODUCER`
-batches as ``(first_sequence, last_sequence, first_offset, last_offset)``.  The log updates it as
-it gives offsets to a batch (pending batches included: a retry arriving while the first copy
-waits for its flush is caught), and checks every batch that carries a producer identity
-(``attributes`` bit 3, docs/FORMAT.md) *before* any offset of the request is given:
+producer epoch it stored, the time of its last append, and its newest :data:`MAX_RUNS_PER_PRODUCER`
+*runs*.  A run ``(first_sequence, last_sequence, first_offset, last_offset)`` covers batches of
+that producer and epoch stored one right after the other, consecutive sequences at consecutive
+offsets: ``last_sequence - first_sequence == last_offset - first_offset``, and the record of
+sequence ``s`` lies at offset ``first_offset + (s - first_sequence)``.  A batch of the same epoch
+that starts at the newest run's ``last_sequence + 1`` *and* at its ``last_offset + 1`` extends
+that run; any other starts a new run (the oldest beyond MAX_RUNS_PER_PRODUCER is forgotten).  So
+a producer alone on a partition keeps one run however many requests it sends, and one whose
+requests alternate with other producers' gets a run per request.  The batches of one request are
+given consecutive offsets, so a request's batches of one producer always lie in one run; a state
+rebuilt from the log merges the batch headers the same way, in offset order, so it can only hold
+fewer, longer runs, each request still inside one.
+
+The log updates the state as it gives offsets to a batch (pending batches included: a retry
+arriving while the first copy waits for its flush is caught), and checks every batch that
+carries a producer identity (``attributes`` bit 3, docs/FORMAT.md) *before* any offset of the
+request is given:
 
 - no state for the id: any ``base_sequence`` is accepted if the id was issued
   (``producer_id_issued(pid)``, None: every id is), else UnknownProducerIdError (22);
 - an epoch older than the stored one: ProducerFencedError (21); a newer one must start at
   sequence 0 (else OutOfOrderSequenceError, 20) and replaces the entry;
-- the same epoch: a ``(first_sequence, last_sequence)`` equal to a remembered batch is a
-  *duplicate* (answered with that batch's offsets, not appended again); ``base_sequence`` one
-  after the last remembered ``last_sequence`` is new; anything else is OutOfOrderSequenceError;
-- a request is all or nothing: every idempotent batch of it a duplicate (and no other batch),
-  or none; a mix is OutOfOrderSequenceError, with one exception, the *stored prefix*: a resend
-  of a request that a crash cut after its first whole batches (kill -9 or power loss during the
-  flush's ``writev``; recovery cuts only the torn batch).  It is accepted when every batch of the
-  request carries the same producer id and epoch, its first k batches have exactly the sequence
-  ranges of that producer's newest k remembered batches (in order, stored at consecutive
-  offsets), those end exactly at the log end (nothing was appended after them, by anyone, the
-  pending batches included), and the remaining batches continue the sequence from there.  Only
-  the remaining batches are appended, right after the prefix, so the request's records are
-  contiguous, and the request is answered from the prefix's first offset (not a duplicate:
+- the same epoch: ``base_sequence`` one after the newest run's ``last_sequence`` is new (the
+  common case, the first test made); a batch whose sequences ``first..last`` lie inside one
+  remembered run is a *duplicate*, answered with the offsets the run maps them to (not appended
+  again: sequences are unique per producer id and epoch on a partition, so this is exact);
+  anything else (a gap, sequences older than the runs remembered, a range crossing a run's end)
+  is OutOfOrderSequenceError;
+- a request is all or nothing: every idempotent batch of it a duplicate, at offsets one right
+  after the other, and no other batch, or none; a mix is OutOfOrderSequenceError, with one
+  exception, the *stored prefix*: a resend of a request that a crash cut after its first whole
+  batches (kill -9 or power loss during the flush's ``writev``; recovery cuts only the torn
+  batch).  It is accepted when every batch of the request carries the same producer id and
+  epoch, their sequences follow one another, its first k batches are the tail of that
+  producer's newest run (starting inside it, ending exactly at its ``last_sequence``), that run
+  ends exactly at the log end (nothing was appended after it, by anyone, the pending batches
+  included), and the remaining batches continue the sequence from there.  Only the remaining
+  batches are appended, right after the prefix (extending the run), so the request's records
+  are contiguous, and the request is answered from the prefix's first offset (not a duplicate:
   part of it is new).  Any other mix stays OutOfOrderSequenceError.  An error appends nothing
   of the request.
 
@@ -31,18 +47,20 @@ Snapshots (Kafka's ``.snapshot``): ``<base offset, 20 digits>.snapshot`` beside 
 the state with every batch below that offset applied.  Layout (little-endian, docs/FORMAT.md)::
 
     u16 version (0) | u32 CRC32C of every byte after it | u32 entry count
-    entry count x { i64 producer_id | i32 producer_epoch | i64 last_timestamp | u8 batch_count (1..5)
-                    batch_count x { i64 first_sequence | i64 last_sequence |
-                                    i64 first_offset | i64 last_offset } }
+    entry count x { i64 producer_id | i32 producer_epoch | i64 last_timestamp | u8 run_count (1..5)
+                    run_count x { i64 first_sequence | i64 last_sequence |
+                                  i64 first_offset | i64 last_offset } }
 
-Entries are sorted by producer id, batches oldest first.  A snapshot is written (``.tmp``, fsync,
-rename, fsync of the directory) by the log at each roll, at the new segment's base offset, and by
-a clean close at the log end; the newest :data:`SNAPSHOTS_KEPT` are kept, those below the log
-start (retention) and above the log end (truncation) are deleted.  One that does not parse is
-logged and removed.  Loading takes the newest valid snapshot at or below the log end and replays
-the batch headers from its offset to the log end (:meth:`ProducerStateManager.load`, with the
-log's batches read by hpbroker.io.producer_replay), then drops the producers wholly below the
-log start (a snapshot older than a retention pass still holds them).
+Entries are sorted by producer id, runs oldest first.  Decoding merges runs that follow one
+another in sequence and offset (as the log would have), so a snapshot holding a run per batch
+reads as the state the log would have built.  A snapshot is written (``.tmp``, fsync, rename, fsync of the
+directory) by the log at each roll, at the new segment's base offset, and by a clean close at
+the log end; the newest :data:`SNAPSHOTS_KEPT` are kept, those below the log start (retention)
+and above the log end (truncation) are deleted.  One that does not parse is logged and removed.
+Loading takes the newest valid snapshot at or below the log end and replays the batch headers
+from its offset to the log end (:meth:`ProducerStateManager.load`, with the log's batches read
+by hpbroker.io.producer_replay), then drops the producers wholly below the log start (a
+snapshot older than a retention pass still holds them).
 
 ``last_timestamp`` is the broker's clock at the append (ms since the epoch); a state rebuilt from
 the log takes the modification time of the ``.log`` holding the batch instead (no earlier than
@@ -76,12 +94,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ISSUED_CEILING_FILE_NAME",
-    "MAX_BATCHES_PER_PRODUCER",
+    "MAX_RUNS_PER_PRODUCER",
     "SNAPSHOTS_KEPT",
     "SNAPSHOT_SUFFIX",
     "IssuedProducerIds",
-    "ProducerBatch",
     "ProducerEntry",
+    "ProducerRun",
     "ProducerStateManager",
     "ProducerStateTable",
     "SnapshotCorruptError",
@@ -94,7 +112,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-MAX_BATCHES_PER_PRODUCER = 5  # batches remembered per producer id (Kafka's 5)
+MAX_RUNS_PER_PRODUCER = 5  # runs remembered per producer id (Kafka remembers 5 batches)
 SNAPSHOTS_KEPT = 2  # newest snapshot files kept per partition
 SNAPSHOT_SUFFIX = ".snapshot"  # <base offset, 20 digits>.snapshot: the producer state below that offset
 SNAPSHOT_VERSION = 0  # the u16 that starts a snapshot
@@ -103,11 +121,12 @@ ISSUED_CEILING_VERSION = "0"  # line 1 of that file
 
 _HEAD = struct.Struct("<HII")  # version, crc32c, entry count
 _CRC_START = 6  # the CRC covers every byte from here (the entry count on)
-_ENTRY = struct.Struct("<qiqB")  # producer_id, producer_epoch, last_timestamp, batch_count
-_BATCH = struct.Struct("<qqqq")  # first_sequence, last_sequence, first_offset, last_offset
+_ENTRY = struct.Struct("<qiqB")  # producer_id, producer_epoch, last_timestamp, run_count
+_RUN = struct.Struct("<qqqq")  # first_sequence, last_sequence, first_offset, last_offset
 
-# (first_sequence, last_sequence, first_offset, last_offset) of one stored batch
-ProducerBatch = tuple[int, int, int, int]
+# (first_sequence, last_sequence, first_offset, last_offset): a run of batches stored one right
+# after the other (module docstring), or the stored copy of a range of sequences
+ProducerRun = tuple[int, int, int, int]
 
 
 class StoredPrefix(NamedTuple):
@@ -127,40 +146,45 @@ class SnapshotCorruptError(ValueError):
 
 class ProducerEntry:
     """One producer id's state at this partition: its newest ``epoch``, ``last_timestamp`` (ms)
-    and its last batches of that epoch, oldest first (1 to MAX_BATCHES_PER_PRODUCER, offsets
-    ascending)."""
+    and its newest runs of that epoch, oldest first (1 to MAX_RUNS_PER_PRODUCER, offsets
+    ascending; module docstring)."""
 
-    __slots__ = ("producer_id", "epoch", "last_timestamp", "batches")
+    __slots__ = ("producer_id", "epoch", "last_timestamp", "runs")
 
     def __init__(self, producer_id: int, epoch: int, last_timestamp: int,
-                 batches: list[ProducerBatch] | None = None) -> None:
+                 runs: list[ProducerRun] | None = None) -> None:
         self.producer_id = producer_id
         self.epoch = epoch
         self.last_timestamp = last_timestamp
-        self.batches: list[ProducerBatch] = batches if batches is not None else []
+        self.runs: list[ProducerRun] = runs if runs is not None else []
 
     def __repr__(self) -> str:
         return (f"ProducerEntry(producer_id={self.producer_id}, epoch={self.epoch}, "
-                f"last_timestamp={self.last_timestamp}, batches={self.batches})")
+                f"last_timestamp={self.last_timestamp}, runs={self.runs})")
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ProducerEntry) and (
-            (self.producer_id, self.epoch, self.last_timestamp, self.batches)
-            == (other.producer_id, other.epoch, other.last_timestamp, other.batches))
+            (self.producer_id, self.epoch, self.last_timestamp, self.runs)
+            == (other.producer_id, other.epoch, other.last_timestamp, other.runs))
 
     @property
     def last_sequence(self) -> int:
-        return self.batches[-1][1]
+        return self.runs[-1][1]
 
     @property
     def last_offset(self) -> int:
-        return self.batches[-1][3]
+        return self.runs[-1][3]
 
-    def find(self, first_sequence: int, last_sequence: int) -> ProducerBatch | None:
-        """The remembered batch with exactly these sequences, or None."""
-        for batch in self.batches:
-            if batch[0] == first_sequence and batch[1] == last_sequence:
-                return batch
+    def find(self, first_sequence: int, last_sequence: int) -> ProducerRun | None:
+        """``(first_sequence, last_sequence, first_offset, last_offset)`` of the stored records
+        of these sequences when they lie inside one remembered run, or None.  Newest run first:
+        a retry is most likely of what was sent last."""
+        runs = self.runs
+        for k in range(len(runs) - 1, -1, -1):
+            run_first, run_last, run_offset, _ = runs[k]
+            if run_first <= first_sequence and last_sequence <= run_last:
+                shift = run_offset - run_first
+                return (first_sequence, last_sequence, first_sequence + shift, last_sequence + shift)
         return None
 
 
@@ -187,28 +211,30 @@ class ProducerStateTable:
     def check(self, producer_ids: Sequence[int], producer_epochs: Sequence[int],
               base_sequences: Sequence[int], last_offset_deltas: Sequence[int],
               issued: Callable[[int], bool] | None = None, log_name: str = "",
-              log_end_offset: int | None = None) -> ProducerBatch | StoredPrefix | None:
+              log_end_offset: int | None = None) -> ProducerRun | StoredPrefix | None:
         """Check one request's batches (one element per batch in each sequence; producer id -1:
-        a batch without identity) against the state, changing nothing.
+        a batch without identity) against the state, changing nothing.  Per batch, never per
+        record.
 
         Returns None when every batch is new (append them, then :meth:`update` each idempotent
-        one), or, when every batch is an idempotent duplicate, ``(first_sequence, last_sequence,
-        first_offset, last_offset)`` spanning the stored copies (the first's firsts, the last's
-        lasts), or a :class:`StoredPrefix` when the request resends a stored prefix of itself
-        and continues it (module docstring; only with ``log_end_offset``, the log's end, pending
-        batches included: None never takes that rule).  Raises OutOfOrderSequenceError,
-        ProducerFencedError or UnknownProducerIdError (module docstring); later batches of the
-        request see the earlier ones as stored."""
+        one), or, when every batch is an idempotent duplicate stored one right after the other,
+        ``(first_sequence, last_sequence, first_offset, last_offset)`` spanning the stored copies
+        (the first's firsts, the last's lasts), or a :class:`StoredPrefix` when the request
+        resends a stored prefix of itself and continues it (module docstring; only with
+        ``log_end_offset``, the log's end, pending batches included: None never takes that
+        rule).  Raises OutOfOrderSequenceError, ProducerFencedError or UnknownProducerIdError
+        (module docstring); later batches of the request see the earlier ones as stored."""
         entries = self.entries
-        if len(producer_ids) == 1:  # the common case, first: one batch following its producer's last
+        if len(producer_ids) == 1:  # the common case, first: one batch following its newest run
             entry = entries.get(producer_ids[0])
             if (entry is not None and producer_epochs[0] == entry.epoch
-                    and base_sequences[0] == entry.batches[-1][1] + 1):
+                    and base_sequences[0] == entry.runs[-1][1] + 1):
                 return None
         seen: dict[int, tuple[int, int]] | None = None  # producer id -> (epoch, last_sequence) of new batches
         new = 0
-        first: ProducerBatch | None = None
-        last: ProducerBatch | None = None
+        first: ProducerRun | None = None
+        last: ProducerRun | None = None
+        apart: tuple[ProducerRun, ProducerRun] | None = None  # two stored copies not one after the other
         for i in range(len(producer_ids)):
             pid = producer_ids[i]
             if pid >= 0:
@@ -224,7 +250,10 @@ class ProducerStateTable:
                     where = (log_name, i, pid, epoch, first_seq, last_seq)
                     stored = _check_batch(entries.get(pid), issued, where)
                     if stored is not None:
-                        first = stored if first is None else first
+                        if last is None:
+                            first = stored
+                        elif stored[2] != last[3] + 1 and apart is None:
+                            apart = (last, stored)
                         last = stored
                         continue
                 if seen is None:
@@ -234,31 +263,43 @@ class ProducerStateTable:
         if first is None:
             return None
         assert last is not None
+        prefix = f"[{log_name}] " if log_name else ""
         if new:
-            prefix = _stored_prefix(entries.get(producer_ids[0]), producer_ids, producer_epochs,
-                                    base_sequences, last_offset_deltas, log_end_offset)
-            if type(prefix) is StoredPrefix:
-                return prefix
+            stored_prefix = _stored_prefix(entries.get(producer_ids[0]), producer_ids, producer_epochs,
+                                           base_sequences, last_offset_deltas, log_end_offset)
+            if type(stored_prefix) is StoredPrefix:
+                return stored_prefix
             raise OutOfOrderSequenceError(
-                f"{f'[{log_name}] ' if log_name else ''}the request mixes batches already stored (offsets "
-                f"{first[2]}..{last[3]}) with {new} new ones, and is no resend of a stored prefix "
-                f"({prefix}): nothing appended")
+                f"{prefix}the request mixes batches already stored (offsets {first[2]}..{last[3]}) with "
+                f"{new} new ones, and is no resend of a stored prefix ({stored_prefix}): nothing appended")
+        if apart is not None:
+            raise OutOfOrderSequenceError(
+                f"{prefix}every batch of the request is stored already, but not one right after the other "
+                f"(offsets {apart[0][2]}..{apart[0][3]}, then {apart[1][2]}..{apart[1][3]}): no request "
+                "sent them so; nothing appended")
         return (first[0], last[1], first[2], last[3])
 
     def update(self, producer_id: int, epoch: int, first_sequence: int, last_sequence: int, first_offset: int,
                last_offset: int, timestamp: int) -> None:
         """Apply one stored batch: a new epoch (or a different one, met when replaying the log)
-        restarts the entry; the oldest batch goes beyond MAX_BATCHES_PER_PRODUCER."""
+        restarts the entry; a batch following the newest run in sequence and offset extends it,
+        any other starts a run (the oldest goes beyond MAX_RUNS_PER_PRODUCER)."""
         entry = self.entries.get(producer_id)
         if entry is None:
-            entry = self.entries[producer_id] = ProducerEntry(producer_id, epoch, timestamp)
+            self.entries[producer_id] = ProducerEntry(
+                producer_id, epoch, timestamp, [(first_sequence, last_sequence, first_offset, last_offset)])
         elif entry.epoch != epoch:
-            entry.epoch, entry.batches = epoch, []
-        batches = entry.batches
-        batches.append((first_sequence, last_sequence, first_offset, last_offset))
-        if len(batches) > MAX_BATCHES_PER_PRODUCER:
-            del batches[0]
-        if timestamp > entry.last_timestamp:
+            entry.epoch, entry.runs = epoch, [(first_sequence, last_sequence, first_offset, last_offset)]
+        else:
+            runs = entry.runs
+            newest = runs[-1]
+            if first_sequence == newest[1] + 1 and first_offset == newest[3] + 1:
+                runs[-1] = (newest[0], last_sequence, newest[2], last_offset)
+            else:
+                runs.append((first_sequence, last_sequence, first_offset, last_offset))
+                if len(runs) > MAX_RUNS_PER_PRODUCER:
+                    del runs[0]
+        if entry is not None and timestamp > entry.last_timestamp:
             entry.last_timestamp = timestamp
         if last_offset > self.last_offset:
             self.last_offset = last_offset
@@ -271,8 +312,8 @@ class ProducerStateTable:
         return gone
 
     def drop_below(self, log_start_offset: int) -> list[int]:
-        """Drop producers whose last batch lies wholly below ``log_start_offset`` (retention
-        deleted it); their ids."""
+        """Drop producers whose newest run ends below ``log_start_offset`` (retention deleted
+        every batch they are remembered by); their ids."""
         gone = [pid for pid, entry in self.entries.items() if entry.last_offset < log_start_offset]
         for pid in gone:
             del self.entries[pid]
@@ -280,25 +321,26 @@ class ProducerStateTable:
 
 
 def _check_batch(entry: ProducerEntry | None, issued: Callable[[int], bool] | None,
-                 where: tuple[str, int, int, int, int, int]) -> ProducerBatch | None:
+                 where: tuple[str, int, int, int, int, int]) -> ProducerRun | None:
     """One batch, the first of its producer in the request, against that producer's ``entry``:
-    the stored batch it duplicates, or None when it is new; raises errors 20-22.  ``where``:
-    ``(log_name, batch index, producer id, epoch, first_sequence, last_sequence)``."""
+    the stored copy it duplicates (its sequences and the offsets a run maps them to), or None
+    when it is new; raises errors 20-22.  ``where``: ``(log_name, batch index, producer id,
+    epoch, first_sequence, last_sequence)``."""
     _log_name, _i, pid, epoch, first_seq, last_seq = where
+    if entry is not None and epoch == entry.epoch:
+        if first_seq == entry.runs[-1][1] + 1:  # the common case, first: the newest run's next
+            return None
+        stored = entry.find(first_seq, last_seq)  # not the next one: stored, or a gap
+        if stored is None:
+            raise OutOfOrderSequenceError(
+                f"{_where(*where)}: expected sequence {entry.last_sequence + 1} (the runs remembered hold "
+                f"sequences {_ranges(entry)})")
+        return stored
     if entry is None:
         if issued is not None and not issued(pid):
             raise UnknownProducerIdError(
                 f"{_where(*where)}: this producer id was never issued; get one with InitProducerId")
         return None
-    if epoch == entry.epoch:
-        if first_seq == entry.batches[-1][1] + 1:
-            return None
-        stored = entry.find(first_seq, last_seq)  # not the next one: stored, or a gap
-        if stored is None:
-            raise OutOfOrderSequenceError(
-                f"{_where(*where)}: expected sequence {entry.last_sequence + 1} (the stored batches hold "
-                f"{_ranges(entry)})")
-        return stored
     if epoch < entry.epoch:
         raise ProducerFencedError(
             f"{_where(*where)}: epoch {epoch} is older than epoch {entry.epoch} stored for this producer id")
@@ -318,31 +360,29 @@ def _stored_prefix(entry: ProducerEntry | None, producer_ids: Sequence[int], pro
         return "no log end given"
     if entry is None:
         return "its first batch's producer has no state"
-    pid, epoch, batches = entry.producer_id, entry.epoch, entry.batches
+    pid, epoch = entry.producer_id, entry.epoch
     n = len(producer_ids)
     for i in range(n):
         if producer_ids[i] != pid or producer_epochs[i] != epoch:
             return f"not every batch is of producer id {pid}, epoch {epoch}"
-    j = next((j for j, batch in enumerate(batches) if batch[0] == base_sequences[0]), None)
-    if j is None:
-        return "its first batch is no remembered batch"
-    k = len(batches) - j  # the request's first k batches must be the newest k remembered
-    if k >= n:
-        return "its stored batches are not the producer's newest"
-    for i in range(k):
-        batch = batches[j + i]
-        if (base_sequences[i], base_sequences[i] + last_offset_deltas[i]) != (batch[0], batch[1]):
-            return f"its batch {i} is not the remembered batch {batch[0]}..{batch[1]}"
-        if i and batch[2] != batches[j + i - 1][3] + 1:
-            return f"the stored batches are not at consecutive offsets ({batches[j + i - 1][3]}, {batch[2]})"
-    if batches[-1][3] != log_end_offset - 1:
-        return f"the stored batches end at offset {batches[-1][3]}, not at the log end {log_end_offset}"
-    expected = batches[-1][1] + 1
-    for i in range(k, n):
+    run_first, run_last, run_offset, run_last_offset = entry.runs[-1]
+    start = base_sequences[0]
+    if not run_first <= start <= run_last:
+        return (f"its first batch (sequence {start}) does not lie in the producer's newest run "
+                f"(sequences {run_first}..{run_last})")
+    k = next((i for i in range(n) if base_sequences[i] == run_last + 1), None)
+    if k is None or base_sequences[k - 1] + last_offset_deltas[k - 1] != run_last:
+        end = run_last if k is None else base_sequences[k - 1] + last_offset_deltas[k - 1]
+        return (f"its stored batches (sequences {start}..{end}) are not the tail of the producer's newest "
+                f"run (sequences {run_first}..{run_last})")
+    for i in range(1, n):
+        expected = base_sequences[i - 1] + last_offset_deltas[i - 1] + 1
         if base_sequences[i] != expected:
             return f"its batch {i} starts at sequence {base_sequences[i]}, not {expected}"
-        expected = base_sequences[i] + last_offset_deltas[i] + 1
-    return StoredPrefix(k, batches[j][2], batches[-1][3])
+    if run_last_offset != log_end_offset - 1:
+        return (f"the producer's newest run ends at offset {run_last_offset}, not at the log end "
+                f"{log_end_offset}")
+    return StoredPrefix(k, run_offset + (start - run_first), run_last_offset)
 
 
 def _where(log_name: str, i: int, pid: int, epoch: int, first_seq: int, last_seq: int) -> str:
@@ -352,7 +392,7 @@ def _where(log_name: str, i: int, pid: int, epoch: int, first_seq: int, last_seq
 
 
 def _ranges(entry: ProducerEntry) -> str:
-    return ", ".join(f"{b[0]}..{b[1]}" for b in entry.batches)
+    return ", ".join(f"{r[0]}..{r[1]}" for r in entry.runs)
 
 
 # --- snapshots --------------------------------------------------------------------------------
@@ -363,15 +403,16 @@ def encode_snapshot(table: ProducerStateTable) -> bytes:
     parts = [struct.pack("<I", len(table.entries))]
     for pid in sorted(table.entries):
         entry = table.entries[pid]
-        parts.append(_ENTRY.pack(pid, entry.epoch, entry.last_timestamp, len(entry.batches)))
-        parts.extend(_BATCH.pack(*batch) for batch in entry.batches)
+        parts.append(_ENTRY.pack(pid, entry.epoch, entry.last_timestamp, len(entry.runs)))
+        parts.extend(_RUN.pack(*run) for run in entry.runs)
     body = b"".join(parts)
     return struct.pack("<HI", SNAPSHOT_VERSION, _core.crc32c(body)) + body
 
 
 def decode_snapshot(data: bytes, snapshot_offset: int | None = None) -> ProducerStateTable:
     """The table in ``data``; SnapshotCorruptError (saying why) when it is not a valid snapshot.
-    ``snapshot_offset``: the offset the file is named by, which every batch must lie below."""
+    ``snapshot_offset``: the offset the file is named by, which every run must lie below.  Runs
+    that follow one another in sequence and offset are merged (module docstring)."""
     if len(data) < _HEAD.size:
         raise SnapshotCorruptError(f"{len(data)} bytes, shorter than the {_HEAD.size}-byte head")
     version, crc, count = _HEAD.unpack_from(data)
@@ -385,34 +426,46 @@ def decode_snapshot(data: bytes, snapshot_offset: int | None = None) -> Producer
     for _ in range(count):
         if position + _ENTRY.size > len(data):
             raise SnapshotCorruptError(f"entry at position {position} cut off by the end at {len(data)}")
-        pid, epoch, timestamp, batch_count = _ENTRY.unpack_from(data, position)
+        pid, epoch, timestamp, run_count = _ENTRY.unpack_from(data, position)
         position += _ENTRY.size
-        if pid < 0 or epoch < 0 or not 1 <= batch_count <= MAX_BATCHES_PER_PRODUCER or pid in table.entries:
+        if pid < 0 or epoch < 0 or not 1 <= run_count <= MAX_RUNS_PER_PRODUCER or pid in table.entries:
             raise SnapshotCorruptError(f"entry at position {position - _ENTRY.size}: producer id {pid}, "
-                                       f"epoch {epoch}, {batch_count} batches (repeated or impossible)")
-        if position + batch_count * _BATCH.size > len(data):
-            raise SnapshotCorruptError(f"the batches of producer id {pid} are cut off by the end at "
-                                       f"{len(data)}")
-        batches = [_BATCH.unpack_from(data, position + k * _BATCH.size) for k in range(batch_count)]
-        position += batch_count * _BATCH.size
-        _check_batches(pid, batches, snapshot_offset)
-        table.entries[pid] = ProducerEntry(pid, epoch, timestamp, batches)
-        table.last_offset = max(table.last_offset, batches[-1][3])
+                                       f"epoch {epoch}, {run_count} runs (repeated or impossible)")
+        if position + run_count * _RUN.size > len(data):
+            raise SnapshotCorruptError(f"the runs of producer id {pid} are cut off by the end at {len(data)}")
+        runs = [_RUN.unpack_from(data, position + k * _RUN.size) for k in range(run_count)]
+        position += run_count * _RUN.size
+        _check_runs(pid, runs, snapshot_offset)
+        table.entries[pid] = ProducerEntry(pid, epoch, timestamp, _merged(runs))
+        table.last_offset = max(table.last_offset, runs[-1][3])
     if position != len(data):
         raise SnapshotCorruptError(f"{len(data) - position} bytes after the last of {count} entries")
     return table
 
 
-def _check_batches(pid: int, batches: list[ProducerBatch], snapshot_offset: int | None) -> None:
+def _check_runs(pid: int, runs: list[ProducerRun], snapshot_offset: int | None) -> None:
     previous_end = -1
-    for first_seq, last_seq, first_offset, last_offset in batches:
+    for first_seq, last_seq, first_offset, last_offset in runs:
         if (not 0 <= first_seq <= last_seq or not 0 <= first_offset <= last_offset
                 or last_seq - first_seq != last_offset - first_offset or first_offset <= previous_end
                 or (snapshot_offset is not None and last_offset >= snapshot_offset)):
             raise SnapshotCorruptError(
-                f"producer id {pid}: impossible batch (sequences {first_seq}..{last_seq}, offsets "
+                f"producer id {pid}: impossible run (sequences {first_seq}..{last_seq}, offsets "
                 f"{first_offset}..{last_offset}, snapshot at {snapshot_offset})")
         previous_end = last_offset
+
+
+def _merged(runs: list[ProducerRun]) -> list[ProducerRun]:
+    """``runs`` (checked) with each one that follows the one before it in sequence and offset
+    joined to it, as :meth:`ProducerStateTable.update` joins batches."""
+    merged = [runs[0]]
+    for run in runs[1:]:
+        newest = merged[-1]
+        if run[0] == newest[1] + 1 and run[2] == newest[3] + 1:
+            merged[-1] = (newest[0], run[1], newest[2], run[3])
+        else:
+            merged.append(run)
+    return merged
 
 
 def snapshot_file_name(offset: int) -> str:
@@ -508,7 +561,7 @@ class ProducerStateManager:
         self.table = ProducerStateTable()
         self.loaded_from: int | None = None  # the snapshot offset the last load started from
 
-    def check(self, scan: _core.ScanResult, log_end_offset: int) -> ProducerBatch | StoredPrefix | None:
+    def check(self, scan: _core.ScanResult, log_end_offset: int) -> ProducerRun | StoredPrefix | None:
         """:meth:`ProducerStateTable.check` of a validated request, for a log ending at
         ``log_end_offset`` (pending batches included)."""
         return self.table.check(scan.producer_ids, scan.producer_epochs, scan.base_sequences,
@@ -520,8 +573,9 @@ class ProducerStateManager:
         snapshots outside that range (a snapshot at either end stays), take the newest one that
         parses (removing those that do not), then apply every batch ``replay(start)`` yields from
         its offset on (without one: from ``unexpired_offset``, the first segment whose records
-        may not have expired), and drop the producers wholly below ``log_start_offset`` and those
-        expired at ``now_ms``.  Raises OSError."""
+        may not have expired), in offset order, joined into runs as at append, and drop the
+        producers wholly below ``log_start_offset`` and those expired at ``now_ms``.  Raises
+        OSError."""
         self.table = ProducerStateTable()
         self.loaded_from = None
         snapshots = list_snapshots(self.directory)
@@ -581,7 +635,7 @@ class ProducerStateManager:
         below it.  Raises OSError."""
         gone = self.table.drop_below(log_start_offset)
         if gone:
-            logger.info("[%s] dropped %d producer ids whose batches are all below the log start %d",
+            logger.info("[%s] dropped %d producer ids whose runs all end below the log start %d",
                         self.name, len(gone), log_start_offset)
         for offset in list_snapshots(self.directory):
             if offset < log_start_offset:

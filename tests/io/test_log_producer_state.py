@@ -82,7 +82,7 @@ def test_a_request_mixing_a_stored_batch_and_a_new_one_is_out_of_order_and_appen
     assert log.log_end_offset == 2
     both = log.append(idempotent(7, 0, 2) + idempotent(8, 0, 0) + make_batch(1) + idempotent(7, 0, 3))
     assert (both.first_offset, both.last_offset, both.batch_count) == (2, 5, 4)
-    assert log.producer_state.get(7).batches[-2:] == [(2, 2, 2, 2), (3, 3, 5, 5)]
+    assert log.producer_state.get(7).runs == [(0, 2, 0, 2), (3, 3, 5, 5)]
 
 
 def test_non_idempotent_batches_leave_no_state(open_log):
@@ -104,9 +104,10 @@ def fill(log: PartitionLog, producer_id: int, batches: int, *, start: int = 0) -
 
 def assert_remembers(log: PartitionLog, producer_id: int, sent: list[bytes], first_offset: int,
                      next_sequence: int) -> None:
-    """The last five of ``sent`` (stored from ``first_offset``, 2 records each) are duplicates
-    at their offsets, a gap is refused, and the next sequence is taken."""
-    for k in range(max(0, len(sent) - 5), len(sent)):
+    """Every one of ``sent`` (stored from ``first_offset``, 2 records each, nothing between: one
+    run) is a duplicate at its offsets, a gap is refused, and the next sequence is taken."""
+    assert len(log.producer_state.get(producer_id).runs) == 1
+    for k in range(len(sent)):
         info = log.append(sent[k])
         assert info.duplicate and info.first_offset == first_offset + 2 * k, k
     end = log.log_end_offset
@@ -197,7 +198,7 @@ def test_a_torn_tail_cut_at_open_leaves_the_state_and_its_retry_is_stored(open_l
     os.truncate(path, os.path.getsize(path) - 3)
     log = open_log(segment_bytes=1 << 20)
     assert log.log_end_offset == 2
-    assert log.producer_state.get(7).batches == [(0, 1, 0, 1)]
+    assert log.producer_state.get(7).runs == [(0, 1, 0, 1)]
     info = log.append(torn)
     assert not info.duplicate and info.first_offset == 2, "the retry of the cut batch is stored"
 
@@ -246,7 +247,7 @@ def test_a_write_failure_forgets_the_dropped_batches_so_their_retry_is_stored(lo
             log.complete_flush(job)
         assert log.log_end_offset == 2
         assert log.resume_writes()
-        assert log.producer_state.get(7).batches == [(0, 1, 0, 1)]
+        assert log.producer_state.get(7).runs == [(0, 1, 0, 1)]
         info = log.append(dropped)
         assert not info.duplicate and info.first_offset == 2, "never stored: not a duplicate"
         assert log.append(pending).first_offset == 4
@@ -331,11 +332,26 @@ def test_a_rebuild_steps_over_a_damaged_range_and_keeps_what_follows_it(open_log
     assert log.append(idempotent(7, 0, sequences[7])).first_offset == 80
 
 
+def newest_runs(stored: list[tuple[bytes, int, int]], count: int) -> list[tuple[bytes, int, int]]:
+    """The ``(batch, first offset, last offset)`` of ``stored`` (one producer's, in the order
+    stored) that lie in its newest ``count`` runs: a batch whose sequence and offset both follow
+    the one stored before it is in that one's run."""
+    starts = [0]
+    for k in range(1, len(stored)):
+        previous, (batch, first, _) = stored[k - 1], stored[k]
+        header = _core.read_header(previous[0])
+        if not (_core.read_header(batch).base_sequence == header.base_sequence + header.last_offset_delta + 1
+                and first == previous[2] + 1):
+            starts.append(k)
+    return stored[starts[-count:][0]:]
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_random_retries_crashes_and_lost_snapshots_store_each_batch_exactly_once(log_dir, clock, seed):
-    """A model run: producers send new batches and retry any of their last five, among flushes,
-    rolls, crashes (pending batches lost, then sent again), clean restarts and deleted snapshots;
-    every retry of a stored batch is a duplicate at its offsets, every other send is stored."""
+    """A model run: producers send new batches and retry any batch of their newest five runs
+    (batches stored one right after the other with consecutive sequences), among flushes, rolls,
+    crashes (pending batches lost, then sent again), clean restarts and deleted snapshots; every
+    retry of a stored batch is a duplicate at its offsets, every other send is stored."""
     import random
 
     rng = random.Random(seed)
@@ -360,7 +376,7 @@ def test_random_retries_crashes_and_lost_snapshots_store_each_batch_exactly_once
                 assert not info.duplicate and info.first_offset == log.log_end_offset - info.record_count
                 stored.append((batch, info.first_offset, info.last_offset))
             elif action < 0.75 and state["stored"]:
-                batch, first, last = rng.choice(state["stored"][-5:])
+                batch, first, last = rng.choice(newest_runs(state["stored"], 5))
                 info = log.append(batch)
                 assert info.duplicate and (info.first_offset, info.last_offset) == (first, last)
             elif action < 0.85:

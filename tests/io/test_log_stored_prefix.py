@@ -70,7 +70,7 @@ def test_a_resend_after_a_crash_kept_its_first_batches_appends_only_the_rest(ope
     sent = [f"7:{s}:".encode() + b"v" * VALUE_BYTES for s in range(6)]
     assert [value for _, value in stored][2:] == sent, "each record once"
     assert read_all(log)[1:] == [(o, stamped(b, o)) for o, b in zip([2, 4, 7], BATCHES, strict=True)]
-    assert log.producer_state.get(7).batches == [(0, 1, 2, 3), (2, 4, 4, 6), (5, 5, 7, 7)]
+    assert log.producer_state.get(7).runs == [(0, 5, 2, 7)]
     again = log.append(REQUEST)
     assert again.duplicate and (again.first_offset, again.last_offset) == (2, 7), "now a whole duplicate"
     assert log.append(idempotent(6, 1)).first_offset == 8
@@ -90,16 +90,16 @@ def test_the_state_after_the_resend_survives_a_reopen(open_log):
 def test_a_stored_prefix_with_records_appended_after_it_is_out_of_order(open_log, after):
     log = crash_keeping(open_log, len(BATCHES[0]), **BIG)
     log.append(idempotent(0, 1, producer_id=8) if after == "other-producer" else make_batch(1))
-    end, state = log.log_end_offset, [list(e.batches) for e in log.producer_state.entries.values()]
+    end, state = log.log_end_offset, [list(e.runs) for e in log.producer_state.entries.values()]
     with pytest.raises(OutOfOrderSequenceError, match="not at the log end"):
         log.append(REQUEST)
     assert log.log_end_offset == end == 5 and log.pending_records == 1, "nothing appended"
-    assert [list(e.batches) for e in log.producer_state.entries.values()] == state
+    assert [list(e.runs) for e in log.producer_state.entries.values()] == state
 
 
-def test_a_stored_prefix_that_is_not_the_producers_newest_batches_is_out_of_order(open_log):
+def test_a_stored_prefix_that_is_not_the_tail_of_the_producers_newest_run_is_out_of_order(open_log):
     log = crash_keeping(open_log, len(BATCHES[0]) + len(BATCHES[1]), **BIG)  # 0..1 and 2..4 stored
-    with pytest.raises(OutOfOrderSequenceError, match="not the producer's newest"):
+    with pytest.raises(OutOfOrderSequenceError, match="not the tail of the producer.s newest run"):
         log.append(BATCHES[0] + idempotent(5, 1))  # skips the stored 2..4
     with pytest.raises(OutOfOrderSequenceError):
         log.append(BATCHES[0] + BATCHES[2])
@@ -136,7 +136,7 @@ def test_the_roll_is_decided_on_what_the_resend_appends(open_log, rolls):
     assert [offset for offset, _ in records_stored(log)] == list(range(8))
 
 
-def test_the_table_takes_a_stored_prefix_only_as_the_producers_newest_batches_at_the_log_end():
+def test_the_table_takes_a_stored_prefix_only_as_the_tail_of_the_newest_run_at_the_log_end():
     table = ProducerStateTable()
     table.update(7, 0, 0, 4, 10, 14, 1000)
     table.update(7, 0, 5, 6, 15, 16, 1000)
@@ -157,5 +157,5 @@ def test_the_table_takes_a_stored_prefix_only_as_the_producers_newest_batches_at
         check([5, 8, 9], 17, deltas=[1, 0, 0])  # a gap after the stored prefix
     table.update(8, 0, 0, 0, 17, 17, 1000)
     table.update(7, 0, 7, 7, 18, 18, 1000)
-    with pytest.raises(OutOfOrderSequenceError, match="consecutive offsets"):
-        check([5, 7, 8], 19, deltas=[1, 0, 0])  # producer 8 wrote between the stored batches
+    with pytest.raises(OutOfOrderSequenceError, match="does not lie in the producer.s newest run"):
+        check([5, 7, 8], 19, deltas=[1, 0, 0])  # producer 8 wrote between: 5..6 and 7 are two runs

@@ -12,7 +12,7 @@ from hpbroker import _core
 from hpbroker.errors import OutOfOrderSequenceError, ProducerFencedError, UnknownProducerIdError
 from hpbroker.io.producer_replay import ReplayedBatch
 from hpbroker.io.producer_state import (
-    MAX_BATCHES_PER_PRODUCER,
+    MAX_RUNS_PER_PRODUCER,
     IssuedProducerIds,
     ProducerStateManager,
     ProducerStateTable,
@@ -45,25 +45,42 @@ def test_a_new_producer_is_accepted_at_any_sequence_and_its_next_batch_must_foll
     with pytest.raises(OutOfOrderSequenceError, match="expected sequence 45"):
         check(table, (7, 0, 46, 1))  # a gap
     with pytest.raises(OutOfOrderSequenceError):
-        check(table, (7, 0, 42, 3))  # a partial overlap
+        check(table, (7, 0, 42, 5))  # a partial overlap: across the end of what is stored
 
 
-def test_a_remembered_batch_is_a_duplicate_with_its_stored_offsets():
+def test_a_range_inside_a_remembered_run_is_a_duplicate_at_the_offsets_the_run_gives_it():
     table = ProducerStateTable()
     for k in range(3):
-        stored(table, 7, 0, 10 * k, 10, first_offset=1000 + 100 * k)
+        stored(table, 7, 0, 10 * k, 10, first_offset=1000 + 100 * k)  # apart: a run each
+    assert [run[2] for run in table.get(7).runs] == [1000, 1100, 1200]
     assert check(table, (7, 0, 10, 10)) == (10, 19, 1100, 1109)
-    assert check(table, (7, 0, 10, 10), (7, 0, 20, 10)) == (10, 29, 1100, 1209), "a whole request stored"
+    assert check(table, (7, 0, 12, 5)) == (12, 16, 1102, 1106), "any range inside one run"
+    with pytest.raises(OutOfOrderSequenceError, match="not one right after the other"):
+        check(table, (7, 0, 10, 10), (7, 0, 20, 10))  # two runs: stored, but not as one request
+    with pytest.raises(OutOfOrderSequenceError, match="expected sequence 30"):
+        check(table, (7, 0, 15, 10))  # across a run's end
 
 
-def test_only_the_last_five_batches_are_remembered():
+def test_batches_following_in_sequence_and_offset_extend_the_newest_run():
     table = ProducerStateTable()
-    for k in range(MAX_BATCHES_PER_PRODUCER + 1):
-        stored(table, 7, 0, k, 1, first_offset=k)
-    assert len(table.get(7).batches) == MAX_BATCHES_PER_PRODUCER
-    assert check(table, (7, 0, 1, 1)) == (1, 1, 1, 1)
+    for k in range(20):
+        stored(table, 7, 0, 3 * k, 3, first_offset=50 + 3 * k)
+    assert table.get(7).runs == [(0, 59, 50, 109)]
+    assert check(table, (7, 0, 0, 3)) == (0, 2, 50, 52), "the first batch, twenty batches ago"
+    assert check(table, (7, 0, 0, 3), (7, 0, 3, 57)) == (0, 59, 50, 109), "a whole request stored"
+    stored(table, 7, 0, 60, 1, first_offset=111)  # an offset between: another producer's batch
+    stored(table, 7, 0, 62, 1, first_offset=112)  # a sequence skipped (state lost between)
+    assert table.get(7).runs == [(0, 59, 50, 109), (60, 60, 111, 111), (62, 62, 112, 112)]
+
+
+def test_only_the_newest_five_runs_are_remembered():
+    table = ProducerStateTable()
+    for k in range(MAX_RUNS_PER_PRODUCER + 1):
+        stored(table, 7, 0, 2 * k, 2, first_offset=10 * k)  # a run each: others write between
+    assert len(table.get(7).runs) == MAX_RUNS_PER_PRODUCER
+    assert check(table, (7, 0, 2, 2)) == (2, 3, 10, 11)
     with pytest.raises(OutOfOrderSequenceError):
-        check(table, (7, 0, 0, 1))  # older than the batches remembered
+        check(table, (7, 0, 0, 2))  # older than the runs remembered
 
 
 def test_epochs_fence_the_older_and_a_newer_one_starts_at_zero():
@@ -78,7 +95,7 @@ def test_epochs_fence_the_older_and_a_newer_one_starts_at_zero():
     assert check(table, (7, 4, 0, 1)) is None
     stored(table, 7, 4, 0, 1, first_offset=5)
     entry = table.get(7)
-    assert entry.epoch == 4 and entry.batches == [(0, 0, 5, 5)], "the new epoch restarts the entry"
+    assert entry.epoch == 4 and entry.runs == [(0, 0, 5, 5)], "the new epoch restarts the entry"
 
 
 def test_an_id_never_issued_is_unknown_and_an_issued_one_is_checked_once():
@@ -149,6 +166,30 @@ def test_snapshot_round_trips():
     assert decode_snapshot(encode_snapshot(ProducerStateTable())) == ProducerStateTable()
 
 
+def test_snapshot_round_trips_runs():
+    table = ProducerStateTable()
+    for k in range(12):  # producer 3 alone for 12 batches: one run
+        stored(table, 3, 2, 4 * k, 4, first_offset=4 * k, timestamp=1_700_000_000_000 + k)
+    for k in range(7):  # producer 4 between others: a run each, the newest five kept
+        stored(table, 4, 0, k, 1, first_offset=100 + 2 * k)
+    assert table.get(3).runs == [(0, 47, 0, 47)] and len(table.get(4).runs) == 5
+    data = encode_snapshot(table)
+    assert len(data) == 10 + (21 + 32) + (21 + 5 * 32), "the layout of batches, a run in each place"
+    decoded = decode_snapshot(data, 113)
+    assert decoded == table and decoded.get(3).last_timestamp == 1_700_000_000_011
+    assert decoded.get(3).runs == [(0, 47, 0, 47)]
+    assert decoded.get(4).runs == [(k, k, 100 + 2 * k, 100 + 2 * k) for k in range(2, 7)]
+    assert decode_snapshot(encode_snapshot(decoded), 113) == table
+
+
+def test_a_snapshot_of_one_entry_per_batch_reads_as_merged_runs():
+    body = (struct.pack("<I", 1) + struct.pack("<qiqB", 5, 0, 1000, 3) + struct.pack("<qqqq", 0, 2, 10, 12)
+            + struct.pack("<qqqq", 3, 3, 13, 13) + struct.pack("<qqqq", 4, 5, 20, 21))
+    table = decode_snapshot(struct.pack("<HI", 0, _core.crc32c(body)) + body, 22)
+    assert table.get(5).runs == [(0, 3, 10, 13), (4, 5, 20, 21)]
+    assert check(table, (5, 0, 1, 3)) == (1, 3, 11, 13)
+
+
 def test_snapshot_bytes_are_the_documented_layout():
     table = ProducerStateTable()
     stored(table, 5, 1, 0, 3, first_offset=10, timestamp=1_700_000_000_000)
@@ -177,7 +218,7 @@ def test_a_damaged_snapshot_is_refused(damage):
 
 
 def test_a_snapshot_naming_offsets_at_or_past_its_own_is_refused():
-    with pytest.raises(SnapshotCorruptError, match="impossible batch"):
+    with pytest.raises(SnapshotCorruptError, match="impossible run"):
         decode_snapshot(encode_snapshot(sample_table()), 20)
 
 
@@ -205,7 +246,7 @@ def test_load_takes_the_newest_valid_snapshot_and_replays_after_it(tmp_path):
                  replay=replay_of(batches))
     assert list_snapshots(directory) == [21]
     assert manager.loaded_from == 21
-    assert manager.table.get(1).batches[-1] == (5, 8, 21, 24)
+    assert manager.table.get(1).runs[-1] == (5, 8, 21, 24)
     assert manager.table.get(9).last_timestamp == 1_700_000_000_600, "never later than the clock"
     assert manager.table.get(2**40) is None, "expired at the load (timestamp 5)"
 
@@ -288,4 +329,4 @@ def test_the_documented_snapshot_bytes_decode_as_documented():
     assert (version, count) == (0, 1) and crc == _core.crc32c(bytes(data[6:]))
     assert struct.unpack_from("<qiqBqqqq", data, 10) == (5, 1, 1_700_000_000_000, 1, 0, 2, 10, 12)
     table = decode_snapshot(bytes(data), 13)
-    assert table.get(5).batches == [(0, 2, 10, 12)] and table.get(5).epoch == 1
+    assert table.get(5).runs == [(0, 2, 10, 12)] and table.get(5).epoch == 1

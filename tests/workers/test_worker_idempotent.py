@@ -88,3 +88,25 @@ def test_a_retry_after_a_timeout_shorter_than_the_flush_is_stored_once(start_wor
     header, response = arbiter.call(0, produce_request("orders", 0, batch, timeout_ms=10_000))
     assert (header.error_code, response.base_offset, response.duplicate) == (0, 0, 1)
     assert stored_values(arbiter) == [b"7:0", b"7:1", b"7:2"]
+
+
+def test_every_request_of_a_producer_alone_is_deduplicated_across_a_kill_9(start_worker, arbiter, data_dir):
+    """The partition remembers runs, not five batches: a producer alone on it is deduplicated over
+    all it sent, and a request of eight batches whole, before and after the worker's kill -9."""
+    issue_ids_below(data_dir, 1000)
+    worker = start_worker(log={"flush_fsync": True})
+    sent = [(idempotent(3 * k), 3 * k) for k in range(7)]  # 7 requests of one batch: offsets 0..20
+    eight = b"".join(idempotent(21 + 2 * k, 2) for k in range(8))  # one request of 8 batches: 21..36
+    sent.append((eight, 21))
+    for payload, offset in sent:
+        header, response = arbiter.call(0, produce_request("orders", 0, payload))
+        assert (header.error_code, response.base_offset, response.duplicate) == (0, offset, 0)
+    for restart in (False, True):
+        if restart:
+            worker.signal(signal.SIGKILL)  # no clean close: the state is rebuilt from the log
+            assert worker.wait() == -signal.SIGKILL
+            worker = start_worker(log={"flush_fsync": True})
+        for payload, offset in (sent[0], sent[-1], sent[3]):
+            header, response = arbiter.call(0, produce_request("orders", 0, payload))
+            assert (header.error_code, response.base_offset, response.duplicate) == (0, offset, 1), restart
+    assert len(stored_values(arbiter)) == 37, "each record once"

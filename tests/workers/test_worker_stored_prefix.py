@@ -85,7 +85,7 @@ def test_a_resend_after_another_producer_wrote_behind_its_first_batch_is_out_of_
     assert (header.error_code, response.base_offset) == (0, 4)
     header, _ = arbiter.call(0, produce_request("orders", 0, REQUEST))
     assert header.error_code == OutOfOrderSequenceError.code
-    assert "end at offset 3, not at the log end 5" in header.error_message, header.error_message
+    assert "ends at offset 3, not at the log end 5" in header.error_message, header.error_message
     assert stored_values(arbiter) == [b"5:0", b"5:1", b"7:0", b"7:1", b"5:2"], "nothing appended"
 
 
