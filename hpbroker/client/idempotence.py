@@ -14,11 +14,14 @@ The rules (Kafka's, KIP-98), for one partition and one producer identity:
   that partition has one request in flight: were a first request lost and a second stored, the
   second would be accepted behind a gap and the first's resend refused (error 20).  Once one is
   acknowledged the leader checks every sequence against the last it stored.
-- **At most 5 batches unsettled.**  The partition leader remembers the last 5 batches of each
-  producer (docs/PROTOCOL.md): a request is at most :data:`MAX_UNSETTLED_BATCHES` batches, and a
-  partition never has more batches sent and not yet settled than that, so every batch a retry
-  resends is still remembered.  Within that, up to ``max_in_flight`` requests are in flight at
-  once (pipelining).
+- **At most 5 requests unsettled.**  The partition leader remembers each producer's newest 5
+  *runs* (docs/PROTOCOL.md): a run covers batches stored one after another, at consecutive
+  offsets with consecutive sequences, and one request always lies inside one run (its batches
+  are appended together).  A partition has at most ``max_in_flight``
+  (<= :data:`MAX_UNSETTLED_REQUESTS`) requests unsettled (in flight, acknowledged but not yet
+  told, or queued for a retry), so every request a retry resends lies inside a run the leader
+  still remembers, however many batches it carries.  A request carries every batch that is due,
+  up to ``max_request_bytes``, as without idempotence: one request per partition per drain.
 - **Recovery goes one request at a time, in order.**  Once a request of the partition failed
   with a retriable error (or its connection was lost, or it timed out), the requests behind it
   fail too (their sequences no longer follow what the broker stored: error 20 while the failed
@@ -38,8 +41,8 @@ The rules (Kafka's, KIP-98), for one partition and one producer identity:
   identity (:class:`ProducerIdentity`), and a partition drains batches of the new identity only
   once no request of the old one is left in its window.
 
-A request handled here is the producer's ``_Request``; this module reads and sets its
-``state``, ``retries``, ``attempts``, ``due_s``, ``batch_count`` and ``generation``.
+A request handled here is a ``PartitionRequest`` (``hpbroker.client.produce_request``); this
+module reads and sets its ``state``, ``retries``, ``due_s``, ``deadline_s`` and ``generation``.
 """
 
 from __future__ import annotations
@@ -50,12 +53,13 @@ from typing import Any
 
 from hpbroker.client.backoff import backoff_ms
 
-__all__ = ["ACKED", "IN_FLIGHT", "MAX_UNSETTLED_BATCHES", "QUEUED", "UNKNOWN_PRODUCER_ID_RETRY_S",
+__all__ = ["ACKED", "IN_FLIGHT", "MAX_UNSETTLED_REQUESTS", "QUEUED", "UNKNOWN_PRODUCER_ID_RETRY_S",
            "PartitionWindow", "ProducerIdentity"]
 
-# The partition leader remembers this many batches per producer (Kafka keeps 5): a partition's
-# batches sent and not yet settled never exceed it, so a retry always finds its first copy.
-MAX_UNSETTLED_BATCHES = 5
+# The partition leader remembers this many runs per producer (Kafka keeps 5 batches); each request
+# lies inside one run, so a partition's unsettled requests never exceed it (max_in_flight <= it)
+# and a retry always finds its first copy.
+MAX_UNSETTLED_REQUESTS = 5
 
 # How long after the producer took an identity a partition leader's error 22 (producer id
 # unknown) is retried rather than final: in a cluster a broker learns of an id block another
@@ -76,7 +80,10 @@ class PartitionWindow:
 
     Invariants: ``requests[0]`` is never ``ACKED`` after a call returns (an acknowledged head is
     handed back to be settled at once); the requests are all of one generation (the owner adds
-    a newer generation's only once :meth:`blocks_drain` says the older ones are settled)."""
+    a newer generation's only once :meth:`blocks_drain` says the older ones are settled); there
+    are never more than the owner's ``max_in_flight`` of them (it adds one only once
+    :meth:`blocks_drain` says there is room), nor ever more than :data:`MAX_UNSETTLED_REQUESTS`
+    (:meth:`add` refuses one more)."""
 
     __slots__ = ("acknowledged_generation", "requests")
 
@@ -101,7 +108,12 @@ class PartitionWindow:
         return any(r.retries and r.state != ACKED for r in self.requests)
 
     def add(self, request: Any) -> None:
-        """A request just built from drained batches: its sequences follow every other's here."""
+        """A request just built from drained batches: its sequences follow every other's here.
+        RuntimeError if the window already holds :data:`MAX_UNSETTLED_REQUESTS` (a retry of
+        the oldest could then miss the leader's remembered runs)."""
+        if len(self.requests) >= MAX_UNSETTLED_REQUESTS:
+            raise RuntimeError(f"{self!r} holds {len(self.requests)} unsettled requests, the most the "
+                               f"partition leader remembers ({MAX_UNSETTLED_REQUESTS}): no more may be added")
         request.state = QUEUED
         self.requests.append(request)
 
@@ -119,14 +131,13 @@ class PartitionWindow:
 
     def blocks_drain(self, generation: int, max_in_flight: int) -> bool:
         """Whether the partition must take no new batches now: a request of an older identity is
-        unsettled, it is recovering, requests wait to be sent, or it is at its limits."""
+        unsettled, it is recovering, a request waits to be sent (batches due meanwhile join the
+        next request), or it has as many requests unsettled as it may have in flight."""
         if not self.requests:
             return False
-        max_in_flight = self.in_flight_limit(max_in_flight)
-        sent = [r for r in self.requests if r.state != QUEUED]
-        return (len(self.requests) >= max_in_flight or len(sent) < len(self.requests)
-                or sum(r.batch_count for r in sent) >= MAX_UNSETTLED_BATCHES
-                or any(r.generation != generation for r in self.requests) or self.recovering)
+        return (len(self.requests) >= self.in_flight_limit(max_in_flight)
+                or any(r.state == QUEUED or r.generation != generation for r in self.requests)
+                or self.recovering)
 
     def sendable(self, now_s: float, max_in_flight: int) -> list[Any]:
         """The queued requests to send now, in order (module docstring)."""
@@ -137,17 +148,14 @@ class PartitionWindow:
             return [first] if first is not None and first.due_s <= now_s else []
         max_in_flight = self.in_flight_limit(max_in_flight)
         out = []
-        busy = [r for r in self.requests if r.state != QUEUED]
-        count, batches = len(busy), sum(r.batch_count for r in busy)
+        count = sum(r.state != QUEUED for r in self.requests)
         for request in self.requests:
             if request.state != QUEUED:
                 continue
-            if (request.due_s > now_s or count >= max_in_flight
-                    or batches + request.batch_count > MAX_UNSETTLED_BATCHES):
+            if request.due_s > now_s or count >= max_in_flight:
                 break
             out.append(request)
             count += 1
-            batches += request.batch_count
         return out
 
     def next_due_s(self, max_in_flight: int) -> float:
@@ -158,14 +166,11 @@ class PartitionWindow:
         due = min((r.deadline_s for r in queued), default=math.inf)
         if not queued:
             return due
-        busy = [r for r in self.requests if r.state != QUEUED]
-        first = queued[0]
         if self.recovering:
             free = not any(r.state == IN_FLIGHT for r in self.requests)
         else:
-            free = (len(busy) < self.in_flight_limit(max_in_flight)
-                    and sum(r.batch_count for r in busy) + first.batch_count <= MAX_UNSETTLED_BATCHES)
-        return min(due, first.due_s) if free else due
+            free = len(self.requests) - len(queued) < self.in_flight_limit(max_in_flight)
+        return min(due, queued[0].due_s) if free else due
 
     def sent(self, request: Any) -> None:
         request.state = IN_FLIGHT

@@ -8,9 +8,11 @@ per partition with unsettled requests and applies the rules of ``hpbroker.client
   broker for a producer identity (InitProducerId), retrying with backoff; batches wait in the
   accumulator meanwhile, and each fails (never sent) once it has waited ``delivery_timeout_ms``
   since it was opened;
-- drained batches become requests of at most ``MAX_UNSETTLED_BATCHES`` batches, queued in their
-  partition's window and sent as the window allows (up to ``max_in_flight`` at once, once a
-  request of the identity was acknowledged on the partition; one at a time before);
+- a partition's drained batches (every batch due, up to ``max_request_bytes``, as without
+  idempotence) become one request, queued in the partition's window and sent as the window
+  allows (up to ``max_in_flight`` requests unsettled at once, once a request of the identity
+  was acknowledged on the partition; one at a time before); a window at its limit mutes the
+  partition, so the batches due meanwhile wait and go together in its next request;
 - a retry resends the same bytes (the broker answers a stored copy with ``duplicate``: the
   records are acknowledged at its offsets, ``RecordMetadata.deduplicated``); error 20 on a
   request behind an unsettled one is retried after it; errors 20 (on the first unsettled
@@ -31,7 +33,7 @@ import time
 from typing import Any
 
 from hpbroker import protocol
-from hpbroker.client.idempotence import IN_FLIGHT, MAX_UNSETTLED_BATCHES, QUEUED, PartitionWindow
+from hpbroker.client.idempotence import IN_FLIGHT, QUEUED, PartitionWindow
 from hpbroker.client.produce_request import GiveUp
 from hpbroker.errors import HPBrokerError, OutOfOrderSequenceError, UnknownProducerIdError, error_for_code
 
@@ -102,15 +104,14 @@ class IdempotentSending:
     # --- sending ---------------------------------------------------------------------------------
 
     def _queue_idempotent(self, queue: Any, batches: list, delivery_timeout_s: float) -> None:
-        """Drained batches into requests of at most MAX_UNSETTLED_BATCHES, queued in order."""
+        """A partition's drained batches into one request, queued behind its unsettled ones (the
+        partition was not muted: its window had room for one more)."""
         window = self._windows.get(queue)
         if window is None:
             window = self._windows[queue] = PartitionWindow(self._acknowledged_generations.pop(queue, 0))
-        for start in range(0, len(batches), MAX_UNSETTLED_BATCHES):
-            group = batches[start:start + MAX_UNSETTLED_BATCHES]
-            window.add(self._new_request(queue, group, self._producer.build_payload(group),
-                                         min(b.created_s for b in group) + delivery_timeout_s,
-                                         self.identity.generation))
+        window.add(self._new_request(queue, batches, self._producer.build_payload(batches),
+                                     min(b.created_s for b in batches) + delivery_timeout_s,
+                                     self.identity.generation))
         self._update_window(queue)
 
     def _send_queued(self, now: float) -> None:

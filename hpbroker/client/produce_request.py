@@ -4,7 +4,7 @@ how its records' outcomes are told (:func:`report`).
 Built by the producer's I/O thread (``hpbroker.client.producer``) from the batches it drained,
 finished into ``payload`` once; a retry resends that payload as it is.  The idempotent
 bookkeeping (``hpbroker.client.idempotence``) reads and sets its ``state``, ``retries``,
-``due_s``, ``generation`` and ``batch_count``.
+``due_s``, ``deadline_s`` and ``generation``.
 """
 
 from __future__ import annotations
@@ -50,10 +50,6 @@ class PartitionRequest:
 
     def __str__(self) -> str:
         return f"{self.queue.topic}-{self.queue.partition}"
-
-    @property
-    def batch_count(self) -> int:
-        return len(self.batches)
 
     @property
     def sequences(self) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 from hpbroker import protocol
 from hpbroker.audit.events import AUDIT_TOPIC, DEFAULT_WINDOW_MS
-from hpbroker.client.idempotence import MAX_UNSETTLED_BATCHES
+from hpbroker.client.idempotence import MAX_UNSETTLED_REQUESTS
 from hpbroker.client.partitioner import STICKY, Partitioner, partitioner_kind
 from hpbroker.records import codec_for_name
 
@@ -85,7 +85,9 @@ class ProducerConfig:
     #: Default None.
     enable_idempotence: bool | None = None
     #: requests of one partition in flight at once, 1 to 5, with idempotence (order and a
-    #: single copy kept across retries); without it always 1.  Default 5.
+    #: single copy kept across retries; at most 5 because the partition leader remembers each
+    #: producer's newest 5 runs of batches, and a request lies inside one); without it always 1.
+    #: Each request carries every batch due, up to ``max_request_bytes``.  Default 5.
     max_in_flight_requests_per_partition: int = 5
 
     def __post_init__(self) -> None:
@@ -99,9 +101,9 @@ class ProducerConfig:
                              "nothing is retried or deduplicated (leave enable_idempotence None or False)")
         if (isinstance(self.max_in_flight_requests_per_partition, bool)
                 or not isinstance(self.max_in_flight_requests_per_partition, int)
-                or not 1 <= self.max_in_flight_requests_per_partition <= MAX_UNSETTLED_BATCHES):
+                or not 1 <= self.max_in_flight_requests_per_partition <= MAX_UNSETTLED_REQUESTS):
             raise ValueError(f"max_in_flight_requests_per_partition must be an int in [1, "
-                             f"{MAX_UNSETTLED_BATCHES}], got {self.max_in_flight_requests_per_partition!r}")
+                             f"{MAX_UNSETTLED_REQUESTS}], got {self.max_in_flight_requests_per_partition!r}")
         codec_for_name(self.compression)
         partitioner_kind(self.partitioner)
         if self.name is not None and len(self.name.encode("utf-8")) > 255:

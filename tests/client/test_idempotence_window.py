@@ -1,6 +1,7 @@
 """The idempotent producer's bookkeeping (hpbroker.client.idempotence), as pure logic: which
-requests of a partition go when, in what order their outcomes are told, and a seeded simulation
-against a model of the partition leader's sequence check with lost connections."""
+requests of a partition go when, in what order their outcomes are told, how many may be
+unsettled, and a seeded simulation against a model of the partition leader's sequence check (its
+newest 5 runs per producer) with lost connections and other producers writing between."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from hpbroker.client.idempotence import (
     ACKED,
     IN_FLIGHT,
-    MAX_UNSETTLED_BATCHES,
+    MAX_UNSETTLED_REQUESTS,
     QUEUED,
     UNKNOWN_PRODUCER_ID_RETRY_S,
     PartitionWindow,
@@ -70,17 +71,43 @@ def test_requests_are_pipelined_up_to_max_in_flight_in_order():
     assert send(window, max_in_flight=5) == requests[3:]
 
 
-def test_batches_sent_and_unsettled_never_exceed_what_the_broker_remembers():
-    big = [FakeRequest(f"r{i}", batch_count=3) for i in range(2)]
-    window = window_of(*big)
-    assert send(window) == [big[0]]
-    assert window.blocks_drain(1, 5)  # the second waits to be sent: no new batches meanwhile
-    window.acknowledged(big[0])
-    assert send(window) == [big[1]]
-    window.add(small := FakeRequest("small", batch_count=2))
-    assert send(window) == [small]  # 3 + 2 batches
-    assert window.blocks_drain(1, 5)  # at MAX_UNSETTLED_BATCHES
-    assert MAX_UNSETTLED_BATCHES == 5
+def test_requests_of_many_batches_are_pipelined_up_to_max_in_flight():
+    """The limit counts requests, not batches: the leader remembers runs, and a request of any
+    number of batches lies inside one."""
+    big = [FakeRequest(f"r{i}", batch_count=8) for i in range(5)]
+    window = window_of(*big[:3])
+    assert send(window) == big[:3]
+    assert not window.blocks_drain(1, 5)  # 24 batches in flight, 3 requests: room for more
+    window.add(big[3])
+    window.add(big[4])
+    assert send(window) == big[3:]
+    assert window.blocks_drain(1, 5)
+    assert window.next_due_s(5) == math.inf
+
+
+@pytest.mark.parametrize("max_in_flight", [1, 2, 5])
+def test_unsettled_requests_never_exceed_max_in_flight(max_in_flight):
+    """In flight, acknowledged but not yet told, or queued for a retry: each counts against the
+    limit, so a resend always lies inside one of the leader's remembered runs."""
+    requests = [FakeRequest(f"r{i}", batch_count=10) for i in range(max_in_flight)]
+    window = window_of(*requests)
+    assert send(window, max_in_flight=max_in_flight) == requests
+    assert window.blocks_drain(1, max_in_flight)
+    if max_in_flight > 1:
+        assert window.acknowledged(requests[-1]) == []  # acknowledged, told after r0
+        assert window.blocks_drain(1, max_in_flight)
+    fail_retriably(window, requests[0])
+    assert window.blocks_drain(1, max_in_flight)
+    assert window.acknowledged(requests[0])[0] is requests[0]  # settled: room for one more
+    assert not window.recovering and not window.blocks_drain(1, max_in_flight)
+
+
+def test_a_window_refuses_more_requests_than_the_leader_remembers():
+    window = window_of(*(FakeRequest(f"r{i}") for i in range(MAX_UNSETTLED_REQUESTS)))
+    assert MAX_UNSETTLED_REQUESTS == 5 and window.blocks_drain(1, 5)
+    with pytest.raises(RuntimeError, match="5 unsettled requests"):
+        window.add(FakeRequest("one too many"))
+    assert len(window.requests) == MAX_UNSETTLED_REQUESTS
 
 
 def test_drain_is_blocked_while_an_older_identity_is_unsettled():
@@ -220,36 +247,94 @@ def test_a_fresh_identity_is_one_taken_less_than_the_retry_time_ago():
 
 
 class ModelLeader:
-    """The partition leader's sequence check (docs/PROTOCOL.md) for one producer id: remembers
-    the last 5 batches; a stored one is a duplicate, the next sequence is appended, anything
-    else is error 20 and nothing is appended.  With no state for the producer (nothing stored
-    yet) any sequence is appended, as the broker does."""
+    """The partition leader's sequence check (docs/PROTOCOL.md) for one producer id: it
+    remembers the producer's newest :attr:`remembered_runs` runs (first and last sequence and
+    offset of batches stored one after another, at consecutive offsets); a request whose
+    sequences lie inside one is a duplicate (answered at the offsets computed from the run), one
+    starting after the newest run's last sequence is appended (extending that run if it also
+    follows at the next offset), anything else is error 20 and nothing is appended.  With no
+    state for the producer (nothing stored yet) any sequence is appended, as the broker does.
+    Other producers' records (:meth:`other_writer`) come between runs."""
 
-    def __init__(self) -> None:
-        self.log: list[int] = []  # every sequence stored, in offset order
-        self.remembered: list[tuple[int, int]] = []
+    def __init__(self, remembered_runs: int = MAX_UNSETTLED_REQUESTS) -> None:
+        self.log: list[tuple[str, int]] = []  # (writer, sequence) at each offset
+        self.runs: list[list[int]] = []  # [first_sequence, last_sequence, first_offset, last_offset]
+        self.remembered_runs = remembered_runs
+
+    def other_writer(self, count: int) -> None:
+        self.log.extend(("other", i) for i in range(count))
 
     def produce(self, request: FakeRequest) -> str:
         first = request.first_sequence
         last = first + request.record_count - 1
-        if (first, last) in self.remembered:
-            return "duplicate"
-        if self.remembered and first != self.remembered[-1][1] + 1:
+        for first_sequence, last_sequence, first_offset, _last_offset in self.runs:
+            if first_sequence <= first and last <= last_sequence:
+                offset = first_offset + first - first_sequence
+                stored = self.log[offset:offset + request.record_count]
+                assert stored == [("me", s) for s in range(first, last + 1)], "a wrong duplicate offset"
+                return "duplicate"
+        if self.runs and first != self.runs[-1][1] + 1:
             return "out_of_order"
-        self.log.extend(range(first, last + 1))
-        self.remembered = [*self.remembered, (first, last)][-MAX_UNSETTLED_BATCHES:]
+        offset = len(self.log)
+        self.log.extend(("me", s) for s in range(first, last + 1))
+        newest = self.runs[-1] if self.runs else None
+        if newest is not None and newest[1] + 1 == first and newest[3] + 1 == offset:
+            newest[1], newest[3] = last, len(self.log) - 1
+        else:
+            self.runs = [*self.runs, [first, last, offset, len(self.log) - 1]][-self.remembered_runs:]
         return "ok"
+
+
+@pytest.mark.parametrize("remembered_runs", [MAX_UNSETTLED_REQUESTS, MAX_UNSETTLED_REQUESTS - 1])
+def test_a_full_window_of_many_batch_requests_is_resent_as_duplicates(remembered_runs):
+    """Five requests of 8 batches in flight, each stored by the leader with another producer's
+    record before it (five runs), every answer lost: resent one at a time, each lies inside a
+    remembered run and is answered as a duplicate.  A leader remembering one run fewer than the
+    window holds would refuse the first resend (error 20 for the first unsettled request: its
+    records would fail), which is why the window holds no more."""
+    leader = ModelLeader(remembered_runs)
+    window = PartitionWindow()
+    window.add(r0 := FakeRequest("r0", batch_count=8, record_count=8))
+    assert send(window) == [r0] and leader.produce(r0) == "ok"
+    assert window.acknowledged(r0) == [r0]
+    requests = []
+    while not window.blocks_drain(1, 5):
+        sequence = 8 * (len(requests) + 1)
+        requests.append(FakeRequest(f"r{len(requests) + 1}", batch_count=8, first_sequence=sequence,
+                                    record_count=8))
+        window.add(requests[-1])
+        assert send(window) == [requests[-1]]  # each goes at once: 8 batches are one request
+    assert len(requests) == len(window.requests) == 5
+    for request in requests:
+        leader.other_writer(1)
+        assert leader.produce(request) == "ok"
+    for request in requests:  # the connection drops: no answer comes
+        fail_retriably(window, request)
+    told = []
+    for request in requests:
+        assert send(window) == [request]  # in order, one at a time
+        outcome = leader.produce(request)
+        if remembered_runs < len(requests):
+            assert outcome == "out_of_order" and window.is_first(request)
+            return
+        assert outcome == "duplicate"
+        told += window.acknowledged(request)
+    assert told == requests and not window
+    assert [s for writer, s in leader.log if writer == "me"] == list(range(48))
 
 
 @pytest.mark.parametrize("seed", range(60))
 def test_lost_connections_keep_order_and_one_copy_of_every_record(seed):
-    """Requests pipelined on one connection; at random the connection drops (requests on the
-    wire are processed or not, their answers lost), an answer is delayed, or a request is
-    refused before the leader looks at it (a retriable error, nothing appended: error 6 while
-    the leader moves).  Following the window's rules (error 20 behind an unsettled request is
-    retried, a lost or refused request is retried as it was, one request at a time until the
-    leader has stored one), every record is stored once, in order, and acknowledged in order."""
+    """Requests of 1 to 10 batches pipelined on one connection (1, 2 or 5 in flight), other
+    producers writing between them; at random the connection drops (requests on the wire are
+    processed or not, their answers lost), an answer is delayed, or a request is refused before
+    the leader looks at it (a retriable error, nothing appended: error 6 while the leader
+    moves).  Following the window's rules (error 20 behind an unsettled request is retried, a
+    lost or refused request is retried as it was, one request at a time until the leader has
+    stored one), the window never holds more than max_in_flight requests, and every record is
+    stored once, in order, and acknowledged in order."""
     rng = random.Random(seed)
+    max_in_flight = (1, 2, 5)[seed % 3]
     window = PartitionWindow()
     leader = ModelLeader()
     wire: list[FakeRequest] = []  # sent, not yet processed by the leader (in order)
@@ -259,12 +344,17 @@ def test_lost_connections_keep_order_and_one_copy_of_every_record(seed):
     total = 40
     made = 0
     for _step in range(5000):
-        if made < total and rng.random() < 0.3 and not window.blocks_drain(1, 5):
-            count = rng.randint(1, 3)
-            window.add(FakeRequest(f"r{made}", first_sequence=next_sequence, record_count=count))
+        if made < total and rng.random() < 0.3 and not window.blocks_drain(1, max_in_flight):
+            batches = rng.randint(1, 10)
+            count = batches * rng.randint(1, 3)
+            window.add(FakeRequest(f"r{made}", batch_count=batches, first_sequence=next_sequence,
+                                   record_count=count))
             next_sequence += count
             made += 1
-        wire += send(window)
+        assert len(window.requests) <= max_in_flight, f"more requests unsettled than allowed: {window}"
+        if rng.random() < 0.3:
+            leader.other_writer(rng.randint(1, 3))
+        wire += send(window, max_in_flight=max_in_flight)
         roll = rng.random()
         if roll < 0.05:  # the connection drops: some of the wire reached the leader, no answer comes
             for request in wire[:rng.randint(0, len(wire))]:
@@ -287,7 +377,8 @@ def test_lost_connections_keep_order_and_one_copy_of_every_record(seed):
         if made == total and not window:
             break
     assert made == total and not window, f"not settled: {window}"
-    assert leader.log == list(range(next_sequence)), "a record stored twice, out of order or lost"
+    ours = [sequence for writer, sequence in leader.log if writer == "me"]
+    assert ours == list(range(next_sequence)), "a record stored twice, out of order or lost"
     assert [r.first_sequence for r in told] == sorted(r.first_sequence for r in told)
     assert len(told) == total
     assert all(r.state == ACKED for r in told) and not any(r.state == IN_FLIGHT for r in told)

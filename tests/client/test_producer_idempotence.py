@@ -240,18 +240,24 @@ def test_a_fenced_epoch_fails_the_records_and_a_new_id_follows(bootstrap, connec
 
 def test_a_sequence_gap_fails_the_records_and_a_new_id_follows(bootstrap, connection, topic_name):
     """Someone else writes with the producer's identity (sequences 1..2): the producer's next
-    batch (sequence 1, one record) matches no stored batch and does not follow: error 20."""
+    batch (sequences 1..3, flushed together) lies inside no stored run (it overlaps the other
+    writer's end) and does not follow it: error 20."""
     create_topic(connection, topic_name)
-    with Producer(bootstrap, linger_ms=0, audit_topic=None) as producer:
-        producer.send_future(topic_name, b"first").result(10)
+    with Producer(bootstrap, linger_ms=60_000, audit_topic=None) as producer:
+        first = producer.send_future(topic_name, b"first")
+        producer.flush(10)
+        assert first.result(0).offset == 0
         pid, epoch = producer.producer_id, producer.producer_epoch
         connection.call(protocol.ProduceRequest(topic_name, 0, 1, 5000, build_batch(
             [b"x", b"y"], producer="other", base_sequence=1, producer_id=pid, producer_epoch=epoch)))
-        with pytest.raises(OutOfOrderSequenceError):
-            producer.send_future(topic_name, b"out of order").result(10)
+        refused = [producer.send_future(topic_name, b"out of order %d" % i) for i in range(3)]
+        producer.flush(10)  # one batch: linger_ms keeps it open until the flush
+        assert all(isinstance(future.exception(0), OutOfOrderSequenceError) for future in refused)
         wait_for_new_identity(producer, pid)
-        assert producer.send_future(topic_name, b"after").result(10).offset == 3
-        assert producer.metrics["records_failed"] == 1
+        after = producer.send_future(topic_name, b"after")
+        producer.flush(10)
+        assert after.result(0).offset == 3
+        assert producer.metrics["records_failed"] == 3
 
 
 @pytest.mark.parametrize("options", [{"enable_idempotence": False}, {"acks": 0}])
@@ -518,3 +524,88 @@ def test_produce_requests_are_version_0_unless_idempotent(bootstrap, connection,
         assert header.api_version == version
         assert decoded.payload == message.payload
     wait_until(lambda: len(read_partition(connection, topic_name, 0)) == 3, 10, what="the records")
+
+
+MANY_BATCHES = 12  # due at once, in one request: more batches than the leader remembers runs
+
+
+@pytest.fixture
+def held_identity(monkeypatch):
+    """While set, the broker hands out no producer id (error 17): batches pile up, all due."""
+    call = BrokerConnection.call
+    refusing = threading.Event()
+    refusing.set()
+
+    def refusing_call(self, message, timeout_s=30.0):
+        if isinstance(message, protocol.InitProducerIdRequest) and refusing.is_set():
+            raise CoordinationError("no producer id block at hand")
+        return call(self, message, timeout_s)
+
+    monkeypatch.setattr(BrokerConnection, "call", refusing_call)
+    return refusing
+
+
+@pytest.fixture
+def sent_requests(monkeypatch):
+    """Every produce request handed to a connection: (request, its batch count, attempt number)."""
+    sent = []
+    send = _Sender._send
+
+    def noting_send(self, request, now):
+        send(self, request, now)
+        if request.state == IN_FLIGHT:
+            sent.append((request, len(request.batches), request.attempts))
+
+    monkeypatch.setattr(_Sender, "_send", noting_send)
+    return sent
+
+
+def send_many_batches_at_once(producer: Producer, topic: str, held_identity: threading.Event) -> list:
+    """MANY_BATCHES records of one batch each (batch_bytes 1024), all due before the producer
+    has an id; then the id comes and the partition drains them together."""
+    futures = [producer.send_future(topic, b"%04d" % i + b"x" * 600) for i in range(MANY_BATCHES)]
+    assert producer.unfinished_batches == MANY_BATCHES and producer.producer_id == -1
+    held_identity.clear()
+    return futures
+
+
+def test_batches_due_at_once_go_as_one_request_acknowledged_once(bootstrap, connection, topic_name,
+                                                                  held_identity, sent_requests):
+    """A partition's due batches go in one request (up to max_request_bytes), as without
+    idempotence: the leader remembers runs of batches, and a request lies inside one."""
+    create_topic(connection, topic_name)
+    with Producer(bootstrap, linger_ms=0, batch_bytes=1024, retry_backoff_ms=20, retry_backoff_max_ms=50,
+                  audit_topic=None) as producer:
+        futures = send_many_batches_at_once(producer, topic_name, held_identity)
+        results = [future.result(20) for future in futures]
+        metrics = producer.metrics
+    assert [(count, attempt) for _request, count, attempt in sent_requests] == [(MANY_BATCHES, 1)]
+    assert [r.offset for r in results] == list(range(MANY_BATCHES))
+    assert not any(r.deduplicated for r in results)
+    assert (metrics["records_acknowledged"], metrics["retries"]) == (MANY_BATCHES, 0)
+    headers = headers_of(connection, topic_name)
+    assert [h.base_sequence for h in headers] == list(range(MANY_BATCHES))
+    assert len(read_partition(connection, topic_name, 0)) == MANY_BATCHES
+
+
+def test_a_request_of_many_batches_resent_after_a_lost_connection_is_a_duplicate(
+        bootstrap, connection, topic_name, held_identity, sent_requests):
+    """The request of MANY_BATCHES batches waits for a slow flush; its connection is taken for
+    lost and the same bytes go again: the leader finds the whole request inside the producer's
+    run and answers with the first copy's offsets, not appended twice."""
+    create_topic(connection, topic_name, flush_ms=1500)
+    with Producer(bootstrap, linger_ms=0, batch_bytes=1024, retry_backoff_ms=20, retry_backoff_max_ms=50,
+                  delivery_timeout_ms=60_000, audit_topic=None) as producer:
+        futures = send_many_batches_at_once(producer, topic_name, held_identity)
+        wait_until(lambda: sent_requests, 10, what="the request in flight")
+        producer._sender.call(lambda sender: sender._connection_lost(sender.links.bootstrap), 10)
+        results = [future.result(20) for future in futures]
+        metrics = producer.metrics
+    assert [(count, attempt) for _request, count, attempt in sent_requests] == [(MANY_BATCHES, 1),
+                                                                               (MANY_BATCHES, 2)]
+    assert sent_requests[0][0] is sent_requests[1][0]  # the same request, its same bytes
+    assert [r.offset for r in results] == list(range(MANY_BATCHES)) and all(r.deduplicated for r in results)
+    assert (metrics["records_acknowledged"], metrics["records_deduplicated"]) == (MANY_BATCHES, MANY_BATCHES)
+    assert metrics["records_failed"] == 0 and metrics["producer_id_resets"] == 0
+    values = [r.value[:4] for r in read_partition(connection, topic_name, 0)]
+    assert values == [b"%04d" % i for i in range(MANY_BATCHES)]
