@@ -31,6 +31,9 @@ def fill_topic(bootstrap: str, topic: str, *, partitions: int = 3, records: int 
             timestamp = BASE_MS + 10 * i + rng.randrange(-50, 50)
             producer.send(topic, value, key=key, headers=headers, timestamp=timestamp,
                           partition=i % partitions)
+            if i % 150 == 149:  # small requests: a request lands whole in one segment
+                plain.flush()
+                packed.flush()
 
 
 def reference(bootstrap: str, topic: str) -> dict[tuple[int, int], tuple]:
