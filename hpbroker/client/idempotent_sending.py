@@ -178,6 +178,9 @@ class IdempotentSending:
             self._retry(request, error, now, uncertain=False)
             return
         if not error.retriable:
+            if request.uncertain:  # e.g. a crash cut that attempt during its flush, after its first batches
+                error = error_for_code(code, f"{error.message}; an earlier attempt's outcome is unknown, "
+                                             "so some of these records may have been stored")
             self._give_up(request, error)
             return
         self._retry_after(request, error, now)

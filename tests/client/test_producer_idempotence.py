@@ -609,3 +609,36 @@ def test_a_request_of_many_batches_resent_after_a_lost_connection_is_a_duplicate
     assert metrics["records_failed"] == 0 and metrics["producer_id_resets"] == 0
     values = [r.value[:4] for r in read_partition(connection, topic_name, 0)]
     assert values == [b"%04d" % i for i in range(MANY_BATCHES)]
+
+
+def test_a_final_error_after_an_attempt_of_unknown_outcome_says_records_may_be_stored(
+        bootstrap, connection, topic_name, monkeypatch):
+    """Someone else has written sequences 1..2 with the producer's identity; the request's first
+    attempt is lost on the way (its outcome unknown to the producer): the resend gets error 20,
+    final, and the failure says records may have been stored (as a crash that cut the first
+    attempt during its flush would leave some)."""
+    create_topic(connection, topic_name, partitions=2)
+    lost: list[int] = []
+    send = BrokerConnection.send
+
+    def losing_send(self, message, **options):
+        if isinstance(message, protocol.ProduceRequest) and message.topic == topic_name and not lost:
+            lost.append(next(self._ids))  # never sent: no response comes, the attempt times out
+            return lost[0]
+        return send(self, message, **options)
+
+    with Producer(bootstrap, linger_ms=60_000, request_timeout_ms=1000, retry_backoff_ms=20,
+                  audit_topic=None) as producer:
+        warm_up = producer.send_future(topic_name, b"takes the producer id", partition=1)
+        producer.flush(10)
+        warm_up.result(0)
+        pid, epoch = producer.producer_id, producer.producer_epoch
+        connection.call(protocol.ProduceRequest(topic_name, 0, 1, 5000, build_batch(
+            [b"x", b"y"], producer="other", base_sequence=1, producer_id=pid, producer_epoch=epoch)))
+        monkeypatch.setattr(BrokerConnection, "send", losing_send)
+        futures = [producer.send_future(topic_name, b"r%d" % i, partition=0) for i in range(3)]
+        producer.flush(20)
+        errors = [future.exception(0) for future in futures]
+    assert lost
+    assert all(isinstance(e, OutOfOrderSequenceError) for e in errors), errors
+    assert all("may have been stored" in str(e) for e in errors), errors
