@@ -590,8 +590,13 @@ class ProducerStateManager:
         start = max(unexpired_offset, log_start_offset)
         for offset in reversed([o for o in snapshots if log_start_offset <= o <= log_end_offset]):
             path = os.path.join(self.directory, snapshot_file_name(offset))
-            with open(path, "rb") as f:
-                data = f.read()
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            except OSError as e:  # unreadable (EIO, permissions): an older one, or the log, serves
+                logger.warning("[%s] cannot read the producer snapshot %s (%s): rebuilding the state "
+                               "without it", self.name, path, e)
+                continue
             try:
                 self.table = decode_snapshot(data, offset)
             except SnapshotCorruptError as e:

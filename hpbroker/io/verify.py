@@ -474,9 +474,17 @@ def _check_snapshots(directory: str, report: PartitionReport) -> None:
     end = report.log_end_offset
     for offset in list_snapshots(directory):
         name = snapshot_file_name(offset)
+        if offset < report.log_start_offset:
+            report.notes.append(f"{name}: a producer state snapshot below the log start offset "
+                                f"{report.log_start_offset}: the next open removes it")
+            continue
         try:
             with open(os.path.join(directory, name), "rb") as f:
                 decode_snapshot(f.read(), offset)
+        except OSError as e:
+            report.notes.append(f"{name}: a producer state snapshot that cannot be read ({e}): the next "
+                                f"open rebuilds the state without it")
+            continue
         except SnapshotCorruptError as e:
             report.notes.append(f"{name}: a producer state snapshot that does not parse ({e}): the next "
                                 f"open removes it and rebuilds the state from the log")
