@@ -53,8 +53,8 @@ from typing import Any
 
 from hpbroker.client.backoff import backoff_ms
 
-__all__ = ["ACKED", "IN_FLIGHT", "MAX_UNSETTLED_REQUESTS", "QUEUED", "UNKNOWN_PRODUCER_ID_RETRY_S",
-           "PartitionWindow", "ProducerIdentity"]
+__all__ = ["ACKED", "IN_FLIGHT", "MAX_UNSETTLED_REQUESTS", "PIPELINE_AFTER_IDLE_S", "QUEUED",
+           "UNKNOWN_PRODUCER_ID_RETRY_S", "PartitionWindow", "ProducerIdentity"]
 
 # The partition leader remembers this many runs per producer (Kafka keeps 5 batches); each request
 # lies inside one run, so a partition's unsettled requests never exceed it (max_in_flight <= it)
@@ -65,6 +65,11 @@ MAX_UNSETTLED_REQUESTS = 5
 # unknown) is retried rather than final: in a cluster a broker learns of an id block another
 # broker took through a ZooKeeper watch, which may lag behind the id it handed out.
 UNKNOWN_PRODUCER_ID_RETRY_S = 10.0
+# A partition with nothing unsettled for this long sends its next request alone again, until it
+# is acknowledged: the leader may have forgotten the producer meanwhile (producer_id_expiration_ms,
+# or retention deleting all its records) and then accepts any first sequence, so pipelined
+# requests after a lost first one would be stored with a gap.
+PIPELINE_AFTER_IDLE_S = 10.0
 
 QUEUED = 0  # built, to be sent (first time, or again after a retriable failure) at due_s
 IN_FLIGHT = 1  # handed to a connection, no answer yet

@@ -33,7 +33,7 @@ import time
 from typing import Any
 
 from hpbroker import protocol
-from hpbroker.client.idempotence import IN_FLIGHT, QUEUED, PartitionWindow
+from hpbroker.client.idempotence import IN_FLIGHT, PIPELINE_AFTER_IDLE_S, QUEUED, PartitionWindow
 from hpbroker.client.produce_request import GiveUp
 from hpbroker.errors import HPBrokerError, OutOfOrderSequenceError, UnknownProducerIdError, error_for_code
 
@@ -108,7 +108,10 @@ class IdempotentSending:
         partition was not muted: its window had room for one more)."""
         window = self._windows.get(queue)
         if window is None:
-            window = self._windows[queue] = PartitionWindow(self._acknowledged_generations.pop(queue, 0))
+            generation, idle_since = self._acknowledged_generations.pop(queue, (0, 0.0))
+            if time.monotonic() - idle_since > PIPELINE_AFTER_IDLE_S:
+                generation = 0  # the leader may have forgotten the producer: the first request alone
+            window = self._windows[queue] = PartitionWindow(generation)
         window.add(self._new_request(queue, batches, self._producer.build_payload(batches),
                                      min(b.created_s for b in batches) + delivery_timeout_s,
                                      self.identity.generation))
@@ -145,7 +148,7 @@ class IdempotentSending:
         elif not window:
             del self._windows[queue]
             if window.acknowledged_generation:  # the leader knows this identity: pipeline at once
-                self._acknowledged_generations[queue] = window.acknowledged_generation
+                self._acknowledged_generations[queue] = (window.acknowledged_generation, time.monotonic())
             queue.muted = False
         else:
             queue.muted = window.blocks_drain(self.identity.generation, self._max_in_flight)

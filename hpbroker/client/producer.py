@@ -398,7 +398,7 @@ class _Sender(AppendedLookup, IdempotentSending):
         # Idempotent: each partition's unsettled requests, in sequence order (only partitions with some).
         self._windows: dict[PartitionQueue, PartitionWindow] = {}
         # Idempotent: partitions without a window -> the newest identity generation acknowledged there.
-        self._acknowledged_generations: dict[PartitionQueue, int] = {}
+        self._acknowledged_generations: dict[PartitionQueue, tuple[int, float]] = {}  # and since when idle
         self.counts = {"records_acknowledged": 0, "records_deduplicated": 0, "records_failed": 0,
                        "retries": 0, "producer_id_resets": 0}
         self._request_timeout_s = config.request_timeout_ms / 1000

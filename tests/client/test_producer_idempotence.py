@@ -14,6 +14,7 @@ from harness import wait_until
 from test_producer_faults import OwnBroker, read_partition
 
 from hpbroker import protocol
+from hpbroker.client import idempotent_sending
 from hpbroker.client.connection import BrokerConnection
 from hpbroker.client.idempotence import IN_FLIGHT, UNKNOWN_PRODUCER_ID_RETRY_S
 from hpbroker.client.producer import Producer, ProducerConfig, _Sender
@@ -642,3 +643,51 @@ def test_a_final_error_after_an_attempt_of_unknown_outcome_says_records_may_be_s
     assert lost
     assert all(isinstance(e, OutOfOrderSequenceError) for e in errors), errors
     assert all("may have been stored" in str(e) for e in errors), errors
+
+
+def test_a_partition_idle_for_a_while_sends_its_first_request_alone_again(bootstrap, connection, topic_name,
+                                                                          monkeypatch):
+    """The leader may forget a quiet producer (producer_id_expiration_ms, retention), and then
+    takes any first sequence: after PIPELINE_AFTER_IDLE_S with nothing unsettled, a partition
+    sends one request until it is acknowledged again, then pipelines."""
+    monkeypatch.setattr(idempotent_sending, "PIPELINE_AFTER_IDLE_S", 0.5)
+    create_topic(connection, topic_name, flush_ms=300)
+    most = {"before": 0, "after": 0}
+    phase = {"acknowledged": True}
+    send, respond = _Sender._send, _Sender._idempotent_response
+
+    def counting_send(self, request, now):
+        send(self, request, now)
+        count = sum(r.state == IN_FLIGHT for r in self._windows[request.queue].requests)
+        key = "after" if phase["acknowledged"] else "before"
+        most[key] = max(most[key], count)
+
+    def noting_response(self, request, response, now):
+        if response.header.error_code == 0:
+            phase["acknowledged"] = True
+        respond(self, request, response, now)
+
+    monkeypatch.setattr(_Sender, "_send", counting_send)
+    monkeypatch.setattr(_Sender, "_idempotent_response", noting_response)
+
+    def burst(producer, start):
+        for i in range(start, start + 20):  # small batches, many due while the flush is slow
+            producer.send_future(topic_name, b"%07d" % i + b"x" * 300)
+            if i % 3 == 2:
+                time.sleep(0.002)
+        producer.flush(30)
+
+    with Producer(bootstrap, linger_ms=0, batch_bytes=1024, audit_topic=None) as producer:
+        first = producer.send_future(topic_name, b"first")
+        producer.flush(30)
+        first.result(0)
+        burst(producer, 0)  # acknowledged just now: pipelines at once
+        assert most["after"] >= 2, most
+        time.sleep(1.0)  # idle past PIPELINE_AFTER_IDLE_S
+        phase["acknowledged"] = False
+        most["after"] = 0
+        burst(producer, 20)
+        assert producer.metrics["records_failed"] == 0
+    assert most["before"] == 1, most
+    values = [r.value[:7] for r in read_partition(connection, topic_name, 0)]
+    assert values == [b"first"[:7]] + [b"%07d" % i for i in range(40)]
