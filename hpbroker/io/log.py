@@ -472,11 +472,7 @@ class PartitionLog:
         scan = _core.validate_batches(view, max_batch_bytes=self._config.max_message_bytes)
         now = self._clock()
         self._check_timestamps(scan, now)
-        if len(view) > MAX_SEGMENT_BYTES or scan.record_count - 1 > _MAX_RELATIVE_OFFSET:
-            raise RecordTooLargeError(
-                f"[{self._name}] a request of {len(view)} bytes and {scan.record_count} records cannot "
-                f"lie in one segment (at most {MAX_SEGMENT_BYTES} bytes and "
-                f"{_MAX_RELATIVE_OFFSET + 1} offsets)")
+        self._check_fits_a_segment(len(view), scan.record_count)
         idempotent = scan.idempotent_batches != 0
         first_offset = self._log_end_offset
         # What is appended: the batches from skip on (all but a stored prefix, of prefix_records
@@ -494,7 +490,6 @@ class PartitionLog:
                 prefix_records = stored.last_offset - stored.first_offset + 1
                 request_bytes -= scan.positions[skip]
                 max_timestamp = max(scan.max_timestamps[skip:])
-            producers, table = scan.producer_ids, self._producers.table
         # One roll decision for the whole request (Kafka's maybeRoll per append), on what is
         # appended: a request never straddles two segments, so a crash or a failed flush keeps all
         # of it or none of it.
@@ -503,6 +498,34 @@ class PartitionLog:
             self._roll(now, reason)
         if not self._pending and not self._in_flight and self._segments[-1].size_in_bytes == 0:
             self._active_first_timestamp = scan.max_timestamps[skip]
+        self._add_pending(view, scan, skip, now)
+        if self._pending_since_ms is None:
+            self._pending_since_ms = now
+        if self._flush_on_append and self._flush_due(now):
+            self._flush_pending(fsync=self._config.flush_fsync)
+        if skip:
+            logger.info("[%s] a resend of producer id %d's request, %d records stored from offset %d: %d of "
+                        "its %d batches appended after them", self._name, scan.producer_ids[0],
+                        prefix_records, first_offset, scan.batch_count - skip, scan.batch_count)
+            return AppendInfo(first_offset, self._log_end_offset - 1, self._log_end_offset - first_offset,
+                              scan.batch_count, duplicate_records=prefix_records)
+        return AppendInfo(first_offset, self._log_end_offset - 1, self._log_end_offset - first_offset,
+                          scan.batch_count)
+
+    def _check_fits_a_segment(self, request_bytes: int, record_count: int) -> None:
+        """RecordTooLargeError for a request no segment could hold whole (append's docstring)."""
+        if request_bytes > MAX_SEGMENT_BYTES or record_count - 1 > _MAX_RELATIVE_OFFSET:
+            raise RecordTooLargeError(
+                f"[{self._name}] a request of {request_bytes} bytes and {record_count} records cannot "
+                f"lie in one segment (at most {MAX_SEGMENT_BYTES} bytes and "
+                f"{_MAX_RELATIVE_OFFSET + 1} offsets)")
+
+    def _add_pending(self, view: memoryview, scan: _core.ScanResult, skip: int, now_ms: int) -> None:
+        """Give the request's batches from ``skip`` on the next offsets and make them pending;
+        record each idempotent one in the producer state (after the roll, so the roll's snapshot
+        holds only what lies below it)."""
+        producers = scan.producer_ids if scan.idempotent_batches else None
+        table = self._producers.table
         for i in range(skip, scan.batch_count):
             position, size, max_timestamp = scan.positions[i], scan.sizes[i], scan.max_timestamps[i]
             base_offset = self._log_end_offset
@@ -514,22 +537,10 @@ class PartitionLog:
             self._pending_bytes += size
             self._pending_records += next_offset - base_offset
             self._log_end_offset = next_offset
-            if idempotent and producers[i] >= 0:  # after the roll: its snapshot holds what is below it
+            if producers is not None and producers[i] >= 0:
                 sequence = scan.base_sequences[i]
                 table.update(producers[i], scan.producer_epochs[i], sequence,
-                             sequence + scan.last_offset_deltas[i], base_offset, next_offset - 1, now)
-        if self._pending_since_ms is None:
-            self._pending_since_ms = now
-        if self._flush_on_append and self._flush_due(now):
-            self._flush_pending(fsync=self._config.flush_fsync)
-        if skip:
-            logger.info("[%s] a resend of producer id %d's request, %d records stored from offset %d: %d of "
-                        "its %d batches appended after them", self._name, producers[0], prefix_records,
-                        first_offset, scan.batch_count - skip, scan.batch_count)
-            return AppendInfo(first_offset, self._log_end_offset - 1, self._log_end_offset - first_offset,
-                              scan.batch_count, duplicate_records=prefix_records)
-        return AppendInfo(first_offset, self._log_end_offset - 1, self._log_end_offset - first_offset,
-                          scan.batch_count)
+                             sequence + scan.last_offset_deltas[i], base_offset, next_offset - 1, now_ms)
 
     def _check_timestamps(self, scan: _core.ScanResult, now_ms: int) -> None:
         """InvalidTimestampError, before anything changes, when a batch holds a record timestamp
