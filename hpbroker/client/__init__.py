@@ -11,6 +11,12 @@ Modules, one responsibility each (imports point down this list):
                     (or without blocking, for the consumer's fetch loop)
 - ``partitioner``   which partition a record goes to: a stable hash of the key, or spread evenly
 - ``_accumulator``  compiled: per-partition batch building behind ``Producer.send``
+- ``backoff``       the retry backoff formula
+- ``producer_config`` the producer's settings (ProducerConfig) and RecordMetadata
+- ``produce_request`` one partition's ProduceRequest until settled, and telling its records' outcomes
+- ``idempotence``   the idempotent producer's rules: per-partition windows, the producer id's lifecycle
+- ``idempotent_sending`` the producer I/O thread's idempotent half: InitProducerId, windows, outcomes
+- ``appended_lookup`` without idempotence: whether an attempt of unknown outcome was appended
 - ``producer``      the batching producer: linger, in-flight requests, retries, futures
 - ``columns``       records as numpy columns (a consumer made with ``columns=``), decoded by the
                     compiled columnar decoder (``hpbroker._columnar``)

@@ -17,10 +17,13 @@ Modules, one responsibility each (imports point down this list):
                 loop, on a thread of its own, and its ``cluster`` view
 - ``groups``    consumer groups: the consumer, ownership and offset registries, and the range
                 assignment every member computes the same way
+- ``producer_ids`` idempotent producer ids, handed out from blocks unique cluster-wide (a znode
+                replaced by conditional set; standalone, a file in the data directory)
 - ``server``    a managed ZooKeeper server process, for the local stack and the tests
 
 Used by the broker (``hpbroker.workers.arbiter``), the local stack (``hpbroker.stack``), group
 consumers (``hpbroker.client.group``, the one client module that loads kazoo) and ``hpbroker
-groups``; storage (``hpbroker.io``) never imports it.  A kazoo client is not fork-safe: make it in the
+groups``; storage (``hpbroker.io``) never imports it (``producer_ids`` uses storage's file of the
+ids issued, ``hpbroker.io.producer_state``).  A kazoo client is not fork-safe: make it in the
 process that uses it, after any ``fork``.
 """
