@@ -10,12 +10,13 @@ guarantees), :class:`LogConfig`, and the values they return, :class:`FileSlice` 
 - ``index``       the sparse offset index and time index of a segment
 - ``segment``     a ``.log`` plus its indexes: the indexing rule, load, recover, read
 - ``checkpoint``  the recovery-point checkpoint file, replaced atomically
+- ``leader_epochs`` the leader-epoch cache and its file: which leader epoch began at which offset
 - ``loader``      opening a directory: cleanup, trusted load or recovery of each segment
 - ``producer_state`` the idempotent producers' state: deduplication checks, snapshots, rebuild,
                   the issued producer ids' ceiling file
 - ``producer_replay`` re-reading the log's idempotent batch headers for that rebuild
 - ``flush_job``   FlushJob: one group commit in flight, run by a flusher, applied by the log
-- ``log``         PartitionLog: append, group-commit flush, roll, read, retention
+- ``log``         PartitionLog: append, group-commit flush, roll, read, retention, truncate-to
 - ``verify``      offline checks of a partition directory, reading only (``hpbroker check``)
 - ``_writer``     compiled: group-commit I/O (writev + fdatasync) run without the GIL, and the
                   native writer thread that runs it off the owner's thread

@@ -3,7 +3,9 @@
 Layout: one directory per partition (the caller picks it, e.g. ``<data_dir>/<topic>-<partition>``)
 holding the segments, each named by its base offset (``00000000000000000000.log``, ``.index``,
 ``.timeindex``; formats in ``hpbroker.io.segment``), ``recovery-point-offset-checkpoint`` and,
-between a clean close and the next open, ``clean-shutdown`` (both in ``hpbroker.io.checkpoint``).
+between a clean close and the next open, ``clean-shutdown`` (both in ``hpbroker.io.checkpoint``),
+and ``leader-epoch-checkpoint`` (``hpbroker.io.leader_epochs``; ``truncate_to`` cuts the log back
+for a follower).
 The first record of a partition has offset 0; offsets are contiguous from ``log_start_offset``
 to ``log_end_offset``.
 
@@ -135,6 +137,7 @@ from hpbroker.io.damage import DamagedRange
 from hpbroker.io.files import fsync_dir, lock_directory, make_directory, pread_full
 from hpbroker.io.flush_job import FlushJob
 from hpbroker.io.index import IndexCorruptError
+from hpbroker.io.leader_epochs import LeaderEpochCache
 from hpbroker.io.loader import load_segments, reload_last_segment
 from hpbroker.io.logfile import FileSlice
 from hpbroker.io.producer_replay import replay_batches, unexpired_offset
@@ -278,6 +281,7 @@ class PartitionLog:
         self.on_sync: Callable[[int], None] | None = None
         self._producers = ProducerStateManager(self._directory, name=self._name,
                                                producer_id_issued=producer_id_issued)
+        self._leader_epochs: LeaderEpochCache | None = None
         try:
             self._open()
         except OSError as e:
@@ -314,6 +318,9 @@ class PartitionLog:
             except OSError as e:  # a full disk: open for reads, appends wait for resume_writes
                 self._fail_writes("open", e)
         self._load_producer_state(now)
+        self._leader_epochs = LeaderEpochCache(self._directory, name=self._name)
+        self._leader_epochs.truncate_from_end(self._log_end_offset)  # a truncation a crash cut short
+        self._leader_epochs.truncate_from_start(self.log_start_offset)
         logger.info("[%s] opened %s: %d segments, offsets [%d, %d), %d bytes, in %.3f s",
                     self._name, self._directory, len(self._segments), self.log_start_offset,
                     self._log_end_offset, self.size_in_bytes, time.monotonic() - started)
@@ -436,7 +443,7 @@ class PartitionLog:
     # --- appending and flushing ------------------------------------------------------------
 
     @_write_operation
-    def append(self, buf: BytesLike, *, immutable: bool = False) -> AppendInfo:
+    def append(self, buf: BytesLike, *, immutable: bool = False, leader_epoch: int = 0) -> AppendInfo:
         """Append the whole batches in ``buf`` (as a producer sent them); returns the offsets given.
 
         Raises CorruptRecordError, InvalidRecordError or RecordTooLargeError (the log unchanged)
@@ -462,8 +469,15 @@ class PartitionLog:
         an mmap, and also a read-only view of one: read-only says only that the view cannot
         change the bytes, not that nobody can), since a caller changing it before the flush
         would put batches on disk that fail their CRC.
+
+        ``leader_epoch`` is stamped into every batch appended (a leader appends in its epoch);
+        the first batch of an epoch newer than the cache's latest records it there
+        (:attr:`leader_epochs`); an older epoch is ValueError, nothing appended.
         """
         self._check_writable()
+        if leader_epoch < self._leader_epochs.latest_epoch:
+            raise ValueError(f"[{self._name}] leader epoch {leader_epoch} is older than the log's latest, "
+                             f"{self._leader_epochs.latest_epoch}")
         view = memoryview(buf)
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")
@@ -498,7 +512,9 @@ class PartitionLog:
             self._roll(now, reason)
         if not self._pending and not self._in_flight and self._segments[-1].size_in_bytes == 0:
             self._active_first_timestamp = scan.max_timestamps[skip]
-        self._add_pending(view, scan, skip, now)
+        if leader_epoch != self._leader_epochs.latest_epoch:
+            self._leader_epochs.assign(leader_epoch, self._log_end_offset)
+        self._add_pending(view, scan, skip, now, leader_epoch)
         if self._pending_since_ms is None:
             self._pending_since_ms = now
         if self._flush_on_append and self._flush_due(now):
@@ -520,7 +536,8 @@ class PartitionLog:
                 f"lie in one segment (at most {MAX_SEGMENT_BYTES} bytes and "
                 f"{_MAX_RELATIVE_OFFSET + 1} offsets)")
 
-    def _add_pending(self, view: memoryview, scan: _core.ScanResult, skip: int, now_ms: int) -> None:
+    def _add_pending(self, view: memoryview, scan: _core.ScanResult, skip: int, now_ms: int,
+                     leader_epoch: int) -> None:
         """Give the request's batches from ``skip`` on the next offsets and make them pending;
         record each idempotent one in the producer state (after the roll, so the roll's snapshot
         holds only what lies below it)."""
@@ -531,7 +548,7 @@ class PartitionLog:
             base_offset = self._log_end_offset
             next_offset = base_offset + scan.last_offset_deltas[i] + 1
             head = bytearray(view[position : position + STAMP_BYTES])
-            _core.stamp_batch(head, 0, base_offset, 0)
+            _core.stamp_batch(head, 0, base_offset, leader_epoch)
             body = view[position + STAMP_BYTES : position + size]
             self._pending.append(PendingBatch(base_offset, next_offset, max_timestamp, size, head, body))
             self._pending_bytes += size
@@ -836,6 +853,81 @@ class PartitionLog:
             ranges += segment.damaged
         return sorted(ranges, key=lambda r: (r.first_offset, r.first_position))
 
+    # --- truncation and leader epochs (hpbroker.io.leader_epochs) -------------------------------
+
+    @property
+    def leader_epochs(self) -> LeaderEpochCache:
+        """The leader-epoch cache (epoch -> start offset), for ``end_offset_for``.  Look, do not
+        touch: the log keeps it within its offsets."""
+        return self._leader_epochs
+
+    @_write_operation
+    def truncate_to(self, offset: int) -> int:
+        """Cut the log back so that it ends at ``offset`` (``log_start_offset <= offset <=
+        log_end_offset``, else ValueError); returns the new log end.  For a follower that found,
+        through the leader's epoch end offsets, that its log diverges from the leader's there.
+
+        Whole batches only, as Kafka: an ``offset`` inside a batch cuts that whole batch, so the
+        log ends at its base offset (below ``offset``).  Pending records and flushes in flight
+        are first completed (flushed and fsynced) like ``flush()``, then cut with the rest.  The
+        segments after the cut are deleted (their descriptors closed ``file_delete_delay_ms``
+        later), the one holding it is cut and its indexes rebuilt, the high watermark, recovery
+        point and checkpoint move down, damaged ranges above go, the producer state is rebuilt
+        (a batch cut away is no duplicate any more) and the leader epochs starting at or after
+        the new end are dropped.  Appends then continue at the new end.
+
+        Crash safety: the checkpoint is lowered first, then the segments go from the last one
+        down, so a crash leaves a shorter prefix of the log (the caller truncates again after
+        the restart, as its follower protocol makes it); the open drops snapshots and leader
+        epochs beyond the log end.  A disk error puts the log in the *writes failed* state."""
+        self._check_writable()
+        if not isinstance(offset, int) or not self.log_start_offset <= offset <= self._log_end_offset:
+            raise ValueError(f"[{self._name}] cannot truncate to {offset!r}: outside the log's range "
+                             f"[{self.log_start_offset}, {self._log_end_offset}]")
+        self._flush_pending(fsync=True)
+        if offset >= self._log_end_offset:
+            return self._log_end_offset
+        i = bisect.bisect_right(self._bases, offset) - 1
+        segment, later = self._segments[i], self._segments[i + 1:]
+        position, new_end = self._batch_boundary(segment, offset)
+        recovery_point = min(self._recovery_point, new_end)
+        self._checkpoint.write(recovery_point)  # first: the log end never moves below the checkpoint
+        for doomed in reversed(later):
+            doomed.delete_files()
+        segment.log.truncate_to(position)
+        fsync_dir(self._directory)
+        now = self._clock()
+        loaded = reload_last_segment(self._directory, self._config, segment.base_offset, new_end, now_ms=now,
+                                     log_name=self._name)
+        for new in loaded.segments:
+            new.sync()
+        for new in loaded.segments[:-1]:
+            new.release_index_files()
+        self._doomed += [(now + self._config.file_delete_delay_ms, old) for old in [segment, *later]]
+        self._segments = self._segments[:i] + loaded.segments
+        self._gaps = [gap for gap in self._gaps if gap.next_offset <= new_end] + loaded.gaps
+        self._bases = [s.base_offset for s in self._segments]
+        self._list_damaged_segments()
+        active = self._segments[-1]
+        self._log_end_offset, self._recovery_point = active.next_offset, recovery_point
+        self._active_first_timestamp = active.first_batch_timestamp
+        self._load_producer_state(now)  # removes the snapshots above the new end
+        self._leader_epochs.truncate_from_end(self._log_end_offset)
+        logger.warning("[%s] truncated to offset %d (asked %d): %d segments deleted", self._name,
+                       self._log_end_offset, offset, len(later))
+        return self._log_end_offset
+
+    def _batch_boundary(self, segment: Segment, offset: int) -> tuple[int, int]:
+        """``(position, base_offset)`` in ``segment`` of the batch holding ``offset`` (of a damaged
+        range holding it: where the range starts), or its end when ``offset`` lies past it."""
+        if offset >= segment.next_offset:
+            return segment.size_in_bytes, segment.next_offset
+        damaged = segment.damaged_range_at(offset)
+        if damaged is not None:
+            return damaged.first_position, damaged.first_offset
+        found = self._using_index(segment, lambda: segment.read(offset, 1))
+        return found.position, found.first_offset
+
     # --- producer state (hpbroker.io.producer_state) ---------------------------------------------
 
     @property
@@ -895,6 +987,7 @@ class PartitionLog:
         del self._bases[:count]
         if count:
             self._producers.truncate_head(self.log_start_offset)
+            self._leader_epochs.truncate_from_start(self.log_start_offset)
             fsync_dir(self._directory)  # else the files may come back after a power loss
             self._list_damaged_segments()
         self._producers.expire(now, config.producer_id_expiration_ms)
@@ -1055,6 +1148,7 @@ class PartitionLog:
         try:
             self._reload()
             self._load_producer_state(self._clock())  # without the dropped batches, nor what the disk lost
+            self._leader_epochs.truncate_from_end(self._log_end_offset)  # the epochs they began
         except OSError as e:
             self._fail_writes("resume", e)
             logger.info("[%s] cannot resume writes yet: %s", self._name, e)
