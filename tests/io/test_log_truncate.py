@@ -182,3 +182,14 @@ def test_retention_moves_the_first_leader_epoch_up(open_log, clock):
     assert log.leader_epochs.entries == [(0, 0)]
     assert log.delete_old_segments() > 0
     assert log.leader_epochs.entries == [(0, log.log_start_offset)]
+
+
+def test_truncate_completes_the_flushes_in_flight_first(log_dir, clock):
+    with PartitionLog(log_dir, TEST_CONFIG, clock=clock, flush_on_append=False) as log:
+        log.append(make_batch(2))
+        job = log.begin_flush()
+        log.append(make_batch(2, tag=1))
+        assert log.truncate_to(2) == 2
+        assert log.flushes_in_flight == () and log.pending_records == 0
+        log.complete_flush(job)  # applied by the truncation: a no-op
+        assert read_all(log) == [(0, stamped(make_batch(2), 0))]
