@@ -40,8 +40,10 @@ marker, before anything else touches the directory.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from hpbroker.io.config import LogConfig
@@ -85,7 +87,7 @@ def load_segments(directory: str, config: LogConfig, recovery_point: int, *, now
     bases = _clean_directory(directory, log_name)
     segments: list[Segment] = []
     gaps: list[DamagedRange] = []
-    try:
+    with _closed_on_error(segments):
         if not bases and recovery_point > 0:
             logger.error("[%s] every segment is missing, but offsets below the recovery point %d were on "
                          "disk: the log starts again at %d", log_name, recovery_point, recovery_point)
@@ -101,10 +103,6 @@ def load_segments(directory: str, config: LogConfig, recovery_point: int, *, now
             if i:
                 _check_continuity(segments[-2], segment, gaps, log_name)
         _end_at_or_past(directory, config, segments, gaps, recovery_point, now_ms=now_ms, log_name=log_name)
-    except BaseException:
-        for segment in segments:
-            segment.close()
-        raise
     return LoadedSegments(segments, gaps)
 
 
@@ -118,16 +116,24 @@ def reload_last_segment(directory: str, config: LogConfig, base_offset: int, rec
     between them.  Raises OSError; closes what it opened then."""
     segments: list[Segment] = []
     gaps: list[DamagedRange] = []
-    try:
+    with _closed_on_error(segments):
         segment = Segment(directory, base_offset, config, create=False, now_ms=now_ms, log_name=log_name)
         segments.append(segment)
         segment.recover(recovery_point)
         _end_at_or_past(directory, config, segments, gaps, recovery_point, now_ms=now_ms, log_name=log_name)
+    return LoadedSegments(segments, gaps)
+
+
+@contextlib.contextmanager
+def _closed_on_error(segments: list[Segment]) -> Iterator[None]:
+    """Close every segment opened so far (``segments``, filled inside the block) when the block
+    raises, then let the error go on: a failed load leaves no descriptor open."""
+    try:
+        yield
     except BaseException:
         for segment in segments:
             segment.close()
         raise
-    return LoadedSegments(segments, gaps)
 
 
 def _end_at_or_past(directory: str, config: LogConfig, segments: list[Segment], gaps: list[DamagedRange],

@@ -358,21 +358,12 @@ def test_records_of_unknown_outcome_fail_and_a_new_id_follows(bootstrap, connect
 
 
 def test_records_waiting_for_a_producer_id_fail_after_the_delivery_timeout(bootstrap, connection, topic_name,
-                                                                           monkeypatch):
+                                                                           held_identity):
     """The broker cannot hand out an id (error 17): the records fail, never sent, after
     delivery_timeout_ms, and once ids are available again the producer sends."""
 
     create_topic(connection, topic_name)
-    call = BrokerConnection.call
-    refusing = threading.Event()
-    refusing.set()
-
-    def refusing_call(self, message, timeout_s=30.0):
-        if isinstance(message, protocol.InitProducerIdRequest) and refusing.is_set():
-            raise CoordinationError("no producer id block at hand")
-        return call(self, message, timeout_s)
-
-    monkeypatch.setattr(BrokerConnection, "call", refusing_call)
+    refusing = held_identity
     with Producer(bootstrap, linger_ms=0, delivery_timeout_ms=800, retry_backoff_ms=50,
                   retry_backoff_max_ms=100, audit_topic=None) as producer:
         started = time.monotonic()
@@ -434,20 +425,11 @@ def test_the_first_request_of_a_producer_id_on_a_partition_goes_alone(bootstrap,
 
 
 def test_waiting_for_a_producer_id_fails_only_records_older_than_the_delivery_timeout(
-        bootstrap, connection, topic_name, monkeypatch):
+        bootstrap, connection, topic_name, held_identity):
     """While the broker hands out no id, a batch fails once it has waited delivery_timeout_ms
     itself: one opened later waits on and is sent when an id comes."""
     create_topic(connection, topic_name, 2)
-    call = BrokerConnection.call
-    refusing = threading.Event()
-    refusing.set()
-
-    def refusing_call(self, message, timeout_s=30.0):
-        if isinstance(message, protocol.InitProducerIdRequest) and refusing.is_set():
-            raise CoordinationError("no producer id block at hand")
-        return call(self, message, timeout_s)
-
-    monkeypatch.setattr(BrokerConnection, "call", refusing_call)
+    refusing = held_identity
     with Producer(bootstrap, linger_ms=0, batch_bytes=1024, delivery_timeout_ms=3000, retry_backoff_ms=20,
                   retry_backoff_max_ms=50, audit_topic=None) as producer:
         old = [producer.send_future(topic_name, b"o" * 700, partition=0) for _ in range(2)]  # 2 batches

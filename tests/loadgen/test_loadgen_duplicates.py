@@ -6,7 +6,6 @@ passed to the client only when given."""
 from __future__ import annotations
 
 import pytest
-from harness import start_broker
 
 from hpbroker import protocol
 from hpbroker.client.connection import BrokerConnection, parse_bootstrap
@@ -16,16 +15,6 @@ from loadgen.config import LoadConfig
 from loadgen.histogram import Histogram
 from loadgen.report import Collector, format_report
 from loadgen.runner import run
-
-
-@pytest.fixture(scope="module")
-def bootstrap(tmp_path_factory):
-    root = tmp_path_factory.mktemp("broker")
-    process, port = start_broker(root / "data", root / "broker.log")
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        assert process.stop() == 0, process.log()
 
 
 def store_first_batch_again(bootstrap: str, topic: str, partitions: int) -> tuple[int, int]:

@@ -7,20 +7,7 @@ import json
 import subprocess
 import sys
 
-import pytest
-from harness import start_broker
-
 from loadgen.report import format_report
-
-
-@pytest.fixture(scope="module")
-def bootstrap(tmp_path_factory):
-    root = tmp_path_factory.mktemp("broker")
-    process, port = start_broker(root / "data", root / "broker.log")
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        assert process.stop() == 0, process.log()
 
 
 def test_retries_against_a_slow_flush_store_one_copy_with_idempotence(bootstrap):

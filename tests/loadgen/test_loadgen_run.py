@@ -8,21 +8,10 @@ import subprocess
 import sys
 
 import pytest
-from harness import start_broker
 
 from loadgen.config import LoadConfig
 from loadgen.payload import KeySpec, SizeSpec
 from loadgen.runner import LoadgenError, run
-
-
-@pytest.fixture(scope="module")
-def bootstrap(tmp_path_factory):
-    root = tmp_path_factory.mktemp("broker")
-    process, port = start_broker(root / "data", root / "broker.log")
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        assert process.stop() == 0, process.log()
 
 
 @pytest.mark.parametrize("record_size", ["uniform:24:200", "150"])  # lists of values; one array per chunk
