@@ -116,6 +116,22 @@ class BrokerConfig:
     #: ms between two reads of the consumer groups' committed offsets from ZooKeeper, for the lag
     #: metrics (only with ``zookeeper`` and ``metrics_port`` set).  Default 5000.
     metrics_lag_interval_ms: int = 5000
+    #: replicas of each partition of a topic created without a replication factor (with
+    #: ``zookeeper`` only; a standalone broker holds every replica itself, so 1).  Default 1.
+    #: Range [1, 100].
+    default_replication_factor: int = 1
+    #: ms a follower may go without catching up with its leader's log end before the leader drops
+    #: it from the in-sync replicas (Kafka's ``replica.lag.time.max.ms``).  Default 30_000.
+    #: Range [100, 2**31 - 1].
+    replica_lag_time_max_ms: int = 30_000
+    #: bytes a follower asks for in one replica fetch (at least one whole batch comes back).
+    #: Default 8 MiB.  Range [1024, 64 MiB].
+    replica_fetch_max_bytes: int = 8 << 20
+    #: ms a follower's fetch waits at the leader for new records.  Default 500.  Range [0, 30_000].
+    replica_fetch_wait_max_ms: int = 500
+    #: whether the controller moves each partition's leadership back to its preferred replica
+    #: (the first of its replicas) once that replica is in sync again.  Default True.
+    auto_leader_rebalance: bool = True
     #: log settings of topics that do not override them.
     log: LogConfig = field(default_factory=LogConfig)
 
@@ -148,13 +164,18 @@ class BrokerConfig:
         _check_int("zookeeper_session_timeout_ms", self.zookeeper_session_timeout_ms, 1000, 600_000)
         _check_int("metrics_port", self.metrics_port, 0, 65535)
         _check_int("metrics_lag_interval_ms", self.metrics_lag_interval_ms, 100, 2**31 - 1)
+        _check_int("default_replication_factor", self.default_replication_factor, 1, 100)
+        _check_int("replica_lag_time_max_ms", self.replica_lag_time_max_ms, 100, 2**31 - 1)
+        _check_int("replica_fetch_max_bytes", self.replica_fetch_max_bytes, 1024, 64 << 20)
+        _check_int("replica_fetch_wait_max_ms", self.replica_fetch_wait_max_ms, 0, 30_000)
         for name in ("host", "data_dir", "run_dir", "zookeeper", "metrics_host"):
             if not isinstance(getattr(self, name), str):
                 raise InvalidConfigError(f"{name} must be a string, got {getattr(self, name)!r}")
         if not self.host or not self.data_dir:
             raise InvalidConfigError("host and data_dir must not be empty")
-        if not isinstance(self.auto_create_topics, bool):
-            raise InvalidConfigError(f"auto_create_topics must be a bool, got {self.auto_create_topics!r}")
+        for name in ("auto_create_topics", "auto_leader_rebalance"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.zookeeper:
             try:
                 parse_connect_string(self.zookeeper)

@@ -29,9 +29,9 @@ _DAY_MS = 24 * 60 * 60 * 1000
 class LogConfig:
     """How one partition log rolls, indexes, flushes and retains its segments.
 
-    Invariants (checked in ``__post_init__``): every field is an ``int`` (``flush_fsync`` a
-    ``bool``) within the range documented beside it.  Instances are immutable and may be shared
-    by any number of logs.
+    Invariants (checked in ``__post_init__``): every field is an ``int`` (``flush_fsync`` and
+    ``unclean_leader_election`` a ``bool``) within the range documented beside it.  Instances are
+    immutable and may be shared by any number of logs.
     """
 
     #: bytes; roll to a new segment when the active one would grow past this with the request
@@ -76,6 +76,15 @@ class LogConfig:
     #: for this long; checked by each retention pass (Kafka's ``producer.id.expiration.ms``).
     #: Default 86_400_000 (1 day).  Range [1, 2**63 - 1].
     producer_id_expiration_ms: int = _DAY_MS
+    #: replicas; the fewest in-sync replicas (the leader included) with which a replicated
+    #: partition takes an ``acks=all`` produce; fewer is NotEnoughReplicasError (Kafka's
+    #: ``min.insync.replicas``).  Read by the broker's replication, not by the log.  Default 1.
+    #: Range [1, 100].
+    min_insync_replicas: int = 1
+    #: whether a replicated partition whose in-sync replicas are all gone may get a leader that was
+    #: not in sync (available again, at the price of the acknowledged records it lacks; Kafka's
+    #: ``unclean.leader.election.enable``).  Read by the controller, not by the log.  Default False.
+    unclean_leader_election: bool = False
 
     def __post_init__(self) -> None:
         _check_int("segment_bytes", self.segment_bytes, MIN_SEGMENT_BYTES, MAX_SEGMENT_BYTES)
@@ -89,8 +98,10 @@ class LogConfig:
         _check_int("file_delete_delay_ms", self.file_delete_delay_ms, 0, _MAX_I32)
         _check_int("message_timestamp_after_max_ms", self.message_timestamp_after_max_ms, 0, _MAX_I64)
         _check_int("producer_id_expiration_ms", self.producer_id_expiration_ms, 1, _MAX_I64)
-        if not isinstance(self.flush_fsync, bool):
-            raise InvalidConfigError(f"flush_fsync must be a bool, got {self.flush_fsync!r}")
+        _check_int("min_insync_replicas", self.min_insync_replicas, 1, 100)
+        for name in ("flush_fsync", "unclean_leader_election"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
 
     def replace(self, **changes: object) -> LogConfig:
         """A copy with ``changes`` applied, validated like a new instance."""
