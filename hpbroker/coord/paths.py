@@ -4,9 +4,12 @@ The tree, under a root that defaults to ``/hpbroker`` (``docs/COORDINATION.md`` 
 JSON, who creates it and what happens on session expiry)::
 
     /hpbroker
+      controller                                        ephemeral: the active controller
+      controller_epoch                                  persistent: how many controllers were elected
       brokers/
         ids/<broker_id>                                 ephemeral: one live broker
-        topics/<topic>                                  persistent: a topic's partitions and settings
+        topics/<topic>                                  persistent: a topic's partitions, replicas, settings
+          partitions/<partition>/state                  persistent: leader, leader epoch, ISR
       consumers/<group>/
         ids/<consumer_id>                               ephemeral: one live consumer of the group
         owners/<topic>/<partition>                      ephemeral: the consumer that owns a partition
@@ -152,6 +155,33 @@ class ZkPaths:
         """A topic's metadata: partitions and settings (persistent)."""
         return self._join("brokers", "topics", check_topic(topic))
 
+    def topic_partitions(self, topic: str) -> str:
+        """Parent of a replicated topic's partitions, one child per partition number."""
+        return self._join("brokers", "topics", check_topic(topic), "partitions")
+
+    def topic_partition(self, topic: str, partition: int) -> str:
+        """Parent of one partition's nodes (its ``state``)."""
+        return self._join("brokers", "topics", check_topic(topic), "partitions",
+                          str(check_partition(partition)))
+
+    def partition_state(self, topic: str, partition: int) -> str:
+        """A replicated partition's leader, leader epoch and ISR (persistent, replaced by
+        conditional sets: ``hpbroker.coord.partition_state``)."""
+        return self.topic_partition(topic, partition) + "/state"
+
+    # --- controller -----------------------------------------------------------------------------
+
+    @property
+    def controller(self) -> str:
+        """The active controller's broker id (ephemeral: it goes with the controller's session)."""
+        return self._join("controller")
+
+    @property
+    def controller_epoch(self) -> str:
+        """The number of controller elections so far (persistent); its znode version guards every
+        write of a controller, so a deposed one's writes fail."""
+        return self._join("controller_epoch")
+
     @property
     def producer_id_block(self) -> str:
         """The newest block of producer ids a broker took (persistent, replaced with conditional
@@ -213,7 +243,7 @@ class ZkPaths:
 
     @staticmethod
     def partition_of(child: str) -> int:
-        """The partition a child of :meth:`owners` or :meth:`offsets` names."""
+        """The partition a child of :meth:`owners`, :meth:`offsets` or :meth:`topic_partitions` names."""
         if not child.isdigit() or (len(child) > 1 and child[0] == "0"):
             raise InvalidPartitionsError(f"{child!r} is not a partition number")
         return check_partition(int(child))

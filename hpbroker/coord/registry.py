@@ -31,6 +31,7 @@ callback; a node whose data does not decode is logged and passed on as None.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -38,7 +39,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
 
 from hpbroker.coord.paths import ZkPaths, check_broker_id, check_topic
 from hpbroker.coord.session import Session
@@ -78,12 +79,59 @@ class BrokerRegistration:
 @dataclass(frozen=True, slots=True)
 class TopicRegistration:
     """One topic's metadata: ``config`` maps LogConfig field names to the topic's own values;
-    ``created_by`` is the broker that wrote the node (and removes it)."""
+    ``created_by`` is the broker that wrote the node (and removes it).
+
+    ``replicas`` maps each partition to its replicas' broker ids, the preferred leader first;
+    empty for an unreplicated topic (stored whole by the broker that created it).  When
+    non-empty it is checked on construction (ValueError): exactly the partitions
+    ``0 .. partitions-1``, each with the same number (>= 1) of distinct broker ids."""
 
     name: str
     partitions: int
     config: Mapping[str, Any] = field(default_factory=dict)
     created_by: int = -1
+    replicas: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.replicas:
+            object.__setattr__(self, "replicas", _checked_replicas(self.partitions, self.replicas))
+
+    @property
+    def replicated(self) -> bool:
+        """Whether the topic has a replica assignment (and so partition states)."""
+        return bool(self.replicas)
+
+    @property
+    def replication_factor(self) -> int:
+        """Replicas per partition: 1 for an unreplicated topic."""
+        return len(self.replicas[0]) if self.replicas else 1
+
+
+def _checked_replicas(partitions: int, replicas: Mapping[int, Any]) -> dict[int, tuple[int, ...]]:
+    if not isinstance(replicas, Mapping):
+        raise ValueError(f"replicas must map partitions to broker ids, got {replicas!r:.200}")
+    if sorted(replicas) != list(range(partitions)):
+        raise ValueError(f"replicas must list partitions 0..{partitions - 1}, got {sorted(replicas)!r:.200}")
+    checked = {}
+    for partition in range(partitions):
+        brokers = replicas[partition]
+        if not isinstance(brokers, (list, tuple)) or not brokers:
+            raise ValueError(f"replicas of partition {partition} must be a non-empty list, got {brokers!r}")
+        ids = tuple(_replica_id(b, partition) for b in brokers)
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"replicas of partition {partition} name a broker twice: {list(ids)}")
+        if len(ids) != len(checked.get(0, ids)):
+            raise ValueError(f"partition {partition} has {len(ids)} replicas, partition 0 has "
+                             f"{len(checked[0])}: every partition has the same replication factor")
+        checked[partition] = ids
+    return checked
+
+
+def _replica_id(value: Any, partition: int) -> int:
+    try:
+        return check_broker_id(value)
+    except InvalidConfigError as e:
+        raise ValueError(f"replicas of partition {partition}: {e.message}") from None
 
 
 def _dump(document: dict[str, Any]) -> bytes:
@@ -130,8 +178,13 @@ def decode_broker(data: bytes) -> BrokerRegistration:
 
 
 def encode_topic(topic: TopicRegistration) -> bytes:
-    return _dump({"partitions": topic.partitions, "config": dict(topic.config),
-                  "created_by": topic.created_by})
+    """``replicas`` is written only when there are some: an unreplicated topic's node keeps the
+    bytes it always had."""
+    document: dict[str, Any] = {"partitions": topic.partitions, "config": dict(topic.config),
+                                "created_by": topic.created_by}
+    if topic.replicas:
+        document["replicas"] = {str(p): list(brokers) for p, brokers in sorted(topic.replicas.items())}
+    return _dump(document)
 
 
 def decode_topic(name: str, data: bytes) -> TopicRegistration:
@@ -141,10 +194,31 @@ def decode_topic(name: str, data: bytes) -> TopicRegistration:
         config = document.get("config", {})
         if not isinstance(config, dict):
             raise TypeError("config is not an object")
+        replicas = document.get("replicas", {})
+        if not isinstance(replicas, dict):
+            raise TypeError("replicas is not an object")
         return TopicRegistration(check_topic(name), _typed(document["partitions"], int), config,
-                                 _typed(document.get("created_by", -1), int))
+                                 _typed(document.get("created_by", -1), int),
+                                 {_partition_key(k): _typed(b, list) for k, b in replicas.items()})
     except (KeyError, TypeError, ValueError) as e:
         raise CoordinationError(f"topic {name!r} metadata {data[:200]!r}: {e!r}") from None
+
+
+def _partition_key(key: str) -> int:
+    """A partition number written as a JSON object key: decimal, no sign, no leading zero."""
+    if not key.isdigit() or not key.isascii() or (len(key) > 1 and key[0] == "0"):
+        raise ValueError(f"replicas key {key!r} is not a partition number")
+    return int(key)
+
+
+def _keeping_replicas(topic: TopicRegistration, current: TopicRegistration | None) -> TopicRegistration:
+    """``topic``, with ``current``'s replicas when it has none of its own (:meth:`TopicRegistry.publish`)."""
+    if topic.replicas or current is None or not current.replicas:
+        return topic
+    if topic.partitions != current.partitions:
+        raise CoordinationError(f"topic {topic.name!r} has {current.partitions} replicated partitions; "
+                                f"{topic.partitions} partitions need a replica assignment of their own")
+    return dataclasses.replace(topic, replicas=current.replicas)
 
 
 def _typed(value: Any, kind: type) -> Any:
@@ -250,27 +324,35 @@ class TopicRegistry:
         self.paths = paths or ZkPaths()
 
     def publish(self, topic: TopicRegistration) -> bool:
-        """Create or overwrite the topic's node; False when it already held exactly this."""
+        """Create or overwrite the topic's node; False when it already held exactly this.
+
+        A registration without ``replicas`` keeps those of the node it replaces: the replica
+        assignment is written by whoever creates a replicated topic or moves its replicas, and a
+        change of settings (written by brokers that know nothing of it) must not drop it.  Such a
+        registration with another partition count than the node's assignment is CoordinationError."""
         client = self._session.client
-        path, data = self.paths.topic(topic.name), encode_topic(topic)
+        path = self.paths.topic(topic.name)
         while True:
             try:
-                client.create(path, data, makepath=True)
+                client.create(path, encode_topic(topic), makepath=True)
                 return True
             except NodeExistsError:
                 pass
             try:
                 existing, stat = client.get(path)
-                if _decoded(lambda d: decode_topic(topic.name, d), existing, path) == topic:
+                current = _decoded(lambda d: decode_topic(topic.name, d), existing, path)
+                wanted = _keeping_replicas(topic, current)
+                if current == wanted:
                     return False
-                client.set(path, data, version=stat.version)
+                client.set(path, encode_topic(wanted), version=stat.version)
                 return True
             except (NoNodeError, BadVersionError):
                 continue  # deleted or changed in between: look again
 
     def remove(self, name: str, *, created_by: int | None = None) -> bool:
-        """Delete the topic's node; with ``created_by``, only if that broker wrote it.  False when
-        there was nothing to delete."""
+        """Delete the topic's node, and with it its partitions' state nodes (one transaction);
+        with ``created_by``, only if that broker wrote it.  False when there was nothing to
+        delete."""
         client = self._session.client
         path = self.paths.topic(name)
         while True:
@@ -280,12 +362,29 @@ class TopicRegistry:
                     current = _decoded(lambda d: decode_topic(name, d), data, path)
                     if current is None or current.created_by != created_by:
                         return False
-                client.delete(path, version=stat.version)
-                return True
+                if stat.numChildren == 0:
+                    client.delete(path, version=stat.version)
+                    return True
+                txn = client.transaction()
+                for child in self._subtree(path):
+                    txn.delete(child)
+                txn.delete(path, version=stat.version)
+                if all(not isinstance(result, Exception) for result in txn.commit()):
+                    return True
             except NoNodeError:
                 return False
-            except BadVersionError:
-                continue
+            except (BadVersionError, NotEmptyError):
+                continue  # changed in between: look again
+
+    def _subtree(self, path: str) -> list[str]:
+        """Every node below ``path``, deepest first (the order they can be deleted in)."""
+        client = self._session.client
+        below = []
+        for child in client.get_children(path):
+            child_path = f"{path}/{child}"
+            below.extend(self._subtree(child_path))
+            below.append(child_path)
+        return below
 
     def get(self, name: str) -> TopicRegistration | None:
         path = self.paths.topic(name)
