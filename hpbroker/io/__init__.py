@@ -16,7 +16,9 @@ guarantees), :class:`LogConfig`, and the values they return, :class:`FileSlice` 
                   the issued producer ids' ceiling file
 - ``producer_replay`` re-reading the log's idempotent batch headers for that rebuild
 - ``flush_job``   FlushJob: one group commit in flight, run by a flusher, applied by the log
-- ``log``         PartitionLog: append, group-commit flush, roll, read, retention, truncate-to
+- ``log``         PartitionLog: append (a producer's, a follower's), group-commit flush, roll,
+                  read, retention
+- ``truncation``  cutting the log back: truncate to an offset, or empty it to start elsewhere
 - ``verify``      offline checks of a partition directory, reading only (``hpbroker check``)
 - ``_writer``     compiled: group-commit I/O (writev + fdatasync) run without the GIL, and the
                   native writer thread that runs it off the owner's thread

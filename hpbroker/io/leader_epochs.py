@@ -22,7 +22,8 @@ watermark, as Kafka's does.
 Invariants: epochs and start offsets strictly increase from one entry to the next.
 Single writer: the partition log, which keeps the entries within its offsets
 (:meth:`~LeaderEpochCache.truncate_from_end` when the log is truncated,
-:meth:`~LeaderEpochCache.truncate_from_start` when retention moves the log start).
+:meth:`~LeaderEpochCache.truncate_from_start` when retention moves the log start,
+:meth:`~LeaderEpochCache.clear` when the log is emptied to start at another offset).
 """
 
 from __future__ import annotations
@@ -132,6 +133,13 @@ class LeaderEpochCache:
             return
         del self._epochs[:covering], self._start_offsets[:covering]
         self._start_offsets[0] = start_offset
+        self._write()
+
+    def clear(self) -> None:
+        """The log was emptied and starts again elsewhere: drop every entry."""
+        if self._epochs:
+            logger.info("[%s] leader epochs %s dropped: the log was emptied", self._name, self.entries)
+        del self._epochs[:], self._start_offsets[:]
         self._write()
 
     # --- the file ---------------------------------------------------------------------------------

@@ -4,8 +4,14 @@ Layout: one directory per partition (the caller picks it, e.g. ``<data_dir>/<top
 holding the segments, each named by its base offset (``00000000000000000000.log``, ``.index``,
 ``.timeindex``; formats in ``hpbroker.io.segment``), ``recovery-point-offset-checkpoint`` and,
 between a clean close and the next open, ``clean-shutdown`` (both in ``hpbroker.io.checkpoint``),
-and ``leader-epoch-checkpoint`` (``hpbroker.io.leader_epochs``; ``truncate_to`` cuts the log back
-for a follower).
+and ``leader-epoch-checkpoint`` (``hpbroker.io.leader_epochs``).
+
+What a replica needs, and nothing of replication itself (the replica state machine lives above
+storage): :meth:`PartitionLog.append_replicated` appends a leader's batches as they are (base
+offsets, leader epochs and bytes kept, so a follower's segments hold the leader's very bytes),
+:meth:`PartitionLog.begin_leader_epoch` records where a new leader's epoch begins, and
+``truncate_to`` / ``truncate_fully_and_start_at`` (hpbroker.io.truncation) cut the log back, to
+an offset or to nothing.
 The first record of a partition has offset 0; offsets are contiguous from ``log_start_offset``
 to ``log_end_offset``.
 
@@ -116,6 +122,7 @@ import errno
 import functools
 import logging
 import os
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -126,11 +133,14 @@ from hpbroker.errors import (
     CorruptRecordError,
     DamagedRangeError,
     HPBrokerError,
+    InvalidRecordError,
     InvalidTimestampError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
     StorageError,
+    error_for_code,
 )
+from hpbroker.io import truncation
 from hpbroker.io.checkpoint import CleanShutdownMarker, DamagedSegments, RecoveryPointCheckpoint
 from hpbroker.io.config import MAX_SEGMENT_BYTES, LogConfig
 from hpbroker.io.damage import DamagedRange
@@ -153,6 +163,9 @@ logger = logging.getLogger(__name__)
 MAX_PENDING_BYTES = 64 << 20
 # Index entries hold offsets relative to the segment's base offset as u32.
 _MAX_RELATIVE_OFFSET = 2**32 - 1
+# A batch's base offset (i64) and leader epoch (i32), little-endian, outside the CRC (docs/FORMAT.md).
+_BASE_OFFSET = struct.Struct("<q")
+_LEADER_EPOCH = struct.Struct("<i")
 _T = TypeVar("_T")
 BytesLike = bytes | bytearray | memoryview
 
@@ -176,6 +189,17 @@ class AppendInfo:
     batch_count: int
     duplicate: bool = False
     duplicate_records: int = 0
+
+
+def _held_view(buf: BytesLike, immutable: bool) -> memoryview:
+    """A flat byte view of ``buf`` that the log may hold until the flush: ``buf`` itself when
+    its bytes cannot change (``bytes``, or declared ``immutable``), else a copy."""
+    view = memoryview(buf)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    if not immutable and not _backed_by_bytes(view):
+        view = memoryview(view.tobytes())
+    return view
 
 
 def _backed_by_bytes(view: memoryview) -> bool:
@@ -478,11 +502,7 @@ class PartitionLog:
         if leader_epoch < self._leader_epochs.latest_epoch:
             raise ValueError(f"[{self._name}] leader epoch {leader_epoch} is older than the log's latest, "
                              f"{self._leader_epochs.latest_epoch}")
-        view = memoryview(buf)
-        if view.format != "B" or view.ndim != 1:
-            view = view.cast("B")
-        if not immutable and not _backed_by_bytes(view):
-            view = memoryview(view.tobytes())
+        view = _held_view(buf, immutable)
         scan = _core.validate_batches(view, max_batch_bytes=self._config.max_message_bytes)
         now = self._clock()
         self._check_timestamps(scan, now)
@@ -507,18 +527,12 @@ class PartitionLog:
         # One roll decision for the whole request (Kafka's maybeRoll per append), on what is
         # appended: a request never straddles two segments, so a crash or a failed flush keeps all
         # of it or none of it.
-        reason = self._roll_reason(request_bytes, first_offset + scan.record_count - 1, max_timestamp, now)
-        if reason is not None:
-            self._roll(now, reason)
-        if not self._pending and not self._in_flight and self._segments[-1].size_in_bytes == 0:
-            self._active_first_timestamp = scan.max_timestamps[skip]
+        self._make_room(request_bytes, first_offset + scan.record_count - 1, max_timestamp,
+                        scan.max_timestamps[skip], now)
         if leader_epoch != self._leader_epochs.latest_epoch:
             self._leader_epochs.assign(leader_epoch, self._log_end_offset)
         self._add_pending(view, scan, skip, now, leader_epoch)
-        if self._pending_since_ms is None:
-            self._pending_since_ms = now
-        if self._flush_on_append and self._flush_due(now):
-            self._flush_pending(fsync=self._config.flush_fsync)
+        self._pended(now)
         if skip:
             logger.info("[%s] a resend of producer id %d's request, %d records stored from offset %d: %d of "
                         "its %d batches appended after them", self._name, scan.producer_ids[0],
@@ -527,6 +541,110 @@ class PartitionLog:
                               scan.batch_count, duplicate_records=prefix_records)
         return AppendInfo(first_offset, self._log_end_offset - 1, self._log_end_offset - first_offset,
                           scan.batch_count)
+
+    @_write_operation
+    def append_replicated(self, buf: BytesLike, *, immutable: bool = False) -> AppendInfo:
+        """Append the leader's batches in ``buf`` as they are: a follower's append.
+
+        ``buf`` holds whole batches as the leader's log stores them (a fetch response's records):
+        their base offsets and leader epochs are kept and no byte is changed, so the follower's
+        segments hold the leader's very bytes.  Checked before anything changes, else nothing is
+        appended: the first batch starts at :attr:`log_end_offset` (InvalidRecordError
+        "replicated batch at offset X, log ends at Y"); every batch is valid as on ``append``
+        (framing, CRC, header, records: CorruptRecordError or InvalidRecordError naming the
+        batch's offset) and starts right after its predecessor; no batch's leader epoch is older
+        than the one before it, nor than :attr:`leader_epochs`'s latest (InvalidRecordError).
+        Not checked: ``max_message_bytes`` and timestamps (the leader took the batches under the
+        same topic settings and its own clock; refusing them here would stall the replica for
+        good), and idempotent producers' sequences (the leader decided).  A request no segment
+        could hold is RecordTooLargeError, as on ``append``.
+
+        The first batch of an epoch newer than the cache's latest records it at that batch's
+        base offset (the file is written before this returns); each idempotent batch updates
+        the producer state as on ``append``, so this log deduplicates the producer's retries if
+        it becomes the leader.  The roll is decided once for the whole ``buf``, the records are
+        pending until flushed, and a buffer is held or copied, exactly as on :meth:`append`.
+        An empty ``buf`` appends nothing (``record_count`` 0, ``first_offset`` the log end).
+        """
+        self._check_writable()
+        view = _held_view(buf, immutable)
+        first_offset = self._log_end_offset
+        if not len(view):
+            return AppendInfo(first_offset, first_offset - 1, 0, 0)
+        scan = self._scan_replicated(view)
+        now = self._clock()
+        self._check_fits_a_segment(len(view), scan.record_count)
+        new_epochs = self._new_leader_epochs(view, scan)
+        self._make_room(len(view), scan.next_offset - 1, scan.max_timestamp, scan.max_timestamps[0], now)
+        for epoch, start_offset in new_epochs:
+            self._leader_epochs.assign(epoch, start_offset)
+        self._add_pending(view, scan, 0, now, None)
+        self._pended(now)
+        return AppendInfo(first_offset, self._log_end_offset - 1, scan.record_count, scan.batch_count)
+
+    def _scan_replicated(self, view: memoryview) -> _core.ScanResult:
+        """Deep-scan a follower's ``view``, its batches contiguous from the log end; raise as
+        :meth:`append_replicated` says unless all of it scans clean."""
+        expected = self._log_end_offset
+        first = (_BASE_OFFSET.unpack_from(view, _core.BASE_OFFSET_POSITION)[0]
+                 if len(view) >= _BASE_OFFSET.size else expected)
+        if first != expected:
+            raise InvalidRecordError(f"[{self._name}] replicated batch at offset {first}, log ends at "
+                                     f"{expected}: nothing appended")
+        scan = _core.scan_batches(view, expected_offset=expected, deep=True)
+        if scan.error is not None:
+            raise error_for_code(scan.error_code, f"[{self._name}] replicated batch at offset "
+                                 f"{scan.next_offset} (log end {expected}), {scan.error}: nothing appended")
+        return scan
+
+    def _new_leader_epochs(self, view: memoryview, scan: _core.ScanResult) -> list[tuple[int, int]]:
+        """``(epoch, base_offset)`` of each batch in ``view`` whose leader epoch (header bytes
+        12..16, FORMAT.md) is newer than every one before it, the cache's latest included;
+        InvalidRecordError for one that is older."""
+        latest, found = self._leader_epochs.latest_epoch, []
+        for i in range(scan.batch_count):
+            epoch = _LEADER_EPOCH.unpack_from(view, scan.positions[i] + _core.LEADER_EPOCH_POSITION)[0]
+            if epoch < latest or epoch < 0:
+                raise InvalidRecordError(
+                    f"[{self._name}] replicated batch at offset {scan.base_offsets[i]} has leader epoch "
+                    f"{epoch}, older than the log's latest, {latest}: nothing appended")
+            if epoch > latest:
+                found.append((epoch, scan.base_offsets[i]))
+                latest = epoch
+        return found
+
+    @_write_operation
+    def begin_leader_epoch(self, epoch: int) -> None:
+        """Record that leader epoch ``epoch`` begins at :attr:`log_end_offset` (a broker that
+        becomes the partition's leader, before its first append in that epoch); the
+        ``leader-epoch-checkpoint`` file is written before this returns.  The latest epoch
+        again changes nothing; an older one is ValueError.  Refused while writes are failed."""
+        self._check_writable()
+        latest = self._leader_epochs.latest_epoch
+        if not isinstance(epoch, int) or epoch < latest:
+            raise ValueError(f"[{self._name}] leader epoch {epoch!r} is older than the log's latest, "
+                             f"{latest}")
+        if epoch > latest:
+            self._leader_epochs.assign(epoch, self._log_end_offset)
+            logger.info("[%s] leader epoch %d begins at offset %d", self._name, epoch, self._log_end_offset)
+
+    def _make_room(self, request_bytes: int, last_offset: int, max_timestamp: int, first_timestamp: int,
+                   now_ms: int) -> None:
+        """Roll if the request about to be appended (``request_bytes`` ending at ``last_offset``,
+        ``max_timestamp`` its largest timestamp, ``first_timestamp`` its first batch's largest)
+        must start a new segment: decided once per request (:meth:`_roll_reason`)."""
+        reason = self._roll_reason(request_bytes, last_offset, max_timestamp, now_ms)
+        if reason is not None:
+            self._roll(now_ms, reason)
+        if not self._pending and not self._in_flight and self._segments[-1].size_in_bytes == 0:
+            self._active_first_timestamp = first_timestamp
+
+    def _pended(self, now_ms: int) -> None:
+        """Batches were just made pending at ``now_ms``: start the flush deadline, flush if due."""
+        if self._pending_since_ms is None:
+            self._pending_since_ms = now_ms
+        if self._flush_on_append and self._flush_due(now_ms):
+            self._flush_pending(fsync=self._config.flush_fsync)
 
     def _check_fits_a_segment(self, request_bytes: int, record_count: int) -> None:
         """RecordTooLargeError for a request no segment could hold whole (append's docstring)."""
@@ -537,10 +655,11 @@ class PartitionLog:
                 f"{_MAX_RELATIVE_OFFSET + 1} offsets)")
 
     def _add_pending(self, view: memoryview, scan: _core.ScanResult, skip: int, now_ms: int,
-                     leader_epoch: int) -> None:
+                     leader_epoch: int | None) -> None:
         """Give the request's batches from ``skip`` on the next offsets and make them pending;
         record each idempotent one in the producer state (after the roll, so the roll's snapshot
-        holds only what lies below it)."""
+        holds only what lies below it).  ``leader_epoch`` None: the batches are replicated and
+        carry their offsets and epochs already, their bytes are kept as they are."""
         producers = scan.producer_ids if scan.idempotent_batches else None
         table = self._producers.table
         for i in range(skip, scan.batch_count):
@@ -548,7 +667,8 @@ class PartitionLog:
             base_offset = self._log_end_offset
             next_offset = base_offset + scan.last_offset_deltas[i] + 1
             head = bytearray(view[position : position + STAMP_BYTES])
-            _core.stamp_batch(head, 0, base_offset, leader_epoch)
+            if leader_epoch is not None:
+                _core.stamp_batch(head, 0, base_offset, leader_epoch)
             body = view[position + STAMP_BYTES : position + size]
             self._pending.append(PendingBatch(base_offset, next_offset, max_timestamp, size, head, body))
             self._pending_bytes += size
@@ -884,49 +1004,31 @@ class PartitionLog:
         if not isinstance(offset, int) or not self.log_start_offset <= offset <= self._log_end_offset:
             raise ValueError(f"[{self._name}] cannot truncate to {offset!r}: outside the log's range "
                              f"[{self.log_start_offset}, {self._log_end_offset}]")
-        self._flush_pending(fsync=True)
-        if offset >= self._log_end_offset:
-            return self._log_end_offset
-        i = bisect.bisect_right(self._bases, offset) - 1
-        segment, later = self._segments[i], self._segments[i + 1:]
-        position, new_end = self._batch_boundary(segment, offset)
-        recovery_point = min(self._recovery_point, new_end)
-        self._checkpoint.write(recovery_point)  # first: the log end never moves below the checkpoint
-        for doomed in reversed(later):
-            doomed.delete_files()
-        segment.log.truncate_to(position)
-        fsync_dir(self._directory)
-        now = self._clock()
-        loaded = reload_last_segment(self._directory, self._config, segment.base_offset, new_end, now_ms=now,
-                                     log_name=self._name)
-        for new in loaded.segments:
-            new.sync()
-        for new in loaded.segments[:-1]:
-            new.release_index_files()
-        self._doomed += [(now + self._config.file_delete_delay_ms, old) for old in [segment, *later]]
-        self._segments = self._segments[:i] + loaded.segments
-        self._gaps = [gap for gap in self._gaps if gap.next_offset <= new_end] + loaded.gaps
-        self._bases = [s.base_offset for s in self._segments]
-        self._list_damaged_segments()
-        active = self._segments[-1]
-        self._log_end_offset, self._recovery_point = active.next_offset, recovery_point
-        self._active_first_timestamp = active.first_batch_timestamp
-        self._load_producer_state(now)  # removes the snapshots above the new end
-        self._leader_epochs.truncate_from_end(self._log_end_offset)
-        logger.warning("[%s] truncated to offset %d (asked %d): %d segments deleted", self._name,
-                       self._log_end_offset, offset, len(later))
-        return self._log_end_offset
+        return truncation.truncate_to(self, offset)
 
-    def _batch_boundary(self, segment: Segment, offset: int) -> tuple[int, int]:
-        """``(position, base_offset)`` in ``segment`` of the batch holding ``offset`` (of a damaged
-        range holding it: where the range starts), or its end when ``offset`` lies past it."""
-        if offset >= segment.next_offset:
-            return segment.size_in_bytes, segment.next_offset
-        damaged = segment.damaged_range_at(offset)
-        if damaged is not None:
-            return damaged.first_position, damaged.first_offset
-        found = self._using_index(segment, lambda: segment.read(offset, 1))
-        return found.position, found.first_offset
+    @_write_operation
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Empty the log and start it again at ``offset`` (any offset >= 0, else ValueError):
+        afterwards ``log_start_offset == high_watermark == log_end_offset == offset``, one
+        empty segment, no damaged range, the leader epochs and the producer state forgotten
+        (their files too), the checkpoint at ``offset``; all of it durable before this returns.
+        For a follower whose fetch offset fell out of the leader's log, below its start.
+
+        Pending records and flushes in flight are first completed (flushed and fsynced) like
+        ``flush()``, so a flush job the owner still holds completes as a no-op; then they go
+        with the rest.  The segments' files are deleted at once (their descriptors closed
+        ``file_delete_delay_ms`` later, so slices handed out stay readable).  Appends then
+        continue at ``offset``.
+
+        Crash safety (step by step in hpbroker.io.truncation): a crash leaves the whole old log,
+        a suffix of it, or an empty log at ``offset`` (or below it), never a damaged one; the
+        follower's protocol then truncates again.  A disk error before the first file is
+        deleted puts the log in the *writes failed* state; from then on, it takes the log
+        offline (reopen it)."""
+        self._check_writable()
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise ValueError(f"[{self._name}] cannot start the log at {offset!r}: an offset is an int >= 0")
+        truncation.truncate_fully_and_start_at(self, offset)
 
     # --- producer state (hpbroker.io.producer_state) ---------------------------------------------
 

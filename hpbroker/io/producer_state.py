@@ -646,6 +646,16 @@ class ProducerStateManager:
             if offset < log_start_offset:
                 self._delete(offset, f"below the log start {log_start_offset}")
 
+    def clear(self) -> None:
+        """The log was emptied and starts again elsewhere: forget every producer and delete every
+        snapshot (not fsynced here: the log fsyncs its directory).  Raises OSError."""
+        if self.table:
+            logger.info("[%s] forgot %d producer ids: the log was emptied", self.name, len(self.table))
+        self.table = ProducerStateTable()
+        self.loaded_from = None
+        for offset in list_snapshots(self.directory):
+            self._delete(offset, "the log was emptied")
+
     def expire(self, now_ms: int, expiration_ms: int) -> None:
         gone = self.table.expire(now_ms - expiration_ms)
         if gone:
