@@ -10,7 +10,12 @@ Modules, one responsibility each (imports point down this list):
                 ephemeral nodes across session expiry
 - ``watches``   children and data watches that re-arm, with cancellable handles
 - ``registry``  the broker registry (ephemeral, one node per live broker) and the topic registry
-                (persistent topic metadata), their JSON, and watches on them
+                (persistent topic metadata, a replicated topic's replica assignment), their JSON,
+                and watches on them
+- ``assignment`` which brokers hold the replicas of a new replicated topic's partitions (Kafka's
+                layout: leaders and followers spread evenly; pure computation)
+- ``partition_state`` a replicated partition's leader, leader epoch and ISR: its JSON, writes
+                conditional on its version and on the controller epoch's, and watches on it
 - ``cluster``   the cluster as the registries describe it: immutable snapshots kept by watches,
                 from which a broker answers metadata for topics other brokers store
 - ``member``    one broker's membership: its nodes kept in step with snapshots from the broker's

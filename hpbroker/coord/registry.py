@@ -19,11 +19,18 @@ misread gets a new version, and readers refuse versions they do not know::
     brokers/topics/orders
                        {"version": 1, "partitions": 4, "config": {"retention_ms": 86400000},
                         "created_by": 0}
+    brokers/topics/events                               (replicated: it has "replicas")
+                       {"version": 1, "partitions": 2, "config": {}, "created_by": 0,
+                        "replicas": {"0": [1, 2, 0], "1": [2, 0, 1]}}
 
 ``data_ports``: worker ``s`` of the broker serves fetches on ``data_ports[s]`` (which partition on
 which port is in the broker's Metadata response).  ``topics`` maps each topic the broker stores to
 the partitions it stores.  ``config`` holds only the topic's overrides of the broker's log
 defaults, typed as in the topic store.  ``timestamp_ms`` is when the registration was written.
+``replicas`` (replicated topics only; written only when there are some, so an unreplicated
+topic's node keeps its bytes) maps each partition to its replicas' broker ids, the preferred
+leader first; a replicated topic's partition states hang below its node
+(``hpbroker.coord.partition_state``).
 
 Watches (``watch_*``) re-arm (``hpbroker.coord.watches``) and hand decoded registrations to the
 callback; a node whose data does not decode is logged and passed on as None.
