@@ -35,6 +35,10 @@ code  class                            retriable  meaning
 20    OutOfOrderSequenceError          no         a producer's sequence does not follow its last stored batch
 21    ProducerFencedError              no         a producer's epoch is older than the partition has stored
 22    UnknownProducerIdError           no         the producer id was never issued (see InitProducerId)
+23    NotLeaderOrFollowerError         yes        this broker does not lead the partition; names the leader
+24    NotEnoughReplicasError           yes        acks=-1 refused: the ISR is smaller than min_insync_replicas
+25    FencedLeaderEpochError           yes        a replica fetch's leader epoch is older than the leader's
+26    InvalidReplicationFactorError    no         a replication factor below 1 or above the live brokers
 ====  ===============================  =========  =====================================================
 """
 
@@ -46,13 +50,17 @@ __all__ = [
     "CoordinationError",
     "CorruptRecordError",
     "DamagedRangeError",
+    "FencedLeaderEpochError",
     "HPBrokerError",
     "InvalidConfigError",
     "InvalidPartitionsError",
     "InvalidRecordError",
+    "InvalidReplicationFactorError",
     "InvalidRequestError",
     "InvalidTimestampError",
     "InvalidTopicError",
+    "NotEnoughReplicasError",
+    "NotLeaderOrFollowerError",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
     "PartitionNotAvailableError",
@@ -246,6 +254,42 @@ class UnknownProducerIdError(HPBrokerError):
     code = 22
 
 
+class NotLeaderOrFollowerError(HPBrokerError):
+    """The partition is not led by this broker: a produce, a consumer's fetch or list offsets
+    sent to a follower (or to a broker that has no replica of it), or a replica fetch sent to a
+    broker that is not the leader.  The message names the leader when the broker knows it
+    ("... the leader is broker 2 at 127.0.0.1:9192 (leader epoch 4)"); a client refreshes its
+    metadata and sends the request again to the leader named there (Kafka's redirect)."""
+
+    code = 23
+    retriable = True
+
+
+class NotEnoughReplicasError(HPBrokerError):
+    """An acks=-1 produce refused before anything was appended: the partition's in-sync replicas
+    are fewer than its ``min_insync_replicas`` (the message gives both and the ISR, e.g.
+    ``orders-0: 1 in-sync replicas [2], min_insync_replicas is 2``).  Retriable: the ISR grows
+    again once followers catch up; acks=1 is still served meanwhile."""
+
+    code = 24
+    retriable = True
+
+
+class FencedLeaderEpochError(HPBrokerError):
+    """A replica fetch's ``current_leader_epoch`` is older than the leader's: the follower acts on
+    stale partition state and must refresh it (from ZooKeeper) before fetching again."""
+
+    code = 25
+    retriable = True
+
+
+class InvalidReplicationFactorError(HPBrokerError):
+    """A topic's replication factor is below 1, above the number of live brokers (the message
+    names them), or above 1 on a broker without ZooKeeper; nothing was created."""
+
+    code = 26
+
+
 ERRORS_BY_CODE: dict[int, type[HPBrokerError]] = {
     cls.code: cls
     for cls in (
@@ -271,6 +315,10 @@ ERRORS_BY_CODE: dict[int, type[HPBrokerError]] = {
         OutOfOrderSequenceError,
         ProducerFencedError,
         UnknownProducerIdError,
+        NotLeaderOrFollowerError,
+        NotEnoughReplicasError,
+        FencedLeaderEpochError,
+        InvalidReplicationFactorError,
     )
 }
 

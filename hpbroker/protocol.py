@@ -19,9 +19,11 @@ u32 count and that many ``T``.  Schemas are declared once, in :data:`REQUEST_TYP
 **Versions.**  Each message class serves ``MIN_VERSION`` .. ``VERSION`` (its ``api_version`` on
 the wire).  A schema entry is ``(name, type)``, or ``(name, type, since)`` for a field that exists
 from version ``since`` on: version *v* of a message is the entries whose ``since`` is at most *v*,
-in order.  A field absent from the version decoded takes its dataclass default.  A request and
-its response share a version: the broker answers in the version it was asked in
-(:func:`response_version` for a request whose version it does not serve).
+in order.  A field absent from the version decoded takes its dataclass default.  Nested types
+(``PartitionMetadata`` …) have no version of their own: their ``since`` entries count in the
+version of the message that carries them.  A request and its response share a version: the
+broker answers in the version it was asked in (:func:`response_version` for a request whose
+version it does not serve).
 
 Decoding never trusts a length: every count and size is checked against the bytes present and
 against :data:`MAX_MESSAGE_BYTES`, and any mismatch raises
@@ -40,12 +42,16 @@ from typing import Any, ClassVar
 from hpbroker.errors import InvalidRequestError, UnsupportedVersionError
 
 __all__ = [
+    "ACKS_ALL",
+    "CONSUMER_REPLICA_ID",
     "EARLIEST_TIMESTAMP",
     "MAX_PRODUCER_EPOCH",
     "NO_PRODUCER_EPOCH",
     "NO_PRODUCER_ID",
     "LATEST_TIMESTAMP",
     "MAX_MESSAGE_BYTES",
+    "NESTED_TYPES",
+    "NO_LEADER_EPOCH",
     "REQUEST_TYPES",
     "RESPONSE_TYPES",
     "AlterTopicConfigRequest",
@@ -96,6 +102,12 @@ EARLIEST_TIMESTAMP = -2  # the log start offset
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
 MAX_PRODUCER_EPOCH = 2**31 - 1
+# ProduceRequest.acks: answer once every in-sync replica has the records flushed.
+ACKS_ALL = -1
+# FetchRequest.replica_id of a consumer (a follower sends its broker id, >= 0).
+CONSUMER_REPLICA_ID = -1
+# A leader epoch field with nothing to say: no check asked for, no epoch known, no divergence.
+NO_LEADER_EPOCH = -1
 # The payload of a FetchResponse with error 18 (DamagedRangeError): the offset after the damaged range.
 DAMAGED_RANGE_PAYLOAD = struct.Struct("<q")
 
@@ -121,30 +133,30 @@ class _Scalar:
         self.name = name
         self.struct = struct.Struct("<" + fmt)
 
-    def encode(self, value: Any, out: bytearray) -> None:
+    def encode(self, value: Any, out: bytearray, version: int | None = None) -> None:
         try:
             out += self.struct.pack(value)
         except struct.error as e:
             raise InvalidRequestError(f"value {value!r} does not fit {self.name}: {e}") from None
 
-    def decode(self, reader: _Reader) -> Any:
+    def decode(self, reader: _Reader, version: int | None = None) -> Any:
         return reader.unpack(self.struct, self.name)[0]
 
-    def min_size(self) -> int:
+    def min_size(self, version: int | None = None) -> int:
         return self.struct.size
 
 
 class _String:
     name = "string"
 
-    def encode(self, value: str, out: bytearray) -> None:
+    def encode(self, value: str, out: bytearray, version: int | None = None) -> None:
         data = value.encode("utf-8")
         if len(data) > 0xFFFF:
             raise InvalidRequestError(f"string of {len(data)} bytes exceeds 65535")
         out += _U16.pack(len(data))
         out += data
 
-    def decode(self, reader: _Reader) -> str:
+    def decode(self, reader: _Reader, version: int | None = None) -> str:
         (length,) = reader.unpack(_U16, "string length")
         raw = reader.take(length, "string")
         try:
@@ -153,7 +165,7 @@ class _String:
             where = reader.position - length
             raise InvalidRequestError(f"string at byte {where} is not UTF-8: {e}") from None
 
-    def min_size(self) -> int:
+    def min_size(self, version: int | None = None) -> int:
         return 2
 
 
@@ -162,45 +174,51 @@ class _Array:
         self.element = element
         self.name = f"array<{element.name}>"
 
-    def encode(self, value: Sequence[Any], out: bytearray) -> None:
+    def encode(self, value: Sequence[Any], out: bytearray, version: int | None = None) -> None:
         out += _U32.pack(len(value))
         for item in value:
-            self.element.encode(item, out)
+            self.element.encode(item, out, version)
 
-    def decode(self, reader: _Reader) -> list[Any]:
+    def decode(self, reader: _Reader, version: int | None = None) -> list[Any]:
         (count,) = reader.unpack(_U32, "array count")
-        if count * self.element.min_size() > reader.remaining:
+        needed = count * self.element.min_size(version)
+        if needed > reader.remaining:
             raise InvalidRequestError(
                 f"array of {count} {self.element.name} at byte {reader.position - 4} needs at least "
-                f"{count * self.element.min_size()} bytes, {reader.remaining} remain"
+                f"{needed} bytes, {reader.remaining} remain"
             )
-        return [self.element.decode(reader) for _ in range(count)]
+        return [self.element.decode(reader, version) for _ in range(count)]
 
-    def min_size(self) -> int:
+    def min_size(self, version: int | None = None) -> int:
         return 4
 
 
 class _StructType:
-    """A nested record type: decodes to an instance of a dataclass with a ``SCHEMA``."""
+    """A nested record type: decodes to an instance of a dataclass with a ``SCHEMA``.
+
+    It is versioned with the message that carries it: ``version`` (the message's) selects the
+    nested entries whose ``since`` is at most it, and a field absent from that version decodes
+    to its dataclass default (None: every field)."""
 
     def __init__(self, cls: type) -> None:
         self.cls = cls
         self.name = cls.__name__
 
-    def encode(self, value: Any, out: bytearray) -> None:
-        _encode_fields(value, out)
+    def encode(self, value: Any, out: bytearray, version: int | None = None) -> None:
+        _encode_fields(value, out, version)
 
-    def decode(self, reader: _Reader) -> Any:
-        return _decode_fields(self.cls, reader)
+    def decode(self, reader: _Reader, version: int | None = None) -> Any:
+        return _decode_fields(self.cls, reader, version)
 
-    def min_size(self) -> int:
-        return sum(kind.min_size() for _, kind in schema_of(self.cls))
+    def min_size(self, version: int | None = None) -> int:
+        return sum(kind.min_size(version) for _, kind in schema_of(self.cls, version))
 
 
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 I8 = _Scalar("i8", "b")
 U8 = _Scalar("u8", "B")
+I16 = _Scalar("i16", "h")
 U16 = _Scalar("u16", "H")
 U32 = _Scalar("u32", "I")
 I32 = _Scalar("i32", "i")
@@ -250,11 +268,15 @@ def schema_of(cls: type, version: int | None = None) -> tuple[tuple[str, Any], .
 
 def _encode_fields(obj: Any, out: bytearray, version: int | None = None) -> None:
     for name, kind in schema_of(type(obj), version):
-        kind.encode(getattr(obj, name), out)
+        kind.encode(getattr(obj, name), out, version)
 
 
-def _decode_fields(cls: type, reader: _Reader) -> Any:
-    return cls(**{name: kind.decode(reader) for name, kind in schema_of(cls)})
+def _decode_values(cls: type, reader: _Reader, version: int | None = None) -> dict[str, Any]:
+    return {name: kind.decode(reader, version) for name, kind in schema_of(cls, version)}
+
+
+def _decode_fields(cls: type, reader: _Reader, version: int | None = None) -> Any:
+    return cls(**_decode_values(cls, reader, version))
 
 
 # --- headers -----------------------------------------------------------------------------------
@@ -305,8 +327,11 @@ class Message:
 @dataclass(slots=True)
 class ProduceRequest(Message):
     """Append the record batches in ``payload`` to one partition.  ``acks``: 1 = respond once the
-    records are flushed (durable per the topic's flush policy), 0 = send no response at all.
-    Version 1 has the same body as 0; it asks for a version 1 response (``duplicate``)."""
+    leader has the records flushed (durable per the topic's flush policy), -1 (:data:`ACKS_ALL`)
+    = respond once every in-sync replica has them flushed, each under its own flush policy
+    (NotEnoughReplicasError at once when the ISR is smaller than ``min_insync_replicas``), 0 =
+    send no response at all.  Version 1 has the same body as 0; it asks for a version 1 response
+    (``duplicate``)."""
 
     topic: str
     partition: int
@@ -337,7 +362,14 @@ class ProduceResponse(Message):
 class FetchRequest(Message):
     """Read from ``offset``: whole batches, at most ``max_bytes`` (but always the first batch, so a
     consumer progresses).  With nothing new, wait up to ``max_wait_ms`` for at least
-    ``min_bytes`` of new flushed data (long polling)."""
+    ``min_bytes`` of new flushed data (long polling).
+
+    Version 1 adds what a follower sends when it fetches from its leader (a *replica fetch*):
+    ``replica_id`` (-1, :data:`CONSUMER_REPLICA_ID`, for a consumer; a follower's broker id,
+    >= 0), ``current_leader_epoch`` (the leader epoch the follower believes current; the leader
+    answers FencedLeaderEpochError when it is older than its own, NotLeaderOrFollowerError when
+    it does not lead; -1 = no check) and ``last_fetched_epoch`` (the leader epoch of the last
+    batch in the follower's log, which the leader checks for divergence; -1 = none)."""
 
     topic: str
     partition: int
@@ -345,23 +377,42 @@ class FetchRequest(Message):
     max_bytes: int = 1 << 20
     max_wait_ms: int = 500
     min_bytes: int = 1
+    replica_id: int = CONSUMER_REPLICA_ID
+    current_leader_epoch: int = NO_LEADER_EPOCH
+    last_fetched_epoch: int = NO_LEADER_EPOCH
     payload: bytes | memoryview = b""
     API_KEY: ClassVar = ApiKey.FETCH
+    VERSION: ClassVar = 1
     SCHEMA: ClassVar = (("topic", STRING), ("partition", U32), ("offset", I64), ("max_bytes", U32),
-                        ("max_wait_ms", U32), ("min_bytes", U32))
+                        ("max_wait_ms", U32), ("min_bytes", U32), ("replica_id", I32, 1),
+                        ("current_leader_epoch", I32, 1), ("last_fetched_epoch", I32, 1))
 
 
 @dataclass(slots=True)
 class FetchResponse(Message):
     """``payload``: whole record batches, the first one holding the requested offset (it may start
-    before it: skip records below the offset asked for).  ``high_watermark``: the end of the
-    flushed records; ``log_start_offset``: the first offset still stored."""
+    before it: skip records below the offset asked for).  ``high_watermark``: the offset below
+    which a consumer may read (the end of the flushed records; for a replicated partition the
+    replicated high watermark, the smallest flushed end in the ISR); ``log_start_offset``: the
+    first offset still stored.  A replica fetch's payload may reach past ``high_watermark``, up to
+    the leader's flushed end.
+
+    Version 1 adds ``diverging_epoch`` and ``diverging_end_offset`` (set, with an empty payload,
+    when a replica fetch's ``last_fetched_epoch`` ends earlier at the leader than the follower's
+    ``offset`` or is unknown there: the follower truncates its log to at most
+    ``diverging_end_offset`` and fetches again; -1 = no divergence) and ``leader_epoch`` (the
+    leader's current epoch; -1 = unreplicated or unknown)."""
 
     high_watermark: int = -1
     log_start_offset: int = -1
+    diverging_epoch: int = NO_LEADER_EPOCH
+    diverging_end_offset: int = -1
+    leader_epoch: int = NO_LEADER_EPOCH
     payload: bytes | memoryview = b""
     API_KEY: ClassVar = ApiKey.FETCH
-    SCHEMA: ClassVar = (("high_watermark", I64), ("log_start_offset", I64))
+    VERSION: ClassVar = 1
+    SCHEMA: ClassVar = (("high_watermark", I64), ("log_start_offset", I64), ("diverging_epoch", I32, 1),
+                        ("diverging_end_offset", I64, 1), ("leader_epoch", I32, 1))
 
 
 @dataclass(slots=True)
@@ -405,14 +456,22 @@ class BrokerInfo:
 
 @dataclass(slots=True)
 class PartitionMetadata:
+    """One partition of a MetadataResponse.  Version 1 adds ``leader_epoch``, ``replicas`` (broker
+    ids, the preferred leader first) and ``isr`` (the in-sync replicas); for an unreplicated
+    partition they are -1, [] and [], and a client takes ``[leader]`` for both lists."""
+
     partition: int
     error_code: int = 0
     leader: int = -1  # broker_id, -1 if none
     fetch_port: int = 0  # the TCP data port serving this partition on the leader, 0 if none
     log_start_offset: int = -1
     high_watermark: int = -1
+    leader_epoch: int = NO_LEADER_EPOCH
+    replicas: list[int] = field(default_factory=list)
+    isr: list[int] = field(default_factory=list)
     SCHEMA: ClassVar = (("partition", U32), ("error_code", U16), ("leader", I64), ("fetch_port", U16),
-                        ("log_start_offset", I64), ("high_watermark", I64))
+                        ("log_start_offset", I64), ("high_watermark", I64), ("leader_epoch", I32, 1),
+                        ("replicas", _Array(I32), 1), ("isr", _Array(I32), 1))
 
 
 @dataclass(slots=True)
@@ -428,22 +487,26 @@ class TopicMetadata:
 
 @dataclass(slots=True)
 class MetadataRequest(Message):
-    """``topics``: the names to describe; empty means every topic."""
+    """``topics``: the names to describe; empty means every topic.  Version 1 has the same body
+    as 0; it asks for a version 1 response (each partition's leader epoch, replicas and ISR)."""
 
     topics: list[str] = field(default_factory=list)
     payload: bytes | memoryview = b""
     API_KEY: ClassVar = ApiKey.METADATA
+    VERSION: ClassVar = 1
     SCHEMA: ClassVar = (("topics", _Array(STRING)),)
 
 
 @dataclass(slots=True)
 class MetadataResponse(Message):
-    """The brokers, and each topic asked for (an unknown one with its error code set)."""
+    """The brokers, and each topic asked for (an unknown one with its error code set); in version
+    1 its partitions carry their version 1 fields (:class:`PartitionMetadata`)."""
 
     brokers: list[BrokerInfo] = field(default_factory=list)
     topics: list[TopicMetadata] = field(default_factory=list)
     payload: bytes | memoryview = b""
     API_KEY: ClassVar = ApiKey.METADATA
+    VERSION: ClassVar = 1
     SCHEMA: ClassVar = (("brokers", _Array(_StructType(BrokerInfo))),
                         ("topics", _Array(_StructType(TopicMetadata))))
 
@@ -451,21 +514,29 @@ class MetadataResponse(Message):
 @dataclass(slots=True)
 class CreateTopicRequest(Message):
     """Create ``name`` with ``partitions`` partitions and per-topic settings (log config field
-    names, values as strings, e.g. ``("retention_ms", "86400000")``)."""
+    names, values as strings, e.g. ``("retention_ms", "86400000")``).  Version 1 adds
+    ``replication_factor``: the replicas of each partition, -1 for the broker's
+    ``default_replication_factor`` (InvalidReplicationFactorError below 1, above the live
+    brokers, or above 1 without ZooKeeper)."""
 
     name: str
     partitions: int
     configs: list[TopicConfigEntry] = field(default_factory=list)
+    replication_factor: int = -1
     payload: bytes | memoryview = b""
     API_KEY: ClassVar = ApiKey.CREATE_TOPIC
+    VERSION: ClassVar = 1
     SCHEMA: ClassVar = (("name", STRING), ("partitions", U32),
-                        ("configs", _Array(_StructType(TopicConfigEntry))))
+                        ("configs", _Array(_StructType(TopicConfigEntry))), ("replication_factor", I16, 1))
 
 
 @dataclass(slots=True)
 class CreateTopicResponse(Message):
+    """No body; the outcome is the header's error code.  Version 1 is version 0."""
+
     payload: bytes | memoryview = b""
     API_KEY: ClassVar = ApiKey.CREATE_TOPIC
+    VERSION: ClassVar = 1
 
 
 @dataclass(slots=True)
@@ -547,9 +618,26 @@ assert all({f.name for f in fields(cls)} >= {"payload"} for cls in (*REQUEST_TYP
 # A request and its response serve the same versions; a field added in a version has a default.
 assert all((REQUEST_TYPES[key].MIN_VERSION, REQUEST_TYPES[key].VERSION)
            == (RESPONSE_TYPES[key].MIN_VERSION, RESPONSE_TYPES[key].VERSION) for key in REQUEST_TYPES)
+NESTED_TYPES: tuple[type, ...] = (BrokerInfo, TopicMetadata, PartitionMetadata, TopicConfigEntry)
 assert all(len(entry) == 2 or any(f.name == entry[0] and (f.default is not dataclasses.MISSING
                                                            or f.default_factory is not dataclasses.MISSING)
                                    for f in fields(cls))
+           for cls in (*REQUEST_TYPES.values(), *RESPONSE_TYPES.values(), *NESTED_TYPES)
+           for entry in cls.SCHEMA)
+
+
+def _newest_since(kind: Any) -> int:
+    """The newest ``since`` among the fields of the nested types ``kind`` holds (0: none)."""
+    if isinstance(kind, _Array):
+        return _newest_since(kind.element)
+    if isinstance(kind, _StructType):
+        return max((max(entry[2] if len(entry) > 2 else 0, _newest_since(entry[1]))
+                    for entry in kind.cls.SCHEMA), default=0)
+    return 0
+
+
+# A nested field is versioned with its message, so the message must have that version.
+assert all(_newest_since(entry[1]) <= cls.VERSION
            for cls in (*REQUEST_TYPES.values(), *RESPONSE_TYPES.values()) for entry in cls.SCHEMA)
 
 
@@ -624,7 +712,7 @@ def _payload(frames: Sequence[bytes | memoryview]) -> memoryview:
 
 
 def _finish(reader: _Reader, message_type: type[Message], payload: memoryview, version: int) -> Message:
-    values = {name: kind.decode(reader) for name, kind in schema_of(message_type, version)}
+    values = _decode_values(message_type, reader, version)
     (payload_length,) = reader.unpack(_U32, "payload_length")
     if reader.remaining:
         raise InvalidRequestError(
@@ -743,7 +831,7 @@ def schema_table(cls: type) -> str:
 
 
 def _main() -> None:  # pragma: no cover - a documentation helper
-    nested = (RequestHeader, ResponseHeader, BrokerInfo, TopicMetadata, PartitionMetadata, TopicConfigEntry)
+    nested = (RequestHeader, ResponseHeader, *NESTED_TYPES)
     for cls in (*nested, *REQUEST_TYPES.values(), *RESPONSE_TYPES.values()):
         versions = f"versions {cls.MIN_VERSION}..{cls.VERSION}\n\n" if issubclass(cls, Message) else ""
         print(f"### {cls.__name__}\n\n{versions}{schema_table(cls)}\n")

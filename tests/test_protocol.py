@@ -18,31 +18,33 @@ from hpbroker.errors import InvalidRequestError, UnsupportedVersionError
 from hpbroker.records import build_batch
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "PROTOCOL.md"
-NESTED = (p.RequestHeader, p.ResponseHeader, p.BrokerInfo, p.TopicMetadata, p.PartitionMetadata,
-          p.TopicConfigEntry)
+NESTED = (p.RequestHeader, p.ResponseHeader, *p.NESTED_TYPES)
 
+i16 = st.integers(-(2**15), 2**15 - 1)
 u16 = st.integers(0, 0xFFFF)
 u32 = st.integers(0, 0xFFFFFFFF)
 i32 = st.integers(-(2**31), 2**31 - 1)
 i64 = st.integers(-(2**63), 2**63 - 1)
 text = st.text(max_size=30)
 configs = st.lists(st.builds(p.TopicConfigEntry, text, text), max_size=3)
-partitions = st.lists(st.builds(p.PartitionMetadata, u32, u16, i64, u16, i64, i64), max_size=4)
+broker_ids = st.lists(i32, max_size=4)
+partitions = st.lists(st.builds(p.PartitionMetadata, u32, u16, i64, u16, i64, i64, i32, broker_ids,
+                                broker_ids), max_size=4)
 payloads = st.one_of(st.just(b""), st.binary(min_size=1, max_size=300))
 
 REQUESTS = st.one_of(
     st.builds(p.ProduceRequest, text, u32, st.integers(-128, 127), u32, payloads),
-    st.builds(p.FetchRequest, text, u32, i64, u32, u32, u32),
+    st.builds(p.FetchRequest, text, u32, i64, u32, u32, u32, i32, i32, i32),
     st.builds(p.ListOffsetsRequest, text, u32, i64),
     st.builds(p.MetadataRequest, st.lists(text, max_size=4)),
-    st.builds(p.CreateTopicRequest, text, u32, configs),
+    st.builds(p.CreateTopicRequest, text, u32, configs, i16),
     st.builds(p.DeleteTopicRequest, text),
     st.builds(p.AlterTopicConfigRequest, text, configs),
     st.builds(p.InitProducerIdRequest, i64, i32),
 )
 RESPONSES = st.one_of(
     st.builds(p.ProduceResponse, i64, i64, st.integers(0, 1)),
-    st.builds(p.FetchResponse, i64, i64, payloads),
+    st.builds(p.FetchResponse, i64, i64, i32, i64, i32, payloads),
     st.builds(p.ListOffsetsResponse, i64),
     st.builds(p.MetadataResponse,
               st.lists(st.builds(p.BrokerInfo, u32, text, u16, u16), max_size=3),
@@ -54,13 +56,27 @@ RESPONSES = st.one_of(
 )
 
 
+def _default(cls, name):
+    spec = cls.__dataclass_fields__[name]
+    return spec.default_factory() if callable(spec.default_factory) else spec.default
+
+
+def _at_version(value, version):
+    """``value`` as a decoder of ``version`` gives it back: each field of a struct (nested ones
+    too) that the version lacks has its default (None: every field kept)."""
+    if isinstance(value, list):
+        return [_at_version(item, version) for item in value]
+    if not hasattr(type(value), "SCHEMA"):
+        return value
+    present = {name for name, _ in p.schema_of(type(value), version)}
+    return {entry[0]: _at_version(getattr(value, entry[0]), version) if entry[0] in present
+            else _default(type(value), entry[0]) for entry in value.SCHEMA}
+
+
 def _fields(message, version=None):
     """A message's field values in ``version`` (None: all) with the payload as bytes; a field
     the version lacks has its default, as a decoder of that version gives it."""
-    present = {name for name, _ in p.schema_of(type(message), version)}
-    default = type(message).__dataclass_fields__
-    values = {entry[0]: getattr(message, entry[0]) if entry[0] in present else default[entry[0]].default
-              for entry in message.SCHEMA}
+    values = _at_version(message, version)
     values["payload"] = bytes(message.payload)
     return values
 
@@ -126,7 +142,7 @@ def test_a_version_not_served_is_refused_when_encoding_and_decoding():
     with pytest.raises(UnsupportedVersionError, match="ProduceRequest version 2 is not served; versions 0.."):
         p.encode_request(p.ProduceRequest("t", 0), 1, version=2)
     with pytest.raises(UnsupportedVersionError, match="version 1 is not served; versions 0..0"):
-        p.encode_response(p.FetchResponse(), 1, version=1)
+        p.encode_response(p.ListOffsetsResponse(), 1, version=1)
     with pytest.raises(UnsupportedVersionError, match="version 2 is not served"):
         p.decode_response(p.ApiKey.PRODUCE, p.encode_response(p.ProduceResponse(), 1), version=2)
     head = bytearray(p.encode_request(p.ProduceRequest("t", 0), 9)[0])
@@ -138,7 +154,8 @@ def test_a_version_not_served_is_refused_when_encoding_and_decoding():
 
 def test_the_response_version_is_the_requests_or_the_nearest_served():
     assert [p.response_version(p.ApiKey.PRODUCE, v) for v in (0, 1, 2, 0xFFFF)] == [0, 1, 1, 1]
-    assert p.response_version(p.ApiKey.FETCH, 3) == 0
+    assert [p.response_version(p.ApiKey.FETCH, v) for v in (0, 1, 3)] == [0, 1, 1]
+    assert p.response_version(p.ApiKey.LIST_OFFSETS, 3) == 0
     assert p.response_version(99, 3) == 0
 
 

@@ -109,7 +109,7 @@ class RequestHandler:
         max_bytes = min(max(request.max_bytes, 1), FETCH_MAX_BYTES)
         max_wait_ms = min(request.max_wait_ms, self._max_wait_ms)
         waiter = FetchWaiter(header.correlation_id, responder, order_key, request.offset, max_bytes,
-                             request.min_bytes, expired=max_wait_ms == 0)
+                             request.min_bytes, expired=max_wait_ms == 0, version=header.api_version)
         partition.fetch(waiter, time.monotonic() + max_wait_ms / 1000)
         if not waiter.finished:
             responder.parked = True

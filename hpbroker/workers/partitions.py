@@ -224,10 +224,11 @@ class FetchWaiter:
     the request may not wait)."""
 
     __slots__ = ("correlation_id", "expired", "finished", "max_bytes", "min_bytes", "offset", "order_key",
-                 "responder")
+                 "responder", "version")
 
     def __init__(self, correlation_id: int, responder: Responder, order_key: Hashable, offset: int,
-                 max_bytes: int, min_bytes: int, *, expired: bool) -> None:
+                 max_bytes: int, min_bytes: int, *, expired: bool, version: int = 0) -> None:
+        self.version = version  # the request's api_version, which the response answers in
         self.correlation_id = correlation_id
         self.responder = responder
         self.order_key = order_key
@@ -242,20 +243,22 @@ class FetchWaiter:
         try:
             file_slice = log.read(self.offset, self.max_bytes)
         except (OffsetOutOfRangeError, DamagedRangeError) as e:
-            reply = fetch_error_reply(self.correlation_id, e, log.high_watermark, log.log_start_offset)
+            reply = fetch_error_reply(self.correlation_id, e, log.high_watermark, log.log_start_offset,
+                                      version=self.version)
         except HPBrokerError as e:  # StorageError (offline), CorruptRecordError (damage met)
-            reply = fetch_error_reply(self.correlation_id, e)
+            reply = fetch_error_reply(self.correlation_id, e, version=self.version)
         else:
             if file_slice.length < self.min_bytes and not self.expired:
                 return False
-            reply = fetch_reply(self.correlation_id, log.high_watermark, log.log_start_offset, file_slice)
+            reply = fetch_reply(self.correlation_id, log.high_watermark, log.log_start_offset, file_slice,
+                                version=self.version)
         self.finished = True
         self.responder(reply)
         return True
 
     def fail(self, error: HPBrokerError) -> None:
         self.finished = True
-        self.responder(fetch_error_reply(self.correlation_id, error))
+        self.responder(fetch_error_reply(self.correlation_id, error, version=self.version))
 
 
 class Partition:

@@ -114,18 +114,19 @@ def produce_reply(correlation_id: int, base_offset: int, log_start_offset: int, 
 
 
 def fetch_reply(correlation_id: int, high_watermark: int, log_start_offset: int,
-                file_slice: FileSlice) -> Reply:
-    """A fetch response whose payload is ``file_slice`` (possibly empty), not yet read."""
+                file_slice: FileSlice, *, version: int = 0) -> Reply:
+    """A fetch response whose payload is ``file_slice`` (possibly empty), not yet read, in the
+    request's ``version``."""
     response = protocol.FetchResponse(high_watermark=high_watermark, log_start_offset=log_start_offset)
-    head = protocol.encode_response(response, correlation_id)[0]
+    head = protocol.encode_response(response, correlation_id, version=version)[0]
     if file_slice.length:
         return Reply(protocol.ApiKey.FETCH, correlation_id, with_payload_length(head, file_slice.length),
-                     file_slice=file_slice)
-    return Reply(protocol.ApiKey.FETCH, correlation_id, head)
+                     file_slice=file_slice, api_version=version)
+    return Reply(protocol.ApiKey.FETCH, correlation_id, head, api_version=version)
 
 
 def fetch_error_reply(correlation_id: int, error: HPBrokerError, high_watermark: int = -1,
-                      log_start_offset: int = -1) -> Reply:
+                      log_start_offset: int = -1, *, version: int = 0) -> Reply:
     """A fetch error; an OffsetOutOfRangeError carries the partition's offsets so the consumer can
     reset without asking again, a DamagedRangeError the offset after the damaged range as its
     8-byte payload (docs/PROTOCOL.md, FetchResponse)."""
@@ -134,8 +135,8 @@ def fetch_error_reply(correlation_id: int, error: HPBrokerError, high_watermark:
     payload = b""
     if isinstance(error, DamagedRangeError):
         payload = protocol.DAMAGED_RANGE_PAYLOAD.pack(error.next_offset)
-    return error_reply(protocol.ApiKey.FETCH, correlation_id, error, high_watermark=high_watermark,
-                       log_start_offset=log_start_offset, payload=payload)
+    return error_reply(protocol.ApiKey.FETCH, correlation_id, error, version=version,
+                       high_watermark=high_watermark, log_start_offset=log_start_offset, payload=payload)
 
 
 def list_offsets_reply(correlation_id: int, offset: int) -> Reply:
