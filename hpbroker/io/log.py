@@ -147,7 +147,7 @@ from hpbroker.io.damage import DamagedRange
 from hpbroker.io.files import fsync_dir, lock_directory, make_directory, pread_full
 from hpbroker.io.flush_job import FlushJob
 from hpbroker.io.index import IndexCorruptError
-from hpbroker.io.leader_epochs import LeaderEpochCache
+from hpbroker.io.leader_epochs import UNDEFINED_EPOCH, LeaderEpochCache
 from hpbroker.io.loader import load_segments, reload_last_segment
 from hpbroker.io.logfile import FileSlice
 from hpbroker.io.producer_replay import replay_batches, unexpired_offset
@@ -553,14 +553,16 @@ class PartitionLog:
         "replicated batch at offset X, log ends at Y"); every batch is valid as on ``append``
         (framing, CRC, header, records: CorruptRecordError or InvalidRecordError naming the
         batch's offset) and starts right after its predecessor; no batch's leader epoch is older
-        than the one before it, nor than :attr:`leader_epochs`'s latest (InvalidRecordError).
+        than the one before it, nor than the latest epoch of the records in the log
+        (InvalidRecordError; an epoch :meth:`begin_leader_epoch` began at the log end holds no
+        record yet: batches of an older epoch replace it, as the newer leader's log decides).
         Not checked: ``max_message_bytes`` and timestamps (the leader took the batches under the
         same topic settings and its own clock; refusing them here would stall the replica for
         good), and idempotent producers' sequences (the leader decided).  A request no segment
         could hold is RecordTooLargeError, as on ``append``.
 
-        The first batch of an epoch newer than the cache's latest records it at that batch's
-        base offset (the file is written before this returns); each idempotent batch updates
+        The first batch of an epoch newer than those before it records it in the cache at that
+        batch's base offset (the file is written before this returns); each idempotent batch updates
         the producer state as on ``append``, so this log deduplicates the producer's retries if
         it becomes the leader.  The roll is decided once for the whole ``buf``, the records are
         pending until flushed, and a buffer is held or copied, exactly as on :meth:`append`.
@@ -576,6 +578,9 @@ class PartitionLog:
         self._check_fits_a_segment(len(view), scan.record_count)
         new_epochs = self._new_leader_epochs(view, scan)
         self._make_room(len(view), scan.next_offset - 1, scan.max_timestamp, scan.max_timestamps[0], now)
+        begun = [entry for entry in self._leader_epochs.entries if entry[1] >= first_offset]
+        if begun and new_epochs[:1] != begun:  # an epoch begun here, without a record, that these are not in
+            self._leader_epochs.truncate_from_end(first_offset)
         for epoch, start_offset in new_epochs:
             self._leader_epochs.assign(epoch, start_offset)
         self._add_pending(view, scan, 0, now, None)
@@ -599,9 +604,14 @@ class PartitionLog:
 
     def _new_leader_epochs(self, view: memoryview, scan: _core.ScanResult) -> list[tuple[int, int]]:
         """``(epoch, base_offset)`` of each batch in ``view`` whose leader epoch (header bytes
-        12..16, FORMAT.md) is newer than every one before it, the cache's latest included;
-        InvalidRecordError for one that is older."""
-        latest, found = self._leader_epochs.latest_epoch, []
+        12..16, FORMAT.md) is newer than every one before it, the latest epoch of the records
+        in the log included; InvalidRecordError for one that is older.  An epoch the cache
+        begins at the log end itself (:meth:`begin_leader_epoch`) holds no record: it does not
+        count (the newer leader's log decides what follows, as in Kafka)."""
+        latest, found = UNDEFINED_EPOCH, []
+        for epoch, start_offset in self._leader_epochs.entries:
+            if start_offset < self._log_end_offset:
+                latest = epoch
         for i in range(scan.batch_count):
             epoch = _LEADER_EPOCH.unpack_from(view, scan.positions[i] + _core.LEADER_EPOCH_POSITION)[0]
             if epoch < latest or epoch < 0:

@@ -217,6 +217,27 @@ def test_an_older_leader_epoch_is_refused(logs):
     assert follower.log_end_offset == end + 1
 
 
+def test_an_epoch_begun_without_a_record_gives_way_to_the_new_leaders_older_batches(logs):
+    leader, follower = logs()
+    fill_leader(leader)  # epoch 3 begins at 40, epoch 7 at 112
+    while follower.log_end_offset < 100:
+        follower.append_replicated(leader.read_bytes(follower.log_end_offset, 1))
+    follower.begin_leader_epoch(8)  # briefly the leader, with no append: the new leader's log decides
+    assert follower.leader_epochs.entries[-1] == (8, follower.log_end_offset)
+    with pytest.raises(InvalidRecordError, match="leader epoch 0, older than the log's latest, 3"):
+        follower.append_replicated(_at(make_batch(1), follower.log_end_offset, 0))
+    replicate(leader, follower)
+    assert follower.leader_epochs.entries == leader.leader_epochs.entries == [(0, 0), (3, 40), (7, 112)]
+    assert segment_bytes(follower) == segment_bytes(leader)
+
+
+def _at(batch: bytes, base_offset: int, leader_epoch: int) -> bytes:
+    """``batch`` as a leader's log stores it at ``base_offset`` in ``leader_epoch``."""
+    copy = bytearray(batch)
+    _core.stamp_batch(copy, 0, base_offset, leader_epoch)
+    return bytes(copy)
+
+
 def test_replicated_batches_need_not_fit_max_message_bytes(logs):
     leader, follower = logs()
     fill_leader(leader)
