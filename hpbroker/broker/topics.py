@@ -8,13 +8,18 @@ leaves either the old or the new store, never a mix::
 
     {"version": 1,
      "topics": {"orders": {"partitions": 4, "config": {"retention_ms": 86400000},
-                           "deleting": false}}}
+                           "deleting": false},
+                "clicks": {"partitions": 2, "config": {}, "deleting": false,
+                           "replicas": {"0": [1, 2, 0], "1": [2, 0, 1]}}}}
 
 ``config`` holds only the topic's overrides of the broker's log defaults, as typed values (ints,
 ``flush_fsync`` a bool), under :class:`~hpbroker.io.LogConfig` field names.  ``deleting`` marks a
 topic whose deletion has begun: its partition directories are removed by the workers that own them
 and the store forgets the topic only once every one of them has confirmed, so a crash in between
-resumes the deletion at the next start instead of resurrecting a half-deleted topic.
+resumes the deletion at the next start instead of resurrecting a half-deleted topic.  ``replicas``
+(only in a replicated topic, docs/REPLICATION.md) is the cluster's assignment: each partition's
+replicas, of which this broker stores the ones naming it; the cluster's topic node in ZooKeeper is
+that topic's source of truth, and the store its copy, kept in step by the arbiter.
 
 What holds: every topic in the store has a valid name, 1 to :data:`MAX_PARTITIONS` partitions and
 overrides that build a valid LogConfig; the file on disk always equals the last successful change.
@@ -26,7 +31,7 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,9 +75,26 @@ class Topic:
     partitions: int
     config: dict[str, Any] = field(default_factory=dict)
     deleting: bool = False
+    #: a replicated topic's assignment, partition -> its replicas' broker ids (the first is the
+    #: preferred leader), as the cluster's topic node holds it; empty: an unreplicated topic, every
+    #: partition stored here
+    replicas: dict[int, tuple[int, ...]] = field(default_factory=dict)
+
+    @property
+    def replicated(self) -> bool:
+        return bool(self.replicas)
+
+    def hosts(self, partition: int, broker_id: int) -> bool:
+        """Whether broker ``broker_id`` keeps a replica of ``partition`` (every broker storing an
+        unreplicated topic keeps all of it)."""
+        return not self.replicas or broker_id in self.replicas.get(partition, ())
 
     def to_json(self) -> dict[str, Any]:
-        return {"partitions": self.partitions, "config": dict(self.config), "deleting": self.deleting}
+        document: dict[str, Any] = {"partitions": self.partitions, "config": dict(self.config),
+                                    "deleting": self.deleting}
+        if self.replicas:
+            document["replicas"] = {str(p): list(r) for p, r in sorted(self.replicas.items())}
+        return document
 
 
 def check_topic_name(name: object) -> str:
@@ -141,6 +163,21 @@ def config_to_strings(config: Mapping[str, Any]) -> list[tuple[str, str]]:
     return [(key, _format_value(value)) for key, value in sorted(config.items())]
 
 
+def _check_replicas(partitions: int, replicas: Mapping[int, Sequence[int]]) -> dict[int, tuple[int, ...]]:
+    """A replica assignment as :attr:`Topic.replicas` holds it (empty, or every partition with the
+    same number of distinct broker ids); InvalidPartitionsError otherwise."""
+    if not replicas:
+        return {}
+    assignment = {p: tuple(r) for p, r in replicas.items()}
+    sizes = {len(r) for r in assignment.values()}
+    distinct = all(len(set(r)) == len(r) and all(isinstance(b, int) and b >= 0 for b in r)
+                   for r in assignment.values())
+    if sorted(assignment) != list(range(partitions)) or len(sizes) != 1 or 0 in sizes or not distinct:
+        raise InvalidPartitionsError(f"a replica assignment must give each of partitions 0..{partitions - 1} "
+                                     f"the same number of distinct broker ids, got {dict(replicas)!r}")
+    return assignment
+
+
 def _pair(entry: Any) -> tuple[str, Any]:
     if hasattr(entry, "key") and hasattr(entry, "value"):
         return entry.key, entry.value
@@ -192,19 +229,22 @@ class TopicStore:
         return [t for _, t in sorted(self._topics.items()) if include_deleting or not t.deleting]
 
     def create(self, name: str, partitions: int, configs: Mapping[str, Any] | Iterable[Any] = (), *,
-               admit: Callable[[Topic], None] | None = None) -> Topic:
+               admit: Callable[[Topic], None] | None = None,
+               replicas: Mapping[int, Sequence[int]] | None = None) -> Topic:
         """Validate and persist a new topic.  Raises InvalidTopicError, InvalidPartitionsError,
         InvalidConfigError or TopicAlreadyExistsError (also while a topic of that name is still
         being deleted).  ``admit``, given the validated topic, may refuse it by raising (the
-        broker's file-descriptor budget does so): nothing is persisted then."""
+        broker's file-descriptor budget does so): nothing is persisted then.  ``replicas``: a
+        replicated topic's assignment (every partition, as :attr:`Topic.replicas`)."""
         check_topic_name(name)
         check_partitions(partitions)
         config = parse_topic_config(configs)
+        assignment = _check_replicas(partitions, replicas or {})
         existing = self._topics.get(name)
         if existing is not None:
             being = " and is still being deleted" if existing.deleting else ""
             raise TopicAlreadyExistsError(f"topic {name!r} already exists{being}")
-        topic = Topic(name, partitions, config)
+        topic = Topic(name, partitions, config, replicas=assignment)
         if admit is not None:
             admit(topic)
         self._save({**self._topics, name: topic})
@@ -281,6 +321,10 @@ class TopicStore:
             check_topic_name(name)
             partitions = check_partitions(entry.get("partitions"))
             config = parse_topic_config(entry.get("config", {}))
+            raw = entry.get("replicas", {})
+            if not isinstance(raw, dict):
+                raise ValueError(f"replicas is not an object: {raw!r}")
+            replicas = _check_replicas(partitions, {int(p, 10): r for p, r in raw.items()})
         except (InvalidTopicError, InvalidPartitionsError, InvalidConfigError) as e:
             raise ValueError(f"topic {name!r}: {e.message}") from None
-        return Topic(name, partitions, config, entry.get("deleting", False))
+        return Topic(name, partitions, config, entry.get("deleting", False), replicas)

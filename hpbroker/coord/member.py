@@ -168,6 +168,8 @@ class BrokerMember:
         if first:  # and those deleted while this broker was away from ZooKeeper
             gone |= set(self.topics.names()) - set(topics)
         for name in sorted(gone):
+            if first and (current := self.topics.get(name)) is not None and current.replicas:
+                continue  # a replicated topic's node is the cluster's, never a broker's to remove
             if self.topics.remove(name, created_by=broker.broker_id):
                 logger.info("[zookeeper] removed topic %s", name)
             self._published.pop(name, None)

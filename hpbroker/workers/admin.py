@@ -87,10 +87,14 @@ class TopicAdmin:
     """Creates and deletes topics with the owning workers' help (module docstring)."""
 
     def __init__(self, store: TopicStore, slots: int, *, send_control: SendControl, reply: Reply,
-                 is_serving: Callable[[int], bool], timeout_s: float, max_connections: int = 1024) -> None:
+                 is_serving: Callable[[int], bool], timeout_s: float, max_connections: int = 1024,
+                 broker_id: int = 0) -> None:
         """``max_connections``: the workers' limit on data connections, whose descriptors are
-        kept out of the partitions' share (``hpbroker.broker.descriptors``)."""
+        kept out of the partitions' share (``hpbroker.broker.descriptors``).  ``broker_id``: this
+        broker, which stores only the partitions of a replicated topic that name it among their
+        replicas (:meth:`Topic.hosts`)."""
         self._store = store
+        self._broker_id = broker_id
         self._max_connections = max_connections
         self._slots = slots
         self._send_control = send_control
@@ -113,8 +117,16 @@ class TopicAdmin:
         self._warn_if_over_budget()
 
     def owners(self, topic: Topic) -> set[int]:
-        """The slots that own at least one partition of ``topic``."""
+        """The slots that own at least one partition of ``topic`` stored here."""
+        if topic.replicated:
+            return {owner_slot(topic.name, p, self._slots) for p in range(topic.partitions)
+                    if topic.hosts(p, self._broker_id)}
         return {owner_slot(topic.name, p, self._slots) for p in range(min(topic.partitions, self._slots))}
+
+    def assigned(self, slot: int) -> set[tuple[str, int]]:
+        """The partitions the slot's current process has been told to open (at its fork or with
+        an ``open`` sent since), which it has open or is opening: controls about them may follow."""
+        return self._assigned[slot]
 
     def deleting(self) -> list[str]:
         return sorted(self._deletes)
@@ -208,11 +220,14 @@ class TopicAdmin:
 
     # --- requests ---------------------------------------------------------------------------------
 
-    def create(self, waiter: Any, name: str, partitions: int, configs: Any, now: float) -> Topic:
+    def create(self, waiter: Any, name: str, partitions: int, configs: Any, now: float, *,
+               replicas: dict[int, tuple[int, ...]] | None = None) -> Topic:
         """Persist a topic and have its owners open it; ``waiter`` (None: nobody) is answered
         when they have.  Validation errors raise at once (nothing is persisted then), among them
-        InvalidPartitionsError for a topic that would not fit in the workers' file descriptors."""
-        topic = self._store.create(name, partitions, configs, admit=self._check_descriptors)
+        InvalidPartitionsError for a topic that would not fit in the workers' file descriptors.
+        ``replicas``: a replicated topic's assignment; only the partitions naming this broker open."""
+        topic = self._store.create(name, partitions, configs, admit=self._check_descriptors,
+                                   replicas=replicas)
         logger.info("[arbiter] created topic %s with %d partitions%s", name, partitions,
                     f" (config {topic.config})" if topic.config else "")
         pending = _Pending(self.owners(topic), now + self._timeout_s)
@@ -337,7 +352,7 @@ class TopicAdmin:
                 continue
             first = (slot - owner_slot(topic.name, 0, self._slots)) % self._slots
             specs += [PartitionSpec(topic.name, p, dict(topic.config))
-                      for p in range(first, topic.partitions, self._slots)]
+                      for p in range(first, topic.partitions, self._slots) if topic.hosts(p, self._broker_id)]
         return specs
 
     def _control(self, slot: int, op: str, body: dict[str, Any], configs: dict[str, dict[str, Any]]) -> bool:

@@ -136,6 +136,7 @@ from hpbroker.workers.slots import (
 from hpbroker.workers.stats import stats_path
 
 if TYPE_CHECKING:  # kazoo is loaded only by a broker configured with ZooKeeper
+    from hpbroker.coord.broker_replication import BrokerReplication
     from hpbroker.coord.member import BrokerMember
     from hpbroker.coord.producer_ids import ProducerIdAllocator
     from hpbroker.coord.registry import BrokerRegistration, TopicRegistration
@@ -179,6 +180,8 @@ class Arbiter:
         self._frontend: Frontend | None = None
         self._store: TopicStore | None = None
         self._member: BrokerMember | None = None  # ZooKeeper membership, when configured
+        self._replication: BrokerReplication | None = None  # replicated topics' ZooKeeper side
+        self._adopted_cluster: object = None  # the cluster snapshot replicated topics were last taken from
         self._member_version = -1  # the store version last handed to the member
         self._producer_ids: ProducerIdAllocator | None = None  # hands out producer ids, once started
         self._metrics: MetricsEndpoint | None = None  # the HTTP metrics endpoint, when configured
@@ -319,6 +322,7 @@ class Arbiter:
             if self._metrics is not None:  # its thread, too, with the signals blocked
                 self._metrics.watch_groups(member.session, config.metrics_lag_interval_ms / 1000,
                                            self._topic_names())
+            self._start_replication(member)
         except HPBrokerError as e:
             logger.error("[arbiter] cannot join ZooKeeper: %s", e.message)
             self._halt("cannot join ZooKeeper")
@@ -327,6 +331,59 @@ class Arbiter:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
         self._member = member
         return True
+
+    def _start_replication(self, member: BrokerMember) -> None:
+        """Follow the replicated topics' partition states and run this broker's controller
+        (``hpbroker.coord.broker_replication``); called with the loop's signals blocked."""
+        from hpbroker.coord.broker_replication import BrokerReplication
+
+        default = self.config.log.unclean_leader_election
+
+        def unclean_leader_election(topic: str) -> bool:
+            registration = member.cluster.snapshot.topics.get(topic)
+            if registration is None:
+                return default
+            return bool(registration.config.get("unclean_leader_election", default))
+
+        replication = BrokerReplication(member.session, member.paths, self.config.broker_id,
+                                        wake=self._wake_loop, unclean_leader_election=unclean_leader_election,
+                                        auto_leader_rebalance=self.config.auto_leader_rebalance)
+        replication.start()
+        self._replication = replication
+        assert self._frontend is not None
+        self._frontend.replication = replication
+
+    def _wake_loop(self) -> None:
+        """Make the loop's poll return (from another thread): a byte on the wake-up pipe."""
+        if self._wakeup is not None:
+            with contextlib.suppress(OSError):
+                os.write(self._wakeup[1], b"\0")
+
+    def _replication_turn(self) -> None:
+        """Take the replicated topics' news: partition states, finished cluster-wide requests, topics
+        new, changed or gone in the cluster; then hand the slots their roles."""
+        frontend, replication, member = self._frontend, self._replication, self._member
+        assert frontend is not None and self._store is not None
+        if replication is not None and member is not None:
+            from hpbroker.coord.broker_replication import Done, StateChanged, TopicGone
+
+            for event in replication.take_events():
+                if isinstance(event, StateChanged):
+                    frontend.leadership.on_state(event.topic, event.partition, event.state)
+                elif isinstance(event, Done):
+                    frontend.cluster_request_done(event.request_id, event.error)
+                elif isinstance(event, TopicGone):
+                    frontend.drop_topic(event.topic)
+            snapshot = member.cluster.snapshot
+            if snapshot is not self._adopted_cluster:
+                self._adopted_cluster = snapshot
+                for name in frontend.adopt_topics(snapshot):
+                    replication.confirm_gone(name)
+            for topic in self._store.topics():
+                if topic.replicated:
+                    replication.watch_topic(topic.name, topic.partitions)
+            frontend.check_new_topics()
+        frontend.leadership.sync()
 
     def _start_producer_ids(self) -> None:
         """Take the first block of producer ids and hand the allocator to the front-end (module
@@ -359,11 +416,15 @@ class Arbiter:
         config = self.config
         assert self._store is not None
         topics = self._store.topics()
+        stored = {t.name: tuple(p for p in range(t.partitions) if t.hosts(p, config.broker_id))
+                  for t in topics}
         broker = BrokerRegistration(config.broker_id, config.host, config.port,
                                     tuple(range(config.fetch_port, config.fetch_port + config.workers)),
-                                    {t.name: tuple(range(t.partitions)) for t in topics})
+                                    {name: partitions for name, partitions in stored.items() if partitions})
+        # A replicated topic's node is the cluster's (written when it is created or altered, through
+        # hpbroker.coord.broker_replication), never published from a broker's store.
         return broker, {t.name: TopicRegistration(t.name, t.partitions, dict(t.config), config.broker_id)
-                        for t in topics}
+                        for t in topics if not t.replicated}
 
     def _start_metrics(self) -> None:
         """Serve the metrics endpoint from its thread, which must see none of the loop's signals."""
@@ -391,6 +452,11 @@ class Arbiter:
 
     def _leave_zookeeper(self) -> None:
         self._stop_producer_ids()  # its thread may be using the session
+        if self._replication is not None:  # resigns as controller while the session lives
+            self._replication.close()
+            self._replication = None
+            if self._frontend is not None:
+                self._frontend.replication = None
         if self._metrics is not None:
             self._metrics.stop_watching_groups()
         if self._member is not None:
@@ -623,6 +689,7 @@ class Arbiter:
                            "back once it has served %g s without dying", slot.index, BACKOFF_RESET_S)
         assert self._frontend is not None
         self._frontend.admin.slot_ready(slot.index)
+        self._frontend.leadership.mark_dirty()  # its partitions' roles, after their open
         if all(s.serving for s in self._slots):
             if not self._all_serving_logged:
                 self._all_serving_logged = True
@@ -781,13 +848,34 @@ class Arbiter:
                 elif message.op == "ready":
                     self._on_ready(slot, message.body)
                 elif message.op == "ack":
-                    self._frontend.admin.acked(slot.index, message.body.get("id"), message.body.get("error"))
+                    control_id = message.body.get("id")
+                    if self._frontend.leadership.owns(control_id):
+                        self._frontend.leadership.acked(slot.index, control_id, message.body.get("error"))
+                    else:
+                        self._frontend.admin.acked(slot.index, control_id, message.body.get("error"))
+                        self._frontend.leadership.mark_dirty()  # an open done: roles may follow
+                elif message.op == "isr_change":
+                    self._on_isr_change(slot, message.body)
                 else:
                     raise ValueError(f"unexpected control {message.op!r}")
             except ValueError as e:
                 logger.warning("[arbiter] dropped a backend message: %s", e)
             except Exception:
                 logger.exception("[arbiter] failed to handle a backend message")
+
+    def _on_isr_change(self, slot: Slot, body: dict) -> None:
+        """A leader's ISR proposal: written to ZooKeeper on the replication thread, from where the
+        new state comes back as a role."""
+        topic, partition, epoch, isr = body.get("topic"), body.get("partition"), body.get("leader_epoch"), \
+            body.get("isr")
+        if not (isinstance(topic, str) and isinstance(partition, int) and isinstance(epoch, int)
+                and isinstance(isr, list) and all(isinstance(b, int) for b in isr)):
+            raise ValueError(f"isr_change needs topic, partition, leader_epoch and isr, got {body!r}")
+        if self._replication is None:
+            logger.warning("[arbiter] slot %d proposed ISR %s for %s-%d without ZooKeeper; ignored",
+                           slot.index, isr, topic, partition)
+            return
+        self._replication.propose_isr(topic, partition, epoch, tuple(isr))
 
     def _tick(self) -> None:
         """Reap, check liveness and deadlines.  At most every few ms: it stats heartbeat files."""
@@ -816,6 +904,7 @@ class Arbiter:
                 self._check_slot(slot, now)
         assert self._frontend is not None and self._store is not None
         self._frontend.admin.expire(now)
+        self._replication_turn()
         if self._member is not None and self._store.version != self._member_version:
             self._member_version = self._store.version
             self._member.update(*self._cluster_snapshot())

@@ -47,13 +47,24 @@ import zmq
 
 from hpbroker import protocol
 from hpbroker.broker.config import BrokerConfig
-from hpbroker.broker.topics import Topic, TopicStore, check_topic_name, config_to_strings
+from hpbroker.broker.topics import (
+    Topic,
+    TopicStore,
+    alter_topic_config,
+    check_partitions,
+    check_topic_name,
+    config_to_strings,
+    parse_topic_config,
+)
 from hpbroker.errors import (
     CoordinationError,
     HPBrokerError,
+    InvalidReplicationFactorError,
     InvalidRequestError,
     InvalidTopicError,
     PartitionNotAvailableError,
+    RequestTimedOutError,
+    TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
     UnsupportedVersionError,
 )
@@ -61,11 +72,13 @@ from hpbroker.protocol import ApiKey
 from hpbroker.workers import backend
 from hpbroker.workers.admin import TopicAdmin
 from hpbroker.workers.heartbeat import read_heartbeat
+from hpbroker.workers.leadership import Leadership
 from hpbroker.workers.ownership import owner_slot
 from hpbroker.workers.peers import FrontendPeers, configure_front
 from hpbroker.workers.slots import Slot
 
 if TYPE_CHECKING:  # kazoo is loaded only by a broker configured with ZooKeeper
+    from hpbroker.coord.broker_replication import BrokerReplication
     from hpbroker.coord.cluster import ClusterSnapshot
     from hpbroker.coord.producer_ids import ProducerIdAllocator
 
@@ -78,6 +91,8 @@ _MAX_ERROR_MESSAGE = 1000  # characters of an error message sent to a client
 UNKNOWN_API_KEY = -1  # Frontend.error_counts' key for every api key not in protocol.REQUEST_TYPES
 # (client_id, api_key, correlation_id, api_version): how TopicAdmin's waiters are answered.
 _Waiter = tuple[bytes, int, int, int]
+# (topic, partition) -> (log_start_offset, high_watermark), from the workers' heartbeats
+_Offsets = dict[tuple[str, int], tuple[int, int]]
 
 
 class Frontend:
@@ -110,7 +125,20 @@ class Frontend:
         self.error_counts: dict[tuple[int, int], int] = {}
         self.admin = TopicAdmin(store, len(slots), send_control=self.send_control, reply=self._answer_waiter,
                                 is_serving=lambda index: slots[index].serving, timeout_s=admin_timeout_s,
-                                max_connections=config.max_connections)
+                                max_connections=config.max_connections, broker_id=config.broker_id)
+        self._admin_timeout_s = admin_timeout_s
+        # Replicated topics (docs/REPLICATION.md): their partition states and the roles they give
+        # the slots; ``replication`` writes their nodes in ZooKeeper (set once ZooKeeper is joined).
+        self.leadership = Leadership(config, len(slots), send_control=self.send_control,
+                                     assigned=self.admin.assigned, topic=store.get,
+                                     is_serving=lambda index: slots[index].serving,
+                                     cluster=cluster if cluster is not None else lambda: None)
+        self.replication: BrokerReplication | None = None
+        # Cluster-wide creates, alters and deletes handed to ``replication``: request id ->
+        # (waiter, kind, topic name, deadline); a create then waits for its partitions' leaders.
+        self._cluster_requests: dict[int, tuple[_Waiter | None, str, str, float]] = {}
+        self._awaiting_leaders: dict[str, tuple[_Waiter | None, float]] = {}
+        self._request_ids = iter(range(1, 2**63))
 
     def configure(self, front: zmq.Socket) -> FrontendPeers:
         """Set the front-end ROUTER's limits and start counting and capping its connections
@@ -176,6 +204,10 @@ class Frontend:
             self._respond_unless_silent(client, header, request, error)
             return
         assert topic is not None
+        if not topic.hosts(request.partition, self._config.broker_id):
+            error = self.leadership.not_here(topic, request.partition)
+            self._respond_unless_silent(client, header, request, error)
+            return
         slot = owner_slot(topic.name, request.partition, len(self._slots))
         if not self._slots[slot].serving:
             error = PartitionNotAvailableError(
@@ -213,16 +245,64 @@ class Frontend:
                 request: protocol.CreateTopicRequest) -> None:
         waiter = (client, header.api_key, header.correlation_id, header.api_version)
         try:
-            self.admin.create(waiter, request.name, request.partitions, request.configs, self._clock())
+            replication_factor = self._replication_factor(request.replication_factor)
+            if replication_factor is None:
+                self.admin.create(waiter, request.name, request.partitions, request.configs, self._clock())
+            else:
+                self._create_replicated(waiter, request.name, request.partitions, request.configs,
+                                        replication_factor)
         except HPBrokerError as e:
             logger.info("[arbiter] create topic %r refused: %s", request.name, e.message)
             self._answer_waiter(waiter, e)
+
+    def _replication_factor(self, requested: int) -> int | None:
+        """The replication factor of a new topic, None for an unreplicated one: a topic created
+        without one (-1) on a broker whose ``default_replication_factor`` is 1 is stored whole on
+        this broker, as before replication; with ZooKeeper, any other is replicated."""
+        if requested == -1:
+            requested = self._config.default_replication_factor
+            if requested == 1:
+                return None
+        if requested < 1:
+            raise InvalidReplicationFactorError(f"replication factor must be at least 1, got {requested}")
+        if self.replication is None:
+            if self._config.zookeeper:
+                raise CoordinationError("the broker has not joined ZooKeeper yet; retry")
+            if requested > 1:
+                raise InvalidReplicationFactorError(
+                    f"replication factor {requested} needs a cluster: this broker runs standalone (no "
+                    "zookeeper setting), so it holds every partition's only replica")
+            return None
+        return requested
+
+    def _create_replicated(self, waiter: _Waiter | None, name: str, partitions: int, configs: Any,
+                           replication_factor: int) -> None:
+        """Validate here, then have ``replication`` write the topic's node (its assignment over
+        the live brokers); every broker then stores its replicas (:meth:`adopt_topics`) and the
+        controller elects the leaders, when the client is answered."""
+        check_topic_name(name)
+        check_partitions(partitions)
+        config = parse_topic_config(configs)
+        if self._store.get(name) is not None or name in self._awaiting_leaders:
+            raise TopicAlreadyExistsError(f"topic {name!r} already exists")
+        assert self.replication is not None
+        request_id = next(self._request_ids)
+        self._cluster_requests[request_id] = (waiter, "create", name, self._clock() + self._admin_timeout_s)
+        self.replication.create_topic(request_id, name, partitions, replication_factor, config)
 
     def _alter(self, client: bytes, header: protocol.RequestHeader,
                request: protocol.AlterTopicConfigRequest) -> None:
         waiter = (client, header.api_key, header.correlation_id, header.api_version)
         try:
-            self.admin.alter(waiter, request.name, request.configs, self._clock())
+            topic = self._store.get(request.name)
+            if topic is not None and topic.replicated and not topic.deleting and self.replication is not None:
+                config = alter_topic_config(topic.config, request.configs)  # validated here
+                request_id = next(self._request_ids)
+                self._cluster_requests[request_id] = (waiter, "alter", request.name,
+                                                      self._clock() + self._admin_timeout_s)
+                self.replication.alter_topic(request_id, request.name, config)
+            else:
+                self.admin.alter(waiter, request.name, request.configs, self._clock())
         except HPBrokerError as e:
             logger.info("[arbiter] alter topic %r refused: %s", request.name, e.message)
             self._answer_waiter(waiter, e)
@@ -231,9 +311,102 @@ class Frontend:
                 request: protocol.DeleteTopicRequest) -> None:
         waiter = (client, header.api_key, header.correlation_id, header.api_version)
         try:
-            self.admin.delete(waiter, request.name, self._clock())
+            topic = self._store.get(request.name)
+            if topic is not None and topic.replicated and not topic.deleting and self.replication is not None:
+                request_id = next(self._request_ids)
+                self._cluster_requests[request_id] = (waiter, "delete", request.name,
+                                                      self._clock() + self._admin_timeout_s)
+                self.replication.delete_topic(request_id, request.name)
+            else:
+                self.admin.delete(waiter, request.name, self._clock())
         except HPBrokerError as e:
             self._answer_waiter(waiter, e)
+
+    # --- replicated topics ----------------------------------------------------------------------------
+
+    def cluster_request_done(self, request_id: Any, error: HPBrokerError | None) -> None:
+        """``replication`` finished (or refused) a create, alter or delete of a replicated topic."""
+        entry = self._cluster_requests.pop(request_id, None)
+        if entry is None:
+            return
+        waiter, kind, name, deadline = entry
+        if error is not None:
+            logger.info("[arbiter] %s of replicated topic %r refused: %s", kind, name, error.message)
+            if waiter is not None:
+                self._answer_waiter(waiter, error)
+        elif kind == "create":
+            self._awaiting_leaders[name] = (waiter, deadline)
+            self.check_new_topics()
+        elif kind == "delete":
+            self.drop_topic(name, waiter)
+        elif waiter is not None:
+            self._answer_waiter(waiter, None)  # every broker applies it as its watch fires
+
+    def check_new_topics(self) -> None:
+        """Answer the creates whose topics every partition has a leader for now (or whose time ran
+        out: the topic exists, its leaders come as the controller elects them)."""
+        now = self._clock()
+        for name, (waiter, deadline) in list(self._awaiting_leaders.items()):
+            topic = self._store.get(name)
+            if topic is not None and self.leadership.has_states(topic):
+                del self._awaiting_leaders[name]
+                if waiter is not None:
+                    self._answer_waiter(waiter, None)
+            elif now >= deadline:
+                del self._awaiting_leaders[name]
+                if waiter is not None:
+                    self._answer_waiter(waiter, RequestTimedOutError(
+                        f"topic {name!r} was created, but not every partition had a leader within "
+                        f"{self._admin_timeout_s:g} s; it goes on"))
+        for request_id, (waiter, kind, name, deadline) in list(self._cluster_requests.items()):
+            if now >= deadline:
+                del self._cluster_requests[request_id]
+                if waiter is not None:
+                    self._answer_waiter(waiter, RequestTimedOutError(
+                        f"{kind} of topic {name!r} could not be written to ZooKeeper within "
+                        f"{self._admin_timeout_s:g} s; it may still happen"))
+
+    def adopt_topics(self, cluster: ClusterSnapshot) -> list[str]:
+        """Bring the store in step with the replicated topics ZooKeeper holds: store new ones (this
+        broker opens the replicas naming it), take changed settings.  Returns the names of
+        replicated topics stored here that ``cluster`` no longer has (the caller confirms with
+        ZooKeeper before dropping them: a snapshot may lag)."""
+        now = self._clock()
+        for name, registration in sorted(cluster.topics.items()):
+            if not registration.replicas:
+                continue
+            topic = self._store.get(name)
+            try:
+                if topic is None:
+                    self.admin.create(None, name, registration.partitions, dict(registration.config), now,
+                                      replicas={p: tuple(r) for p, r in registration.replicas.items()})
+                    self.leadership.mark_dirty()
+                elif not topic.replicated:
+                    logger.error("[arbiter] topic %s is replicated in the cluster but stored here "
+                                 "unreplicated: its replicas are not taken", name)
+                elif not topic.deleting and dict(registration.config) != topic.config:
+                    changes = {**{k: None for k in topic.config if k not in registration.config},
+                               **dict(registration.config)}
+                    self.admin.alter(None, name, changes, now)
+            except HPBrokerError as e:
+                logger.error("[arbiter] cannot take replicated topic %s: %s", name, e.message)
+        return [t.name for t in self._store.topics() if t.replicated and t.name not in cluster.topics]
+
+    def drop_topic(self, name: str, waiter: _Waiter | None = None) -> None:
+        """A replicated topic is gone from the cluster: delete its replicas here."""
+        topic = self._store.get(name)
+        self.leadership.forget_topic(name)
+        if topic is None or not topic.replicated:
+            if waiter is not None:
+                self._answer_waiter(waiter, None)
+            return
+        if self.replication is not None:
+            self.replication.unwatch_topic(name)
+        try:
+            self.admin.delete(waiter, name, self._clock())
+        except HPBrokerError as e:
+            if waiter is not None:
+                self._answer_waiter(waiter, e)
 
     # --- producer ids ---------------------------------------------------------------------------------
 
@@ -286,11 +459,34 @@ class Frontend:
 
     def _partition_metadata(self, topic: Topic, partition: int,
                             offsets: dict[tuple[str, int], tuple[int, int]]) -> protocol.PartitionMetadata:
+        if topic.replicated:
+            return self._replicated_partition_metadata(topic, partition, offsets)
         slot = owner_slot(topic.name, partition, len(self._slots))
         code = 0 if self._slots[slot].serving else PartitionNotAvailableError.code
         log_start_offset, high_watermark = offsets.get((topic.name, partition), (-1, -1))
         return protocol.PartitionMetadata(partition, code, self._config.broker_id,
                                           self._config.fetch_port + slot, log_start_offset, high_watermark)
+
+    def _replicated_partition_metadata(self, topic: Topic, partition: int,
+                                       offsets: _Offsets) -> protocol.PartitionMetadata:
+        """A replicated partition as its state says: leader, leader epoch, replicas and ISR (error
+        15 while it has no leader); offsets only where this broker leads it (its heartbeat)."""
+        replicas = list(topic.replicas.get(partition, ()))
+        state = self.leadership.state(topic.name, partition)
+        where = self.leadership.leader_location(topic.name, partition)
+        if state is None or where is None:
+            return protocol.PartitionMetadata(partition, PartitionNotAvailableError.code, -1, 0,
+                                              leader_epoch=state.leader_epoch if state else -1,
+                                              replicas=replicas, isr=list(state.isr) if state else [])
+        code = 0
+        log_start_offset = high_watermark = -1
+        if where.broker_id == self._config.broker_id:
+            slot = owner_slot(topic.name, partition, len(self._slots))
+            code = 0 if self._slots[slot].serving else PartitionNotAvailableError.code
+            log_start_offset, high_watermark = offsets.get((topic.name, partition), (-1, -1))
+        return protocol.PartitionMetadata(partition, code, where.broker_id, where.fetch_port,
+                                          log_start_offset, high_watermark, leader_epoch=state.leader_epoch,
+                                          replicas=replicas, isr=list(state.isr))
 
     def _heartbeat_offsets(self) -> dict[tuple[str, int], tuple[int, int]]:
         """(topic, partition) -> (log_start_offset, high_watermark) from the heartbeat files of the
@@ -352,10 +548,13 @@ class Frontend:
         for (client, correlation_id), (api_key, api_version) in in_flight.items():
             self._respond(client, api_key, correlation_id, error, api_version)
         self.admin.slot_down(slot)
+        self.leadership.slot_down(slot)
 
     # --- responses ----------------------------------------------------------------------------------
 
-    def _answer_waiter(self, waiter: _Waiter, error: HPBrokerError | None) -> None:
+    def _answer_waiter(self, waiter: _Waiter | None, error: HPBrokerError | None) -> None:
+        if waiter is None:  # a change the broker made by itself (a replicated topic's), nobody waits
+            return
         client, api_key, correlation_id, api_version = waiter
         self._respond(client, api_key, correlation_id, error, api_version)
 
