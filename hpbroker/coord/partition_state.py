@@ -173,6 +173,8 @@ def create_states(client: KazooClient | Session, paths: ZkPaths, topic: str,
     Returns False, having created nothing, when the controller epoch check failed (another
     controller was elected since); True otherwise."""
     check_topic(topic)
+    if not states:
+        return True
     kazoo = _kazoo(client)
     encoded = {p: (paths.partition_state(topic, p), encode_state(state))
                for p, state in sorted(states.items())}

@@ -8,6 +8,8 @@ import json
 import queue
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hpbroker.coord.partition_state import (
     PartitionState,
@@ -69,6 +71,16 @@ def test_state_with_a_bad_field_is_refused(change):
     document = {**json.loads(encode_state(STATE)), **change}
     with pytest.raises(CoordinationError, match="partition state"):
         decode_state(json.dumps(document).encode())
+
+
+broker_ids = st.integers(0, 2**31 - 1)
+
+
+@given(st.one_of(st.just(-1), broker_ids), st.integers(0, 2**31 - 1),
+       st.lists(broker_ids, unique=True, max_size=8), st.integers(0, 2**31 - 1))
+def test_any_state_round_trips(leader, leader_epoch, isr, controller_epoch):
+    state = PartitionState(leader, leader_epoch, isr, controller_epoch)
+    assert decode_state(encode_state(state)) == state
 
 
 @pytest.mark.parametrize("data", [b"", b"\xff", b"[]", b'{"version": 1}', b'{"version": 1, "leader": 1}'])
@@ -216,6 +228,21 @@ def test_watch_delivers_creation_change_and_deletion(sessions, zk):
     zk.client.delete(PATHS.partition_state("orders", 0))
     assert seen.get(timeout=10) == ("orders", 0, None, -1)
     assert seen.empty()
+    watch.close()
+
+
+@needs_zookeeper
+def test_watch_goes_on_after_its_session_expires(sessions, zk, expire_session):
+    _topic(zk)
+    owner = sessions()
+    seen: queue.Queue = queue.Queue()
+    watch = PartitionStateWatch(owner, PATHS, lambda *event: seen.put(event))
+    watch.watch("orders", 0)
+    assert seen.get(timeout=10) == ("orders", 0, None, -1)
+    expire_session(owner)
+    create_states(zk, PATHS, "orders", {0: STATE})
+    while (event := seen.get(timeout=10)) != ("orders", 0, STATE, 0):
+        assert event == ("orders", 0, None, -1)  # the state read again in the new session
     watch.close()
 
 

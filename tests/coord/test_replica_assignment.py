@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hpbroker.coord.assignment import assign_replicas
 from hpbroker.errors import InvalidConfigError, InvalidPartitionsError, InvalidReplicationFactorError
@@ -54,6 +56,19 @@ def test_leaders_and_replicas_spread_evenly_and_no_broker_twice(partitions, repl
         assert floor <= held[b] <= floor + min(rest, replication_factor)
     if rest == 0:
         assert set(held.values()) == {partitions * replication_factor // brokers}
+
+
+@given(st.integers(1, 200), st.data(), st.sets(st.integers(0, 2**31 - 1), min_size=1, max_size=12),
+       st.integers(0, 50))
+def test_any_assignment_is_complete_distinct_and_leaders_go_round(partitions, data, brokers, start):
+    replication_factor = data.draw(st.integers(1, len(brokers)))
+    assignment = assign_replicas(partitions, replication_factor, list(brokers), start=start)
+    live = sorted(brokers)
+    assert sorted(assignment) == list(range(partitions))
+    for partition, replicas in assignment.items():
+        assert len(replicas) == len(set(replicas)) == replication_factor
+        assert set(replicas) <= brokers
+        assert replicas[0] == live[(start + partition) % len(live)]
 
 
 def test_followers_of_one_leader_vary_from_round_to_round():
