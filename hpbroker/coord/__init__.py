@@ -16,6 +16,9 @@ Modules, one responsibility each (imports point down this list):
                 layout: leaders and followers spread evenly; pure computation)
 - ``partition_state`` a replicated partition's leader, leader epoch and ISR: its JSON, writes
                 conditional on its version and on the controller epoch's, and watches on it
+- ``controller`` the controller: one broker elected at a time (ephemeral node, epoch fence) that
+                creates replicated partitions' states and elects their leaders as brokers come
+                and go, on a thread of its own
 - ``cluster``   the cluster as the registries describe it: immutable snapshots kept by watches,
                 from which a broker answers metadata for topics other brokers store
 - ``member``    one broker's membership: its nodes kept in step with snapshots from the broker's
