@@ -3,7 +3,9 @@
 Each method is one request on the broker's ZeroMQ front-end (docs/PROTOCOL.md:
 ``CreateTopicRequest``, ``AlterTopicConfigRequest``, ``DeleteTopicRequest``, ``MetadataRequest``)
 and raises the broker's error as its exception (``TopicAlreadyExistsError``,
-``UnknownTopicOrPartitionError``, ``InvalidTopicError`` ...).  A broker that cannot be reached
+``UnknownTopicOrPartitionError``, ``InvalidTopicError``, ``InvalidReplicationFactorError`` ...).
+A topic is created in CreateTopicRequest version 0 unless a replication factor is given (version
+1), so a broker without replication takes every other creation.  A broker that cannot be reached
 raises :class:`~hpbroker.errors.BrokerNotAvailableError` within ``connect_timeout_ms``.  No
 retries: an admin call either happened or raised.
 
@@ -24,20 +26,27 @@ from types import TracebackType
 from hpbroker import protocol
 from hpbroker.client.connection import BrokerAddress, BrokerConnection, parse_bootstrap
 from hpbroker.client.metadata import ClusterMetadata, PartitionInfo, topic_error
-from hpbroker.errors import HPBrokerError, UnknownTopicOrPartitionError
+from hpbroker.errors import HPBrokerError, InvalidReplicationFactorError, UnknownTopicOrPartitionError
 
 __all__ = ["Admin", "TopicDescription"]
+
+_CREATE_TOPIC_REPLICATED_VERSION = 1  # CreateTopicRequest's first version with replication_factor
 
 
 @dataclass(frozen=True, slots=True)
 class TopicDescription:
-    """A topic as the broker describes it: its partitions (each with its data port, log start
-    offset and high watermark, as of the serving worker's last heartbeat) and the settings it
-    overrides."""
+    """A topic as the broker describes it: its partitions (each with its leader, replicas, ISR,
+    leader epoch, data port, log start offset and high watermark, as of the serving worker's
+    last heartbeat) and the settings it overrides."""
 
     name: str
     partitions: list[PartitionInfo]
     configs: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def replication_factor(self) -> int:
+        """How many replicas each partition has (of its first partition; 1 when unreplicated)."""
+        return len(self.partitions[0].replicas) if self.partitions and self.partitions[0].replicas else 1
 
 
 class Admin:
@@ -55,13 +64,27 @@ class Admin:
     def __repr__(self) -> str:
         return f"Admin({self._connection.address})"
 
-    def create_topic(self, name: str, partitions: int, configs: Mapping[str, object] | None = None) -> None:
+    def create_topic(self, name: str, partitions: int, configs: Mapping[str, object] | None = None, *,
+                     replication_factor: int | None = None) -> None:
         """Create ``name`` with ``partitions`` partitions; ``configs`` overrides log settings of the
-        broker's defaults by name (``{"retention_ms": 86_400_000, "flush_fsync": False}``).  Returns
-        once the broker has created it."""
+        broker's defaults by name (``{"retention_ms": 86_400_000, "flush_fsync": False}``).
+        ``replication_factor``: how many brokers keep a replica of each partition (None: the
+        broker's ``default_replication_factor``); InvalidReplicationFactorError when it is below
+        1, above the live brokers, or above 1 on a broker without ZooKeeper.  Returns once the
+        broker has created it."""
         entries = [protocol.TopicConfigEntry(key, _config_string(value))
                    for key, value in (configs or {}).items()]
-        self._connection.call(protocol.CreateTopicRequest(name, partitions, entries), self._timeout_s)
+        if replication_factor is None:  # version 0: any broker takes it, and applies its default
+            self._connection.call(protocol.CreateTopicRequest(name, partitions, entries), self._timeout_s,
+                                  version=0)
+            return
+        if isinstance(replication_factor, bool) or not isinstance(replication_factor, int) \
+                or not 1 <= replication_factor <= 0x7FFF:
+            raise InvalidReplicationFactorError(
+                f"replication factor of topic {name!r} must be an integer from 1, got {replication_factor!r}")
+        request = protocol.CreateTopicRequest(name, partitions, entries,
+                                              replication_factor=replication_factor)
+        self._connection.call(request, self._timeout_s, version=_CREATE_TOPIC_REPLICATED_VERSION)
 
     def alter_topic(self, name: str, configs: Mapping[str, object | None]) -> None:
         """Change settings of ``name`` (``{"retention_ms": 3_600_000, "flush_ms": None}``): each
@@ -79,11 +102,12 @@ class Admin:
 
     def list_topics(self) -> list[str]:
         """The names of every topic, sorted."""
-        response = self._connection.call(protocol.MetadataRequest([]), self._timeout_s)
+        response = ClusterMetadata(self._connection, timeout_s=self._timeout_s).request([])
         return sorted(topic.name for topic in response.topics if not topic.error_code)
 
     def describe_topic(self, name: str) -> TopicDescription:
-        """``name``'s partitions and settings; UnknownTopicOrPartitionError if there is none."""
+        """``name``'s partitions (leader, replicas, ISR ...) and settings;
+        UnknownTopicOrPartitionError if there is none."""
         metadata = ClusterMetadata(self._connection, timeout_s=self._timeout_s)
         response = metadata.refresh(name)
         for topic in response.topics:
@@ -94,6 +118,14 @@ class Admin:
             return TopicDescription(name, metadata.partitions(name),
                                     {entry.key: entry.value for entry in topic.configs})
         raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+
+    def describe_topics(self) -> list[TopicDescription]:
+        """Every topic, as :meth:`describe_topic` describes it, sorted by name (one request)."""
+        metadata = ClusterMetadata(self._connection, timeout_s=self._timeout_s)
+        response = metadata.refresh()
+        return [TopicDescription(topic.name, metadata.partitions(topic.name),
+                                 {entry.key: entry.value for entry in topic.configs})
+                for topic in sorted(response.topics, key=lambda t: t.name) if not topic.error_code]
 
     def close(self) -> None:
         for connection in self._leaders.values():

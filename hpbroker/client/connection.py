@@ -88,7 +88,10 @@ class BrokerConnection:
     """A pipelining request/response channel to one broker's ZeroMQ front-end."""
 
     def __init__(self, address: BrokerAddress, *, client_id: str = "hpbroker-python",
-                 context: zmq.Context | None = None, connect_timeout_s: float = 5.0) -> None:
+                 context: zmq.Context | None = None, connect_timeout_s: float = 5.0,
+                 connect: bool = True) -> None:
+        """``connect=False``: the socket is made but not connected until :meth:`connect` (so a
+        monitor attached in between sees the first handshake)."""
         self.address = address
         self.client_id = client_id
         self.connect_timeout_s = connect_timeout_s
@@ -98,16 +101,24 @@ class BrokerConnection:
         self._socket.setsockopt(zmq.IMMEDIATE, 1)
         self._socket.setsockopt(zmq.RECONNECT_IVL, 100)
         self._socket.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
-        host = f"[{address.host}]" if ":" in address.host else address.host
-        self._socket.connect(f"tcp://{host}:{address.port}")
+        if connect:
+            self.connect()
         self._ids = itertools.count(1)
         # correlation id -> (api key, version asked: None for the newest), requests in flight
         self._waiting: dict[int, tuple[int, int | None]] = {}
         self._arrived: dict[int, Response] = {}  # answered, not yet taken
+        # api key -> the version this broker takes, where it refused the newest (UnsupportedVersionError):
+        # learned and used by the callers (hpbroker.client.metadata), not by this class.
+        self.versions: dict[int, int] = {}
         self._closed = False
 
     def __repr__(self) -> str:
         return f"BrokerConnection({self.address}, in_flight={len(self._waiting)})"
+
+    def connect(self) -> None:
+        """Connect the socket to the broker (ZeroMQ reconnects by itself from then on)."""
+        host = f"[{self.address.host}]" if ":" in self.address.host else self.address.host
+        self._socket.connect(f"tcp://{host}:{self.address.port}")
 
     @property
     def socket(self) -> zmq.Socket:
@@ -204,9 +215,10 @@ class BrokerConnection:
                 return response
             self._arrived[response.correlation_id] = response
 
-    def call(self, message: protocol.Message, timeout_s: float = 30.0) -> Any:
-        """Send ``message`` and return the response body, raising the broker's error if any."""
-        return self.wait_for(self.send(message), timeout_s).raise_for_error()
+    def call(self, message: protocol.Message, timeout_s: float = 30.0, *, version: int | None = None) -> Any:
+        """Send ``message`` (in ``version``, as :meth:`send`) and return the response body,
+        raising the broker's error if any."""
+        return self.wait_for(self.send(message, version=version), timeout_s).raise_for_error()
 
     def forget(self, correlation_id: int) -> None:
         """Give up on a request: its response, if it ever comes, is dropped."""

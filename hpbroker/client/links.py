@@ -33,8 +33,11 @@ class BrokerLink:
 
     def __init__(self, address: BrokerAddress, client_id: str, poller: zmq.Poller) -> None:
         self.address = address
-        self.connection = BrokerConnection(address, client_id=client_id, connect_timeout_s=0.5)
+        # The monitor is attached before the socket connects: a handshake it missed would leave the
+        # link "not connected" for good, and a retry is never sent on such a link.
+        self.connection = BrokerConnection(address, client_id=client_id, connect_timeout_s=0.5, connect=False)
         self.monitor = self.connection.socket.get_monitor_socket(_MONITOR_EVENTS)
+        self.connection.connect()
         self.connected = False
         self.in_flight: dict[int, Any] = {}  # correlation id -> the producer's request
         poller.register(self.connection.socket, zmq.POLLIN)

@@ -1,9 +1,16 @@
 """What a client knows about the cluster: topics, their partitions, and where each is served.
 
-Built from ``MetadataResponse`` (docs/PROTOCOL.md): for every partition its leader broker and the
-TCP data port that serves its fetches.  A client refreshes a topic's entry when a request fails
-with a retriable error that means "the picture changed" (unknown partition, partition not
-available) and before its first use of a topic.
+Built from ``MetadataResponse`` (docs/PROTOCOL.md): for every partition its leader broker, the
+TCP data port that serves its fetches, its leader epoch, replicas and in-sync replicas (ISR).  A
+client refreshes a topic's entry when a request fails with a retriable error that means "the
+picture changed" (unknown partition, partition not available, not the leader: error 23 after a
+failover) and before its first use of a topic.
+
+**Versions.**  Requests go in version 1 (replicas, ISR and leader epoch per partition).  A broker
+that serves only version 0 answers UnsupportedVersionError (error 9); the metadata then asks it
+again in version 0, and keeps asking that connection in version 0: each of its partitions is then
+described as unreplicated (``replicas == isr == (leader,)``, leader epoch -1), as is a partition
+a version 1 answer gives no replicas for (a topic that is not replicated).
 
 :meth:`ClusterMetadata.refresh` waits for its answer; a loop that must not block (the consumer's
 fetch loop, which ``poll(timeout_ms)``, ``wakeup()`` and ``close()`` must be able to end at any
@@ -27,10 +34,12 @@ from hpbroker.errors import (
     PartitionNotAvailableError,
     RequestTimedOutError,
     UnknownTopicOrPartitionError,
+    UnsupportedVersionError,
     error_for_code,
 )
 
-__all__ = ["ClusterMetadata", "MetadataRefreshes", "PartitionInfo", "topic_error"]
+__all__ = ["ClusterMetadata", "MetadataRefreshes", "PartitionInfo", "falls_back", "metadata_version",
+           "partition_info", "topic_error"]
 
 
 def topic_error(topic: str, code: int) -> HPBrokerError:
@@ -43,7 +52,9 @@ def topic_error(topic: str, code: int) -> HPBrokerError:
 
 @dataclass(frozen=True, slots=True)
 class PartitionInfo:
-    """One partition as the broker described it: ``error_code`` 0 when it is being served."""
+    """One partition as the broker described it: ``error_code`` 0 when it is being served.
+    ``replicas`` (the preferred leader first) and ``isr`` are broker ids; an unreplicated
+    partition has ``(leader,)`` for both (none while it has no leader), leader epoch -1."""
 
     topic: str
     partition: int
@@ -53,6 +64,38 @@ class PartitionInfo:
     error_code: int
     log_start_offset: int
     high_watermark: int
+    leader_epoch: int = -1
+    replicas: tuple[int, ...] = ()
+    isr: tuple[int, ...] = ()
+
+
+def partition_info(topic: str, described: protocol.PartitionMetadata, host: str) -> PartitionInfo:
+    """What a client keeps of a partition's metadata (``host``: the leader's advertised host).
+    A partition described without replicas (a version 0 answer, or an unreplicated topic) is
+    its leader alone."""
+    replicas = tuple(getattr(described, "replicas", ()) or ())
+    isr = tuple(getattr(described, "isr", ()) or ())
+    if not replicas:
+        alone = (described.leader,) if described.leader >= 0 else ()
+        replicas, isr = alone, alone
+    return PartitionInfo(topic, described.partition, described.leader, host, described.fetch_port,
+                         described.error_code, described.log_start_offset, described.high_watermark,
+                         getattr(described, "leader_epoch", -1), replicas, isr)
+
+
+def metadata_version(connection: BrokerConnection) -> int | None:
+    """The version to send ``connection``'s broker a MetadataRequest in: None (the newest) until
+    it refused that one (:func:`falls_back`)."""
+    return connection.versions.get(protocol.ApiKey.METADATA)
+
+
+def falls_back(connection: BrokerConnection, header: protocol.ResponseHeader, asked: int | None) -> bool:
+    """Whether ``header``, the answer to a MetadataRequest sent in ``asked``, means: ask again in
+    version 0, as from now on every metadata request over ``connection`` is (module docstring)."""
+    if header.error_code == UnsupportedVersionError.code and asked != 0:
+        connection.versions[protocol.ApiKey.METADATA] = 0
+        return True
+    return False
 
 
 class ClusterMetadata:
@@ -68,10 +111,19 @@ class ClusterMetadata:
     def refresh(self, *topics: str) -> protocol.MetadataResponse:
         """Ask the broker about ``topics`` (every topic when none is named) and remember them.
         Unknown topics are forgotten; other per-topic errors are kept in their entries."""
-        response: protocol.MetadataResponse = self.connection.call(protocol.MetadataRequest(list(topics)),
-                                                                    self._timeout_s)
+        response = self.request(list(topics))
         self.update(response)
         return response
+
+    def request(self, topics: list[str], *, timeout_s: float | None = None) -> protocol.MetadataResponse:
+        """The broker's MetadataResponse about ``topics`` (all when empty), in the newest version
+        it takes (module docstring), without remembering it; raises the broker's error."""
+        while True:
+            asked = metadata_version(self.connection)
+            sent = self.connection.send(protocol.MetadataRequest(topics), version=asked)
+            answer = self.connection.wait_for(sent, self._timeout_s if timeout_s is None else timeout_s)
+            if not falls_back(self.connection, answer.header, asked):
+                return answer.raise_for_error()
 
     def update(self, response: protocol.MetadataResponse) -> None:
         """Remember what ``response`` says (as :meth:`refresh` does with its own)."""
@@ -86,8 +138,7 @@ class ClusterMetadata:
                 self._topics.pop(topic.name, None)
                 continue
             self._topics[topic.name] = [
-                PartitionInfo(topic.name, p.partition, p.leader, hosts.get(p.leader, default_host),
-                              p.fetch_port, p.error_code, p.log_start_offset, p.high_watermark)
+                partition_info(topic.name, p, hosts.get(p.leader, default_host))
                 for p in sorted(topic.partitions, key=lambda p: p.partition)
             ]
             self._refreshed_at[topic.name] = now
@@ -167,11 +218,12 @@ class MetadataRefreshes:
         self._connection = metadata.connection
         self._timeout_s = timeout_s
         self._unsent: dict[str, float] = {}  # topic -> when it began to wait for the connection
-        self._sent: dict[int, tuple[str, float]] = {}  # correlation id -> (topic, deadline)
+        # correlation id -> (topic, deadline, the version it was asked in)
+        self._sent: dict[int, tuple[str, float, int | None]] = {}
 
     def want(self, topic: str, now: float) -> None:
         """Ask for ``topic`` unless a request for it is on its way."""
-        if topic not in self._unsent and all(topic != sent for sent, _ in self._sent.values()):
+        if topic not in self._unsent and all(topic != sent for sent, _, _ in self._sent.values()):
             self._unsent[topic] = now
 
     def events(self) -> int:
@@ -183,7 +235,7 @@ class MetadataRefreshes:
         """When a request on its way times out (monotonic seconds; infinite when none is)."""
         connect_timeout_s = self._connection.connect_timeout_s
         return min([since + connect_timeout_s for since in self._unsent.values()]
-                   + [deadline for _, deadline in self._sent.values()], default=float("inf"))
+                   + [deadline for _, deadline, _ in self._sent.values()], default=float("inf"))
 
     def take(self, now: float) -> dict[str, HPBrokerError | None]:
         """Take the answers that arrived, time out the requests that waited too long, send the
@@ -196,9 +248,13 @@ class MetadataRefreshes:
             if response is None:
                 break
             entry = self._sent.pop(response.correlation_id, None)
-            if entry is not None:
-                settled[entry[0]] = self._settle(entry[0], response.header, response.body)
-        for correlation_id, (topic, deadline) in list(self._sent.items()):
+            if entry is None:
+                continue
+            if falls_back(connection, response.header, entry[2]):
+                self._unsent[entry[0]] = now  # asked again, in version 0
+                continue
+            settled[entry[0]] = self._settle(entry[0], response.header, response.body)
+        for correlation_id, (topic, deadline, _version) in list(self._sent.items()):
             if now >= deadline:
                 connection.forget(correlation_id)
                 del self._sent[correlation_id]
@@ -208,12 +264,13 @@ class MetadataRefreshes:
         for topic, since in list(self._unsent.items()):
             if connection.socket.poll(0, zmq.POLLOUT):
                 del self._unsent[topic]
+                version = metadata_version(connection)
                 try:
-                    correlation_id = connection.send(protocol.MetadataRequest([topic]))
+                    correlation_id = connection.send(protocol.MetadataRequest([topic]), version=version)
                 except HPBrokerError as e:
                     settled[topic] = e
                     continue
-                self._sent[correlation_id] = (topic, now + self._timeout_s)
+                self._sent[correlation_id] = (topic, now + self._timeout_s, version)
             elif now - since >= connection.connect_timeout_s:
                 del self._unsent[topic]
                 settled[topic] = BrokerNotAvailableError(
@@ -232,3 +289,4 @@ class MetadataRefreshes:
             code = described.error_code if described is not None else UnknownTopicOrPartitionError.code
             return topic_error(topic, code)
         return None
+

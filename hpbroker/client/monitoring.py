@@ -165,8 +165,9 @@ class MonitoringPublisher:
         partitions = self._lookup(metadata, connection, topic)
         if not partitions:
             try:
-                connection.call(protocol.CreateTopicRequest(topic, AUDIT_TOPIC_PARTITIONS, []),
-                                _LOOKUP_TIMEOUT_S)
+                request = protocol.CreateTopicRequest(topic, AUDIT_TOPIC_PARTITIONS, [])
+                # Version 0: the broker's default replication factor, and any broker takes it.
+                connection.wait_for(connection.send(request, version=0), _LOOKUP_TIMEOUT_S).raise_for_error()
                 logger.info("[producer %s] created the audit topic %r", self.counts.producer, topic)
             except TopicAlreadyExistsError:  # another producer was first
                 pass
@@ -180,7 +181,7 @@ class MonitoringPublisher:
     @staticmethod
     def _lookup(metadata: Any, connection: Any, topic: str) -> int:
         """The audit topic's partition count per the bootstrap broker; 0 if it does not exist."""
-        response = connection.call(protocol.MetadataRequest([topic]), _LOOKUP_TIMEOUT_S)
+        response = metadata.request([topic], timeout_s=_LOOKUP_TIMEOUT_S)
         metadata.update(response)
         for described in response.topics:
             if described.name == topic and described.error_code and described.error_code != 6:

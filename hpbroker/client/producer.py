@@ -12,7 +12,7 @@ Two threads (the Kafka paper's asynchronous producer: latency traded for through
   finishes them into one ProduceRequest per partition and sends them, retries what failed.  The
   application wakes it through the pipe at most once per batch opened or closed, never per record.
 
-**Idempotence** (``enable_idempotence``, on by default with ``acks=1``): the I/O thread takes a
+**Idempotence** (``enable_idempotence``, on by default with ``acks`` 1 or all): the I/O thread takes a
 producer id and epoch (InitProducerId) before it drains a batch; every batch carries them and
 its partition's ``base_sequence``, assigned once at drain; a partition keeps up to
 ``max_in_flight_requests_per_partition`` requests in flight, and a retry resends the same bytes
@@ -29,11 +29,16 @@ could not be handed to a connection waits (muted) for a retry.
 
 **Retries.**  A retriable error (docs/PROTOCOL.md's table; also a lost connection or no response
 within ``request_timeout_ms``) sends the same bytes again after a backoff (``retry_backoff_ms``,
-doubling up to ``retry_backoff_max_ms``), refreshing the topic's metadata first after errors 6
-and 15, until ``delivery_timeout_ms`` after the oldest batch was opened; then, or at once for an
-error that is not retriable, the request's records fail.  Without idempotence, when an
-attempt's outcome is unknown (lost connection, timeout, error 7, 12 or 15: the broker may have
-appended it), the I/O thread first looks for the request in the partition
+doubling up to ``retry_backoff_max_ms``), refreshing the topic's metadata first after errors 6,
+15, 23 and 25, until ``delivery_timeout_ms`` after the oldest batch was opened; then, or at once
+for an error that is not retriable, the request's records fail.  Error 23 (the broker is not the
+partition's leader: it moved) sends the retry to the leader the refreshed metadata names, with
+the same bytes (an idempotent producer's sequences too, so the new leader, which replicated the
+old one's producer state, stores them once); error 24 (``acks="all"`` refused: too few in-sync
+replicas) is retried with backoff like any other.  Without idempotence, when an
+attempt's outcome is unknown (lost connection, timeout, error 7, 12, 15, 23 or 24: the broker
+may have appended it, e.g. a leader that lost its leadership while waiting for its followers),
+the I/O thread first looks for the request in the partition
 (``hpbroker.client.appended_lookup``): found, the records are acknowledged where they are; not
 found, they are sent again.
 
@@ -67,7 +72,9 @@ import zmq
 from hpbroker import protocol
 from hpbroker.errors import (
     BrokerNotAvailableError,
+    FencedLeaderEpochError,
     HPBrokerError,
+    NotLeaderOrFollowerError,
     PartitionNotAvailableError,
     RequestTimedOutError,
     UnknownServerError,
@@ -102,8 +109,10 @@ logger = logging.getLogger(__name__)
 
 # Errors whose request the broker refused before appending anything: resend without looking.
 _REFUSED_BEFORE_APPEND = frozenset({2, 6})  # corrupt (checked before append), unknown topic/partition
-# Errors after which the topic's metadata is refreshed before the retry.
-_REFRESH_METADATA = frozenset({6, 15})
+# Errors after which the topic's metadata is refreshed before the retry: unknown topic or
+# partition, partition not available, not the leader (the partition moved), fenced leader epoch.
+_REFRESH_METADATA = frozenset({UnknownTopicOrPartitionError.code, PartitionNotAvailableError.code,
+                               NotLeaderOrFollowerError.code, FencedLeaderEpochError.code})
 _PRODUCE_VERSION_IDEMPOTENT = 1  # its response says duplicate; without idempotence: version 0, as before
 _CONTROL_TIMEOUT_S = 5.0  # longest wait for one metadata, list-offsets or verifying fetch response
 # Leaving a with block by an exception: the longest close() waits for records still unsent.
@@ -123,7 +132,8 @@ class Producer(RecordAccumulator):
     """Sends records to an hpbroker broker in batches, from a background I/O thread.
 
     ``Producer(bootstrap, acks=1, linger_ms=5, batch_bytes=1 << 20, compression=None, ...)``: the
-    keyword options are the fields of :class:`ProducerConfig` (or pass ``config=``).  ``bootstrap``
+    keyword options are the fields of :class:`ProducerConfig` (or pass ``config=``); ``acks`` is
+    0, 1, or ``"all"`` (also -1).  ``bootstrap``
     is ``"host:port"`` (the broker's ZeroMQ front-end; a list is accepted, its first entry used).
 
     ``send(topic, value, key=None, headers=None, timestamp=None, partition=None, callback=None)``

@@ -16,7 +16,10 @@ from hpbroker.client.idempotence import MAX_UNSETTLED_REQUESTS
 from hpbroker.client.partitioner import STICKY, Partitioner, partitioner_kind
 from hpbroker.records import codec_for_name
 
-__all__ = ["ProducerConfig", "RecordMetadata"]
+__all__ = ["ACKS_ALL", "ProducerConfig", "RecordMetadata", "parse_acks"]
+
+#: acks=all on the wire: the leader answers once every in-sync replica has the records flushed.
+ACKS_ALL = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,9 +39,12 @@ class RecordMetadata:
 class ProducerConfig:
     """A producer's settings, validated on construction (ValueError names the field)."""
 
-    #: 1: a record is acknowledged once the broker has flushed it (per the topic's flush policy);
-    #: 0: requests are sent and never answered (no offsets, no retries after a send).  Default 1.
-    acks: int = 1
+    #: 1: a record is acknowledged once the partition's leader has flushed it (per the topic's
+    #: flush policy); -1 or "all" (kept as -1): once every in-sync replica has it flushed, each
+    #: under its own flush policy (a replicated topic, docs/REPLICATION.md; on an unreplicated
+    #: partition the same as 1); 0: requests are sent and never answered (no offsets, no retries
+    #: after a send).  Default 1.
+    acks: int | str = 1
     #: how long a batch that is not full may wait for more records before it is sent.  Default 5.
     linger_ms: float = 5
     #: the largest batch, header included, before compression; a record that cannot fit alone in
@@ -81,7 +87,8 @@ class ProducerConfig:
     audit_window_ms: int = DEFAULT_WINDOW_MS
     #: the idempotent producer (docs/CLIENT.md): batches carry a producer id, epoch and sequence
     #: numbers, a retry resends the same bytes and the broker stores them once.  None: on unless
-    #: acks=0 (nobody answers, so nothing is retried); True with acks=0 is a ValueError.
+    #: acks=0 (nobody answers, so nothing is retried); True with acks=0 is a ValueError.  With
+    #: acks="all" it is on by default, as in Kafka.
     #: Default None.
     enable_idempotence: bool | None = None
     #: requests of one partition in flight at once, 1 to 5, with idempotence (order and a
@@ -91,14 +98,14 @@ class ProducerConfig:
     max_in_flight_requests_per_partition: int = 5
 
     def __post_init__(self) -> None:
-        if self.acks not in (0, 1):
-            raise ValueError(f"acks must be 0 or 1, got {self.acks!r}")
+        object.__setattr__(self, "acks", parse_acks(self.acks))
         if self.enable_idempotence is not None and not isinstance(self.enable_idempotence, bool):
             raise ValueError(f"enable_idempotence must be True, False or None, "
                              f"got {self.enable_idempotence!r}")
         if self.enable_idempotence and self.acks == 0:
-            raise ValueError("enable_idempotence=True needs acks=1: with acks=0 nothing is answered, so "
-                             "nothing is retried or deduplicated (leave enable_idempotence None or False)")
+            raise ValueError("enable_idempotence=True needs acks=1 or acks='all': with acks=0 nothing is "
+                             "answered, so nothing is retried or deduplicated (leave enable_idempotence None "
+                             "or False)")
         if (isinstance(self.max_in_flight_requests_per_partition, bool)
                 or not isinstance(self.max_in_flight_requests_per_partition, int)
                 or not 1 <= self.max_in_flight_requests_per_partition <= MAX_UNSETTLED_REQUESTS):
@@ -124,13 +131,27 @@ class ProducerConfig:
 
     @property
     def idempotent(self) -> bool:
-        """Whether the producer is idempotent: ``enable_idempotence``, or when None, acks=1."""
-        return self.acks == 1 if self.enable_idempotence is None else self.enable_idempotence
+        """Whether the producer is idempotent: ``enable_idempotence``, or when None, acks 1 or all."""
+        return self.acks != 0 if self.enable_idempotence is None else self.enable_idempotence
 
     @property
     def max_in_flight(self) -> int:
         """Requests of one partition in flight at once: 1 unless idempotent."""
         return self.max_in_flight_requests_per_partition if self.idempotent else 1
+
+
+def parse_acks(acks: object) -> int:
+    """``acks`` as the wire carries it: 0, 1, or -1 for ``-1`` / ``"all"`` (any case; the strings
+    "0", "1" and "-1" too, as a command line gives them).  ValueError for anything else."""
+    if isinstance(acks, str):
+        text = acks.strip().lower()
+        if text == "all":
+            return ACKS_ALL
+        if text in ("0", "1", "-1"):
+            return int(text)
+    elif isinstance(acks, int) and not isinstance(acks, bool) and acks in (0, 1, ACKS_ALL):
+        return acks
+    raise ValueError(f"acks must be 0, 1, -1 or 'all', got {acks!r}")
 
 
 def _check_range(field: str, value: Any, low: float, high: float) -> None:

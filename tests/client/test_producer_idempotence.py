@@ -519,10 +519,10 @@ def held_identity(monkeypatch):
     refusing = threading.Event()
     refusing.set()
 
-    def refusing_call(self, message, timeout_s=30.0):
+    def refusing_call(self, message, timeout_s=30.0, **options):
         if isinstance(message, protocol.InitProducerIdRequest) and refusing.is_set():
             raise CoordinationError("no producer id block at hand")
-        return call(self, message, timeout_s)
+        return call(self, message, timeout_s, **options)
 
     monkeypatch.setattr(BrokerConnection, "call", refusing_call)
     return refusing
