@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import pytest
 from harness import wait_until
@@ -321,8 +322,9 @@ def test_no_rebalance_when_it_is_off(controllers, brokers, zk):
     brokers.up(1)
     leader_isr_change(zk, "t", (2, 1))
     seen_live(controller, 1)
+    time.sleep(1.0)  # ten rebalance intervals, in which nothing may happen
     passes = controller.state()["passes"]
-    brokers.up(5)  # another pass, well after several rebalance intervals
+    brokers.up(5)  # and a pass after them
     wait_until(lambda: controller.state()["passes"] > passes, DEADLINE_S, what="another pass")
     assert leadership(zk, "t") == (2, 1, [2, 1])
     assert controller.state()["rebalances"] == 0
@@ -366,6 +368,19 @@ def test_a_controller_taking_over_repairs_what_happened_without_one(controllers,
     second = active(controllers(8))
     wait_leadership(zk, "t", (2, 1, [2, 0]))
     assert read_state(zk, PATHS, "t", 0)[0].controller_epoch == second.controller_epoch == 2
+
+
+def test_a_deleted_topic_is_forgotten(controllers, brokers, zk):
+    brokers.up(1, 2)
+    create_topic(zk, "old", {0: [1, 2]})
+    controller = active(controllers())
+    wait_leadership(zk, "old", (1, 0, [1, 2]))
+    assert TopicRegistry(zk).remove("old")
+    wait_until(lambda: controller.state()["topics"] == 0, DEADLINE_S, what="the topic forgotten")
+    brokers.down(1)
+    create_topic(zk, "new", {0: [1, 2]})
+    wait_leadership(zk, "new", (2, 0, [2]))
+    assert zk.client.exists(PATHS.topic("old")) is None
 
 
 # --- the rules alone ------------------------------------------------------------------------------
