@@ -27,7 +27,7 @@ def test_topics_are_created_listed_described_and_deleted(broker, topic_name):
     assert again.returncode == 1 and b"TopicAlreadyExistsError" in again.stderr
     assert topic_name in hpbroker(port, "topics", "list").stdout.decode().split()
     described = hpbroker(port, "topics", "describe", topic_name).stdout.decode()
-    assert "3 partitions" in described and "retention_ms=3600000" in described
+    assert "PartitionCount: 3" in described and "retention_ms=3600000" in described
     assert described.count("serving") == 3
     assert hpbroker(port, "topics", "delete", topic_name).returncode == 0
     gone = hpbroker(port, "topics", "describe", topic_name)
