@@ -117,13 +117,26 @@ class ClusterMetadata:
 
     def request(self, topics: list[str], *, timeout_s: float | None = None) -> protocol.MetadataResponse:
         """The broker's MetadataResponse about ``topics`` (all when empty), in the newest version
-        it takes (module docstring), without remembering it; raises the broker's error."""
-        while True:
-            asked = metadata_version(self.connection)
-            sent = self.connection.send(protocol.MetadataRequest(topics), version=asked)
-            answer = self.connection.wait_for(sent, self._timeout_s if timeout_s is None else timeout_s)
-            if not falls_back(self.connection, answer.header, asked):
-                return answer.raise_for_error()
+        it takes (module docstring), without remembering it; raises the broker's error.
+
+        When the bootstrap broker cannot be reached (or does not answer), the other brokers the
+        last metadata named are asked in turn, each over a connection opened for the question:
+        in a cluster, the broker a client was bootstrapped at may be the one that failed."""
+        timeout_s = self._timeout_s if timeout_s is None else timeout_s
+        try:
+            return _ask(self.connection, topics, timeout_s)
+        except (BrokerNotAvailableError, RequestTimedOutError) as unreachable:
+            for address in sorted(set(self._brokers.values()) - {self.connection.address},
+                                  key=lambda a: (a.host, a.port)):
+                other = BrokerConnection(address, client_id=self.connection.client_id,
+                                         connect_timeout_s=self.connection.connect_timeout_s)
+                try:
+                    return _ask(other, topics, timeout_s)
+                except (BrokerNotAvailableError, RequestTimedOutError):
+                    continue
+                finally:
+                    other.close()
+            raise unreachable
 
     def update(self, response: protocol.MetadataResponse) -> None:
         """Remember what ``response`` says (as :meth:`refresh` does with its own)."""
@@ -176,6 +189,11 @@ class ClusterMetadata:
             raise PartitionNotAvailableError(f"partition {topic}-{partition} has no live leader "
                                              f"(leader {leader}, brokers {sorted(self._brokers)})")
         return None if address == self.connection.address else address
+
+    @property
+    def in_cluster(self) -> bool:
+        """Whether the last metadata named more than one broker."""
+        return len(self._brokers) > 1
 
     def leader_addresses(self) -> set[BrokerAddress]:
         """The front-ends of the leaders of every partition known (for closing unused links)."""
@@ -290,3 +308,13 @@ class MetadataRefreshes:
             return topic_error(topic, code)
         return None
 
+
+
+def _ask(connection: BrokerConnection, topics: list[str], timeout_s: float) -> protocol.MetadataResponse:
+    """One broker's MetadataResponse about ``topics``, in the newest version it takes."""
+    while True:
+        asked = metadata_version(connection)
+        sent = connection.send(protocol.MetadataRequest(topics), version=asked)
+        answer = connection.wait_for(sent, timeout_s)
+        if not falls_back(connection, answer.header, asked):
+            return answer.raise_for_error()

@@ -626,9 +626,10 @@ class _Sender(AppendedLookup, IdempotentSending):
                         generation=generation)
 
     def _leader_may_have_moved(self, request: PartitionRequest, link: BrokerLink) -> None:
-        """A leader other than the bootstrap broker did not answer: ask the bootstrap broker
-        where the partition is before the retry (it may have moved, or changed address)."""
-        if link is not self.links.bootstrap:
+        """A leader did not answer: ask where the partition is before the retry (it may have
+        moved, or changed address); the bootstrap broker too, in a cluster (the metadata then
+        comes from another broker)."""
+        if link is not self.links.bootstrap or self.metadata.in_cluster:
             self._stale_topics.add(request.queue.topic)
 
     def _read_responses(self) -> None:

@@ -300,3 +300,28 @@ def test_describe_shows_the_leader_replicas_and_isr(stand_ins):
     (partition,) = described.partitions
     assert (partition.leader, partition.replicas, partition.isr) == (2, (2, 1), (2, 1))
     assert partition.leader_epoch == 3
+
+
+def test_the_producer_follows_the_leader_when_its_bootstrap_broker_is_gone(stand_ins):
+    """Broker 1, the bootstrap broker and the leader, goes away after a first record: the
+    metadata is asked of broker 2, which the first answer named, and which leads now."""
+    second = stand_ins(StandInFrontEnd, lambda header, request: (
+        (cluster_metadata(2, ports=ports, leader_epoch=2), 0, "")
+        if isinstance(request, protocol.MetadataRequest)
+        else (protocol.ProduceResponse(base_offset=9, log_start_offset=0), 0, "")))
+
+    def broker_1(header, request):
+        if isinstance(request, protocol.InitProducerIdRequest):
+            return protocol.InitProducerIdResponse(1000, 0), 0, ""
+        if isinstance(request, protocol.ProduceRequest):
+            return protocol.ProduceResponse(base_offset=8, log_start_offset=0), 0, ""
+        return cluster_metadata(1, ports=ports, leader_epoch=1), 0, ""
+
+    first = stand_ins(StandInFrontEnd, broker_1)
+    ports = {1: first.port, 2: second.port}
+    with Producer(f"127.0.0.1:{first.port}", acks="all", audit_topic=None, linger_ms=0, retry_backoff_ms=10,
+                  delivery_timeout_ms=20_000) as producer:
+        assert producer.send_future(TOPIC, b"first", partition=0).result(20).offset == 8
+        first.close()  # the bootstrap broker is gone
+        assert producer.send_future(TOPIC, b"second", partition=0).result(20).offset == 9
+    assert len(second.of_type(protocol.ProduceRequest)) == 1
