@@ -24,10 +24,34 @@ Processes and sockets::
   (``os.sendfile`` from the segment files), and parks fetches at the log end until new records
   are flushed or their wait runs out (long polling).
 
+Replication (``hpbroker.workers.replication``; the state machine itself is ``hpbroker.replica``)::
+
+    broker 0                                               broker 1
+    producer --acks=-1--> arbiter 0 --relay--> worker 1    worker 2
+                                          (leads orders-3)  (follows orders-3)
+                                               |  <-- Fetch v1: replica_id 1,  --|
+                                               |      epoch E, its flushed end   |
+                                               |  --- batches (sendfile), HW --> |  append_replicated,
+                                               |                                 |  flush, fetch again
+                                               +-- isr_change --> arbiter 0 --> ZooKeeper (state node)
+    ZooKeeper state nodes --watch--> arbiter 0, arbiter 1 --replica_role--> their workers
+
+- Each broker's arbiter follows the partition states in ZooKeeper and gives its workers a
+  ``replica_role`` per replicated partition (``hpbroker.workers.backend``).  A worker may lead
+  some partitions and follow others.
+- A **leader** stamps its epoch into every batch, tracks each follower's flushed end from its
+  replica fetches, and computes the replicated high watermark (HW): consumers read below it,
+  acks=-1 is answered once it passes the records, and a follower that lags longer than
+  ``replica_lag_time_max_ms`` (or catches up again) makes the leader propose an ISR change,
+  which the arbiter writes to ZooKeeper; the new state comes back as a role.
+- A **follower** refuses clients with NotLeaderOrFollowerError naming the leader, fetches from
+  the leader's data port from its flushed end, appends the very bytes it gets and flushes them
+  at once; a divergence answer (leader epochs, KIP-101/KIP-320) truncates it first.
+
 Arbiter and workers speak over the backend socket with the small framing of
 ``hpbroker.workers.backend``.  With ``metrics_port`` set, each worker also writes what it measured
 (``hpbroker.workers.stats``) next to its heartbeat, and the arbiter serves it all to Prometheus
 (``hpbroker.workers.exporter``).  ZeroMQ contexts are created after ``fork``, in each process.
-Imports: workers use storage (``hpbroker.io``), the protocol and the backend framing; nothing
-here is imported by storage or by the client.
+Imports: workers use storage (``hpbroker.io``), the replica state machine (``hpbroker.replica``),
+the protocol and the backend framing; nothing here is imported by storage or by the client.
 """

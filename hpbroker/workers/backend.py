@@ -15,9 +15,27 @@ starts with a one-byte *kind* frame:
 
     - arbiter -> worker ``{"op": "open", "id": n, "partitions": [spec, ...]}``: open (creating
       if needed) these partitions; a *spec* is ``{"topic": str, "partition": int, "config":
-      {LogConfig field: value}}``.
+      {LogConfig field: value}, "replicated": bool}`` (``replicated`` optional, default false:
+      true for a replicated topic's partition, which then refuses every request with
+      NotLeaderOrFollowerError until its first ``replica_role`` arrives).
     - arbiter -> worker ``{"op": "delete", "id": n, "topic": str}``: close the topic's
       partitions this worker has open and delete their directories.
+    - arbiter -> worker ``{"op": "replica_role", "id": n, "topic": t, "partition": p, "role":
+      "leader" | "follower" | "none", "leader_epoch": E, "leader": broker_id (-1: none),
+      "leader_address": [host, data_port] | null, "replicas": [broker_id, ...], "isr":
+      [broker_id, ...], "min_insync_replicas": m, "replica_lag_time_max_ms": L}``: the
+      partition's role in replication (``hpbroker.workers.replication``), sent after the
+      partition is open and again after a slot respawns.  ``leader_address`` is the data port
+      of the leader's worker that owns the partition.  Refused (the ack's error) when the epoch
+      is older than the partition's current one, when the role names a broker that is not a
+      replica, or when the leader's log cannot record the epoch; the same epoch as leader again
+      only updates the ISR.  A partition never given a role is unreplicated.
+    - worker -> arbiter ``{"op": "isr_change", "topic": t, "partition": p, "leader_epoch": E,
+      "isr": [broker_id, ...]}``: the leader of a partition proposes a new ISR (a follower fell
+      ``replica_lag_time_max_ms`` behind, or caught up); not acknowledged: the arbiter writes it
+      to ZooKeeper with a conditional update and the state written comes back as a
+      ``replica_role`` of the same epoch.  At most one proposal per partition is outstanding;
+      the leader proposes it again when no such role arrived within 5 s.
     - worker -> arbiter ``{"op": "ready", "slot": s, "pid": p}``: every partition the worker was
       started with is open (recovered) and it serves requests.
     - worker -> arbiter ``{"op": "ack", "id": n, "error": null | str}``: the control ``n`` is done.
@@ -63,21 +81,28 @@ def worker_identity(slot: int) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class PartitionSpec:
-    """A partition a worker must open, with its topic's log settings (LogConfig fields)."""
+    """A partition a worker must open, with its topic's log settings (LogConfig fields).
+    ``replicated``: the partition belongs to a replicated topic, so it serves nothing until the
+    arbiter sends its role (``replica_role``)."""
 
     topic: str
     partition: int
     config: dict[str, Any] = field(default_factory=dict)
+    replicated: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"topic": self.topic, "partition": self.partition, "config": dict(self.config)}
+        obj = {"topic": self.topic, "partition": self.partition, "config": dict(self.config)}
+        if self.replicated:
+            obj["replicated"] = True
+        return obj
 
     @classmethod
     def from_json(cls, obj: Any) -> PartitionSpec:
         if not isinstance(obj, dict) or not isinstance(obj.get("topic"), str) \
-                or not isinstance(obj.get("partition"), int) or not isinstance(obj.get("config", {}), dict):
+                or not isinstance(obj.get("partition"), int) or not isinstance(obj.get("config", {}), dict) \
+                or not isinstance(obj.get("replicated", False), bool):
             raise ValueError(f"not a partition spec: {obj!r}")
-        return cls(obj["topic"], obj["partition"], dict(obj.get("config", {})))
+        return cls(obj["topic"], obj["partition"], dict(obj.get("config", {})), obj.get("replicated", False))
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,10 @@ whose key or version is unknown gets error 9, one whose body does not parse erro
 told where it ends, so the stream stays usable).  A stream that cannot be parsed (a bad length, an
 empty head, a header that does not decode) closes its connection: nobody can be answered.
 
+Followers fetch from their leader here too: a FetchRequest with ``replica_id`` >= 0 is a
+replica fetch (``hpbroker.workers.replication``), sent from the same segment files with
+``sendfile``, up to the leader's flushed end.
+
 Each connection answers in request order.  Its requests get a *slot* each, in a queue; a slot is
 filled when its reply is ready (at once, or later for a long poll) and the front slots are written
 while they are filled: first the prefix and head with ``send`` (``MSG_MORE`` when a payload

@@ -10,6 +10,12 @@ Errors never escape: an :class:`~hpbroker.errors.HPBrokerError` becomes an error
 its code and message, anything else an ``UnknownServerError`` response and a logged traceback.
 An acks=0 produce gets no response at all, not even an error.
 
+Replicated partitions (``hpbroker.workers.replication``): produce, consumer fetches and
+list-offsets are served only where the partition is led (NotLeaderOrFollowerError naming the
+leader elsewhere); a fetch with ``replica_id`` >= 0 is a follower's, served by the leader's
+:meth:`~hpbroker.workers.replication.Replication.replica_fetch`.  Consumers read below the
+replicated high watermark, and list-offsets LATEST answers it.
+
 Every request is counted and its answer measured (``hpbroker.workers.stats``): its responder is
 wrapped in a :class:`~hpbroker.workers.stats.TimedResponder` as it arrives.
 """
@@ -27,6 +33,7 @@ from hpbroker import protocol
 from hpbroker.errors import HPBrokerError, InvalidRequestError, StorageError, UnknownServerError
 from hpbroker.protocol import ApiKey
 from hpbroker.workers.partitions import FETCH_MAX_BYTES, FetchWaiter, PartitionSet
+from hpbroker.workers.replication import Replication
 from hpbroker.workers.replies import Responder, error_reply, list_offsets_reply
 from hpbroker.workers.stats import TimedResponder, WorkerStats
 
@@ -41,12 +48,16 @@ RELAYED_API_KEYS = frozenset({ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.LIST_OFFSETS}
 class RequestHandler:
     """Serves produce, fetch and list-offsets requests; single-threaded (the event loop)."""
 
-    def __init__(self, partitions: PartitionSet, stats: WorkerStats, *, max_wait_ms: int = 30_000) -> None:
+    def __init__(self, partitions: PartitionSet, stats: WorkerStats, *, max_wait_ms: int = 30_000,
+                 replication: Replication | None = None) -> None:
         """``max_wait_ms``: the longest a fetch may be parked (the broker's ``fetch_max_wait_ms``);
-        a fetch asking for more waits this long."""
+        a fetch asking for more waits this long.  ``replication``: the worker's roles (None: no
+        partition is replicated, replica fetches are refused)."""
         self._partitions = partitions
         self._stats = stats
         self._max_wait_ms = max_wait_ms
+        self._replication = replication
+        self._broker_id = replication.broker_id if replication is not None else -1
 
     def handle_relayed(self, frames: Sequence[Any], responder: Responder, order_key: Hashable) -> None:
         """A request relayed by the arbiter, as its protocol frames.  One that does not parse is
@@ -95,8 +106,9 @@ class RequestHandler:
     def _produce(self, header: protocol.RequestHeader, request: protocol.ProduceRequest,
                  responder: Responder) -> None:
         partition = self._partitions.get(request.topic, request.partition)
-        if request.acks not in (0, 1):
-            raise InvalidRequestError(f"acks must be 0 or 1, got {request.acks}")
+        if request.acks not in (0, 1, protocol.ACKS_ALL):
+            raise InvalidRequestError(f"acks must be 0, 1 or -1 (all), got {request.acks}")
+        partition.check_leader(self._broker_id)
         payload = memoryview(request.payload).toreadonly()
         deadline = time.monotonic() + request.timeout_ms / 1000
         partition.produce(payload, request.acks, header.correlation_id, responder, deadline,
@@ -105,23 +117,37 @@ class RequestHandler:
     def _fetch(self, header: protocol.RequestHeader, request: protocol.FetchRequest,
                responder: TimedResponder, order_key: Hashable) -> None:
         partition = self._partitions.get(request.topic, request.partition)
+        replica = request.replica_id >= 0
+        if not replica:
+            partition.check_leader(self._broker_id)
+        elif self._replication is None:
+            raise InvalidRequestError(f"a replica fetch from broker {request.replica_id}, but this worker "
+                                      f"does not replicate")
         responder.partition = partition
         max_bytes = min(max(request.max_bytes, 1), FETCH_MAX_BYTES)
         max_wait_ms = min(request.max_wait_ms, self._max_wait_ms)
         waiter = FetchWaiter(header.correlation_id, responder, order_key, request.offset, max_bytes,
-                             request.min_bytes, expired=max_wait_ms == 0, version=header.api_version)
-        partition.fetch(waiter, time.monotonic() + max_wait_ms / 1000)
+                             request.min_bytes, expired=max_wait_ms == 0, version=header.api_version,
+                             replica=replica)
+        deadline = time.monotonic() + max_wait_ms / 1000
+        if replica:
+            assert self._replication is not None
+            self._replication.replica_fetch(partition, request, waiter, deadline)
+        else:
+            partition.fetch(waiter, deadline)
         if not waiter.finished:
             responder.parked = True
 
     def _list_offsets(self, header: protocol.RequestHeader, request: protocol.ListOffsetsRequest,
                       responder: Responder) -> None:
-        log = self._partitions.get(request.topic, request.partition).log
+        partition = self._partitions.get(request.topic, request.partition)
+        partition.check_leader(self._broker_id)
+        log = partition.log
         if log.offline:
             raise StorageError(f"[{log.name}] the partition is offline after a disk error")
         timestamp = request.timestamp
         if timestamp == protocol.LATEST_TIMESTAMP:
-            offset = log.high_watermark
+            offset = partition.high_watermark
         elif timestamp == protocol.EARLIEST_TIMESTAMP:
             offset = log.log_start_offset
         elif timestamp < 0:
@@ -129,7 +155,7 @@ class RequestHandler:
                                       f"time in ms")
         else:
             found = log.offset_for_timestamp(timestamp)
-            offset = -1 if found is None else found
+            offset = -1 if found is None or found >= partition.high_watermark else found
         responder(list_offsets_reply(header.correlation_id, offset))
 
 

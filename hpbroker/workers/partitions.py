@@ -57,6 +57,7 @@ from hpbroker import protocol
 from hpbroker.errors import (
     DamagedRangeError,
     HPBrokerError,
+    NotLeaderOrFollowerError,
     OffsetOutOfRangeError,
     RequestTimedOutError,
     StorageError,
@@ -66,10 +67,12 @@ from hpbroker.io import AppendInfo, LogConfig, PartitionLog
 from hpbroker.io._writer import WriterThread
 from hpbroker.io.files import fsync_dir
 from hpbroker.io.log import FlushJob
+from hpbroker.io.logfile import FileSlice
 from hpbroker.workers.backend import PartitionSpec
 from hpbroker.workers.replies import Responder, error_reply, fetch_error_reply, fetch_reply, produce_reply
 
 if TYPE_CHECKING:
+    from hpbroker.workers.replication import _Replica
     from hpbroker.workers.stats import WorkerStats
 
 __all__ = [
@@ -189,16 +192,18 @@ class DeadlineQueue:
 
 
 class ProduceWaiter:
-    """An acks=1 produce request: its records ``base_offset..last_offset`` are pending, or its
+    """An acks=1 or acks=-1 produce request: its records ``base_offset..last_offset`` are pending
+    (acks=1: until flushed; acks=-1: until the replicated high watermark passes them), or its
     ``error`` is decided and waits only for the requests before it."""
 
-    __slots__ = ("base_offset", "correlation_id", "duplicate", "error", "finished", "last_offset",
+    __slots__ = ("acks", "base_offset", "correlation_id", "duplicate", "error", "finished", "last_offset",
                  "responder", "timeout_ms", "version")
 
     def __init__(self, correlation_id: int, responder: Responder, *, base_offset: int = -1,
                  last_offset: int = -1, timeout_ms: int = 0, error: HPBrokerError | None = None,
-                 version: int = 0, duplicate: bool = False) -> None:
+                 version: int = 0, duplicate: bool = False, acks: int = 1) -> None:
         self.correlation_id = correlation_id
+        self.acks = acks
         self.responder = responder
         self.base_offset = base_offset
         self.last_offset = last_offset
@@ -221,14 +226,18 @@ class ProduceWaiter:
 class FetchWaiter:
     """A fetch: read ``max_bytes`` from ``offset``; with less than ``min_bytes`` readable, wait
     until more is flushed or the deadline (``expired`` once it has passed, or from the start when
-    the request may not wait)."""
+    the request may not wait).  A consumer's fetch reads below the partition's high watermark
+    (a replicated partition's leader: the replicated one); a follower's (``replica``) up to the
+    leader's flushed end."""
 
     __slots__ = ("correlation_id", "expired", "finished", "max_bytes", "min_bytes", "offset", "order_key",
-                 "responder", "version")
+                 "replica", "responder", "version")
 
     def __init__(self, correlation_id: int, responder: Responder, order_key: Hashable, offset: int,
-                 max_bytes: int, min_bytes: int, *, expired: bool, version: int = 0) -> None:
+                 max_bytes: int, min_bytes: int, *, expired: bool, version: int = 0,
+                 replica: bool = False) -> None:
         self.version = version  # the request's api_version, which the response answers in
+        self.replica = replica
         self.correlation_id = correlation_id
         self.responder = responder
         self.order_key = order_key
@@ -238,20 +247,25 @@ class FetchWaiter:
         self.expired = expired
         self.finished = False
 
-    def try_answer(self, log: PartitionLog) -> bool:
+    def try_answer(self, partition: Partition) -> bool:
         """Answer if enough is readable (or the wait is over); False if it must wait on."""
+        log = partition.log
+        high_watermark = partition.high_watermark
         try:
             file_slice = log.read(self.offset, self.max_bytes)
+            if not self.replica and file_slice.next_offset > high_watermark:
+                file_slice = _below(log, file_slice, high_watermark, self.offset)
         except (OffsetOutOfRangeError, DamagedRangeError) as e:
-            reply = fetch_error_reply(self.correlation_id, e, log.high_watermark, log.log_start_offset,
-                                      version=self.version)
+            # a follower asking past the leader's end learns the leader's flushed end, to truncate to
+            end = log.high_watermark if self.replica else high_watermark
+            reply = fetch_error_reply(self.correlation_id, e, end, log.log_start_offset, version=self.version)
         except HPBrokerError as e:  # StorageError (offline), CorruptRecordError (damage met)
             reply = fetch_error_reply(self.correlation_id, e, version=self.version)
         else:
             if file_slice.length < self.min_bytes and not self.expired:
                 return False
-            reply = fetch_reply(self.correlation_id, log.high_watermark, log.log_start_offset, file_slice,
-                                version=self.version)
+            reply = fetch_reply(self.correlation_id, high_watermark, log.log_start_offset, file_slice,
+                                version=self.version, leader_epoch=partition.leader_epoch)
         self.finished = True
         self.responder(reply)
         return True
@@ -293,6 +307,10 @@ class Partition:
         self._write_failed = write_failed if write_failed is not None else set()
         self.resume_at: float | None = None
         self._resume_backoff_s = RESUME_BACKOFF_MIN_S
+        # Its role in replication (hpbroker.workers.replication); None: unreplicated, as before
+        # replication existed.  ``awaiting_role``: replicated, but no role has come yet.
+        self.replica: _Replica | None = None
+        self.awaiting_role = False
         log.on_flush = self._flushed
         if stats is not None:
             log.on_sync = stats.synced
@@ -300,15 +318,75 @@ class Partition:
     def __repr__(self) -> str:
         return f"Partition({self.log.name})"
 
+    # --- replication (hpbroker.workers.replication) ---------------------------------------------
+
+    @property
+    def high_watermark(self) -> int:
+        """The offset consumers read below: the log's flushed end, or for a replicated
+        partition the replicated high watermark."""
+        replica = self.replica
+        return self.log.high_watermark if replica is None else replica.high_watermark
+
+    @property
+    def leader_epoch(self) -> int:
+        """The leader epoch of the partition's role (-1: unreplicated)."""
+        replica = self.replica
+        return protocol.NO_LEADER_EPOCH if replica is None else replica.leader_epoch
+
+    def check_leader(self, broker_id: int) -> None:
+        """NotLeaderOrFollowerError unless the partition takes produce requests and consumer
+        fetches here: unreplicated, or led by this broker."""
+        replica = self.replica
+        if replica is None:
+            if self.awaiting_role:
+                raise NotLeaderOrFollowerError(f"{self.log.name} is replicated and broker {broker_id} has "
+                                               f"not learned its role yet; retry after a metadata refresh")
+            return
+        if not replica.leading:
+            raise replica.not_leader(broker_id)
+
+    def high_watermark_moved(self) -> None:
+        """The replicated high watermark may have moved (or the ISR changed): answer what that
+        made answerable."""
+        self._settle_produces()
+        self._wake_fetches()
+
+    def leave_leadership(self, error: HPBrokerError) -> None:
+        """The partition is no longer led here: its acks=-1 produce requests still waiting and
+        its parked fetches fail with ``error``; acks=1 requests still get their local flush."""
+        for waiter in self.produces:
+            if waiter.acks == protocol.ACKS_ALL and waiter.error is None:
+                waiter.error = error
+        self._settle_produces()
+        fetches, self.fetches = self.fetches, {}
+        for queue in fetches.values():
+            for waiter in queue:
+                if not waiter.finished:
+                    waiter.fail(error)
+
+    def flush_now(self) -> None:
+        """Begin a group commit of the pending records now, whatever the flush policy says (a
+        follower flushes each fetch response at once)."""
+        self._begin_flush()
+
     # --- produce -------------------------------------------------------------------------------
 
     def produce(self, payload: memoryview, acks: int, correlation_id: int, responder: Responder,
                 deadline: float, timeout_ms: int, *, immutable: bool = False, version: int = 0) -> None:
         """Append ``payload`` (whole, or nothing of it) and, for acks=1, answer once it is flushed
         (a duplicate: once its stored copy is), in ``version`` of ProduceResponse.
-        ``immutable``: nobody changes the payload's bytes, so the log need not copy them."""
+        ``immutable``: nobody changes the payload's bytes, so the log need not copy them.
+        acks=-1: answered once the replicated high watermark passes the records (an unreplicated
+        partition's high watermark is its flushed end: acks=1); NotEnoughReplicasError before
+        anything is appended when the ISR is too small."""
+        replica = self.replica
         try:
-            info = self.log.append(payload, immutable=immutable)
+            if replica is None:
+                info = self.log.append(payload, immutable=immutable,
+                                       leader_epoch=max(0, self.log.leader_epochs.latest_epoch))
+            else:
+                replica.check_produce(acks)
+                info = self.log.append(payload, immutable=immutable, leader_epoch=replica.leader_epoch)
         except HPBrokerError as e:
             if isinstance(e, StorageError):
                 self.storage_error(e)
@@ -325,7 +403,8 @@ class Partition:
         self.duplicate_records += info.duplicate_records  # a resend's stored prefix, not appended again
         if acks != 0:
             waiter = ProduceWaiter(correlation_id, responder, base_offset=info.first_offset,
-                                   last_offset=info.last_offset, timeout_ms=timeout_ms, version=version)
+                                   last_offset=info.last_offset, timeout_ms=timeout_ms, version=version,
+                                   acks=acks)
             self.produces.append(waiter)
             self._deadlines.push(deadline, self, waiter)
         self.flush_if_due()
@@ -343,7 +422,7 @@ class Partition:
             return
         waiter = ProduceWaiter(correlation_id, responder, base_offset=info.first_offset,
                                last_offset=info.last_offset, timeout_ms=timeout_ms, version=version,
-                               duplicate=True)
+                               duplicate=True, acks=acks)
         self.produces.append(waiter)
         self._deadlines.push(deadline, self, waiter)
         self._settle_produces()
@@ -355,16 +434,23 @@ class Partition:
             waiter.answer(self.log.log_start_offset)
 
     def _settle_produces(self) -> None:
-        """Answer, front first, the produce requests whose records are flushed or whose error is
-        decided."""
+        """Answer, front first, the produce requests whose records are flushed (acks=-1: below
+        the replicated high watermark) or whose error is decided."""
         produces = self.produces
         if not produces:
             return
-        high_watermark, log_start_offset = self.log.high_watermark, self.log.log_start_offset
+        flushed_end, log_start_offset = self.log.high_watermark, self.log.log_start_offset
+        replicated = self.high_watermark
         while produces:
             waiter = produces[0]
-            if waiter.error is None and waiter.last_offset >= high_watermark and not waiter.finished:
-                break
+            if waiter.error is None and not waiter.finished:
+                if waiter.acks == protocol.ACKS_ALL:
+                    if waiter.last_offset >= replicated:
+                        break
+                    if self.replica is not None:
+                        waiter.error = self.replica.settle_error()
+                elif waiter.last_offset >= flushed_end:
+                    break
             produces.popleft()
             if not waiter.finished:
                 waiter.answer(log_start_offset)
@@ -376,7 +462,7 @@ class Partition:
         earlier parked fetch with the same order key, wait for that one first."""
         queue = self.fetches.get(waiter.order_key)
         if queue is None:
-            if waiter.try_answer(self.log):
+            if waiter.try_answer(self):
                 return
             self.fetches[waiter.order_key] = deque((waiter,))
         else:
@@ -388,7 +474,7 @@ class Partition:
         queue = self.fetches.get(key)
         while queue:
             waiter = queue[0]
-            if not waiter.finished and not waiter.try_answer(self.log):
+            if not waiter.finished and not waiter.try_answer(self):
                 return
             queue.popleft()
         self.fetches.pop(key, None)
@@ -412,10 +498,13 @@ class Partition:
             waiter.expired = True
             self._drain_fetches(waiter.order_key)
             return
+        if waiter.acks == protocol.ACKS_ALL and self.replica is not None:
+            what, mark = "replicated to every in-sync replica", self.high_watermark
+        else:
+            what, mark = "flushed", self.log.high_watermark
         waiter.error = RequestTimedOutError(
-            f"[{self.log.name}] offsets {waiter.base_offset}..{waiter.last_offset} were not flushed "
-            f"within timeout_ms {waiter.timeout_ms} (high watermark {self.log.high_watermark}); "
-            f"they may still be appended"
+            f"[{self.log.name}] offsets {waiter.base_offset}..{waiter.last_offset} were not {what} "
+            f"within timeout_ms {waiter.timeout_ms} (high watermark {mark}); they may still be appended"
         )
         self._settle_produces()
 
@@ -423,6 +512,11 @@ class Partition:
         """Begin a group commit of the pending records if one is due and fewer than
         MAX_FLUSHES_IN_FLIGHT are running."""
         if len(self.flushes) >= MAX_FLUSHES_IN_FLIGHT or not self.log.flush_due(now_ms):
+            return
+        self._begin_flush()
+
+    def _begin_flush(self) -> None:
+        if len(self.flushes) >= MAX_FLUSHES_IN_FLIGHT:
             return
         try:
             job = self.log.begin_flush()
@@ -463,6 +557,8 @@ class Partition:
                 self.writes_failed()
                 return
         if applied:
+            if self.replica is not None:
+                self.replica.flushed()
             self._settle_produces()
             self._wake_fetches()
         self.flush_if_due()
@@ -625,6 +721,7 @@ class PartitionSet:
                            flush_on_append=False, name=name, producer_id_issued=self._producer_id_issued)
         partition = Partition(spec.topic, spec.partition, log, self._flusher, self.deadlines, self._dirty,
                               self._stats, self._write_failed)
+        partition.awaiting_role = spec.replicated
         self._by_key[key] = partition
         self._unavailable.pop(key, None)
         if log.write_failure is not None:  # opened on a full disk: reads now, writes once it can
@@ -729,8 +826,18 @@ class PartitionSet:
                 partition.resume_at = now
 
     def heartbeat_entries(self) -> list[dict[str, Any]]:
-        return [{"topic": p.topic, "partition": p.partition, "log_start_offset": p.log.log_start_offset,
-                 "high_watermark": p.log.high_watermark} for p in self]
+        """Each partition's offsets (``hpbroker.workers.heartbeat``); a replicated one's role too,
+        its ``high_watermark`` the replicated one."""
+        entries = []
+        for p in self:
+            entry = {"topic": p.topic, "partition": p.partition, "log_start_offset": p.log.log_start_offset,
+                     "high_watermark": p.high_watermark}
+            if p.replica is not None:
+                entry.update(p.replica.heartbeat(), log_end_offset=p.log.high_watermark)
+            elif p.awaiting_role:
+                entry["role"] = None
+            entries.append(entry)
+        return entries
 
     def close_all(self) -> None:
         """Graceful stop: flush and answer everything, then close every log cleanly."""
@@ -749,3 +856,14 @@ def _remove_directory(directory: str) -> None:
     os.rename(directory, doomed)
     fsync_dir(os.path.dirname(os.path.abspath(directory)))
     shutil.rmtree(doomed)
+
+
+def _below(log: PartitionLog, file_slice: FileSlice, end: int, offset: int) -> FileSlice:
+    """``file_slice`` cut to its whole batches below ``end`` (a replicated high watermark: the
+    batch holding it and those after are left out); empty (at ``offset``) when none is."""
+    if file_slice.first_offset < end:
+        boundary = log.read(end, 1)  # the batch holding end: in the slice's segment (the slice passes end)
+        if boundary.fd == file_slice.fd and boundary.position > file_slice.position:
+            return FileSlice(file_slice.fd, file_slice.position, boundary.position - file_slice.position,
+                             file_slice.first_offset, file_slice.path, boundary.first_offset)
+    return FileSlice(file_slice.fd, file_slice.position, 0, offset, file_slice.path, offset)

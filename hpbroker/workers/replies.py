@@ -114,12 +114,17 @@ def produce_reply(correlation_id: int, base_offset: int, log_start_offset: int, 
 
 
 def fetch_reply(correlation_id: int, high_watermark: int, log_start_offset: int,
-                file_slice: FileSlice, *, version: int = 0) -> Reply:
-    """A fetch response whose payload is ``file_slice`` (possibly empty), not yet read, in the
-    request's ``version``."""
-    response = protocol.FetchResponse(high_watermark=high_watermark, log_start_offset=log_start_offset)
+                file_slice: FileSlice | None, *, version: int = 0,
+                leader_epoch: int = protocol.NO_LEADER_EPOCH, diverging_epoch: int = protocol.NO_LEADER_EPOCH,
+                diverging_end_offset: int = -1) -> Reply:
+    """A fetch response whose payload is ``file_slice`` (possibly empty, or None: no records),
+    not yet read, in the request's ``version``.  ``leader_epoch``, ``diverging_epoch`` and
+    ``diverging_end_offset`` are version 1 fields (a replicated partition's; -1 otherwise)."""
+    response = protocol.FetchResponse(high_watermark=high_watermark, log_start_offset=log_start_offset,
+                                      leader_epoch=leader_epoch, diverging_epoch=diverging_epoch,
+                                      diverging_end_offset=diverging_end_offset)
     head = protocol.encode_response(response, correlation_id, version=version)[0]
-    if file_slice.length:
+    if file_slice is not None and file_slice.length:
         return Reply(protocol.ApiKey.FETCH, correlation_id, with_payload_length(head, file_slice.length),
                      file_slice=file_slice, api_version=version)
     return Reply(protocol.ApiKey.FETCH, correlation_id, head, api_version=version)

@@ -42,6 +42,14 @@ which the arbiter reads on each scrape, so figures are at most one ``heartbeat_i
                      "high_watermark": 0, "size_bytes": 0, "segments": 1, "damaged_ranges": 0,
                      "damaged_records": 0, "writes_refused": 0}, ...]}
 
+A replicated partition's entry adds its ``role`` (``leader``, ``follower``, ``none``),
+``leader_epoch`` and ``replicated_high_watermark``; on its leader also ``under_replicated`` (1
+while the ISR is smaller than the replicas), ``isr_shrinks`` and ``isr_expands`` (ISR changes
+taken since leadership began) and ``followers``: ``[{"broker": 1, "fetch_offset": 51200,
+"in_sync": true, "lag_records": 34, "lag_bytes": 4096, "last_caught_up_ms": ...}, ...]`` (lag
+behind the leader's flushed end, as of each follower's last fetch; ``fetch_offset`` -1 before
+its first fetch in this leader epoch).
+
 ``duplicate_records`` counts the records of produce requests an idempotent producer sent again
 after the partition had stored them (answered with the stored copy's offsets, not appended).
 ``writes_refused`` is 1 while the partition's log refuses appends after a failed write (a full
@@ -139,7 +147,20 @@ def _partition_entry(partition: Partition) -> dict[str, Any]:
             "log_start_offset": log.log_start_offset, "high_watermark": log.high_watermark,
             "size_bytes": log.size_in_bytes, "segments": log.segment_count,
             "damaged_ranges": len(damaged), "damaged_records": sum(r.record_count for r in damaged),
-            "writes_refused": int(log.write_failure is not None)}
+            "writes_refused": int(log.write_failure is not None), **_replication_entry(partition)}
+
+
+def _replication_entry(partition: Partition) -> dict[str, Any]:
+    """A replicated partition's role, and on its leader the followers' lag and the ISR's changes."""
+    replica = partition.replica
+    if replica is None:
+        return {}
+    entry: dict[str, Any] = {"role": replica.role.role, "leader_epoch": replica.leader_epoch,
+                             "replicated_high_watermark": replica.high_watermark}
+    stats = getattr(replica, "stats", None)
+    if stats is not None:
+        entry.update(stats())
+    return entry
 
 
 class TimedResponder:

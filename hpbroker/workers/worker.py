@@ -11,9 +11,12 @@ loop until told to stop.  The loop polls four things with one ``zmq.Poller``:
 - a wake-up pipe, written by the flusher thread when a group commit is done and by the signal
   machinery (``signal.set_wakeup_fd``) when a signal arrives;
 - the TCP data port (``hpbroker.workers.fetch_server``), through its epoll descriptor;
+- the replica fetchers' connections to their leaders (``hpbroker.workers.replication``: one per
+  partition this broker follows), registered anew each turn as they connect and reconnect;
 
 and times out at the nearest deadline: a flush due (``PartitionLog.flush_deadline_ms``), a
-produce or long-poll deadline, the next heartbeat, the next retention pass.  There is no busy
+produce or long-poll deadline, the next heartbeat, the next retention pass, a replication timer
+(a follower's retry or reconnect, a leader's check of its followers' lag).  There is no busy
 polling: with nothing to do the worker sleeps until a request, a flush or a deadline.
 
 Group commit (``hpbroker.workers.partitions``): appends happen on the loop; when a log's
@@ -79,6 +82,7 @@ from hpbroker.workers.fetch_server import FetchServer
 from hpbroker.workers.handlers import RequestHandler
 from hpbroker.workers.opening import PartitionOpener
 from hpbroker.workers.partitions import Flusher, PartitionSet
+from hpbroker.workers.replication import Replication
 from hpbroker.workers.replies import Reply, error_reply, with_payload_length
 from hpbroker.workers.stats import WorkerStats, write_stats
 
@@ -141,7 +145,11 @@ class Worker:
         self._heartbeat_failing = False  # the last heartbeat content write failed (logged once)
         self._partitions = PartitionSet(config.data_dir, config.log, self._flusher, self._stats,
                                         producer_id_issued=IssuedProducerIds(config.data_dir))
-        self._handler = RequestHandler(self._partitions, self._stats, max_wait_ms=config.fetch_max_wait_ms)
+        self._replication = Replication(config.broker_id, self._partitions, self._send_control,
+                                        fetch_max_bytes=config.replica_fetch_max_bytes,
+                                        fetch_wait_max_ms=config.replica_fetch_wait_max_ms)
+        self._handler = RequestHandler(self._partitions, self._stats, max_wait_ms=config.fetch_max_wait_ms,
+                                       replication=self._replication)
         self._server: FetchServer | None = None
 
     # --- boot ----------------------------------------------------------------------------------
@@ -230,18 +238,25 @@ class Worker:
         poller.register(self._wake_r, zmq.POLLIN)
         poller.register(self._server.fileno(), zmq.POLLIN)
         backend_socket, wake_r, server = self._backend, self._wake_r, self._server
-        partitions = self._partitions
+        server_fd = server.fileno()
+        partitions, replication = self._partitions, self._replication
+        fetchers: dict[int, tuple[Any, int]] = {}  # fd -> (replica fetcher, events registered)
         while self._stopping is None:
+            if fetchers or replication.active:
+                fetchers = _register_fetchers(poller, fetchers, replication.fetchers())
             for target, _events in poller.poll(self._poll_timeout_ms()):
                 if target is backend_socket:
                     self._read_backend(BACKEND_BATCH)
                 elif target == wake_r:
                     _drain(wake_r)
-                else:
+                elif target == server_fd:
                     server.process_events()
+                elif target in fetchers:
+                    replication.process(fetchers[target][0])
             partitions.complete_done_flushes()
             partitions.flush_due()
             now = time.monotonic()
+            replication.tick(now)
             partitions.deadlines.expire(now)
             partitions.resume_writes(now)
             server.close_idle(now)
@@ -254,7 +269,8 @@ class Worker:
     def _poll_timeout_ms(self) -> int:
         now = time.monotonic()
         wake_at = min(self._next_heartbeat, self._next_maintenance)
-        for deadline in (self._partitions.deadlines.next_deadline(), self._partitions.next_resume_at()):
+        for deadline in (self._partitions.deadlines.next_deadline(), self._partitions.next_resume_at(),
+                         self._replication.next_deadline()):
             if deadline is not None:
                 wake_at = min(wake_at, deadline)
         timeout_ms = (wake_at - now) * 1000
@@ -370,12 +386,15 @@ class Worker:
                 topic = body.get("topic")
                 if not isinstance(topic, str):
                     raise ValueError(f"delete needs a topic name, got {topic!r}")
+                self._replication.forget_topic(topic)
                 errors = self._partitions.delete_topic(topic)
             elif message.op == "configure":
                 topic, config = body.get("topic"), body.get("config")
                 if not isinstance(topic, str) or not isinstance(config, dict):
                     raise ValueError(f"configure needs a topic name and its settings, got {body!r}")
                 errors = self._partitions.configure(topic, config)
+            elif message.op == "replica_role":
+                errors = self._replication.apply_role(body)
             else:
                 raise ValueError(f"unknown control op {message.op!r}")
         except Exception as e:
@@ -407,6 +426,7 @@ class Worker:
         self._server.stop_accepting()
         self._read_backend(STOP_DRAIN_MESSAGES)  # what the arbiter relayed before it stopped relaying
         self._server.stop_reading()
+        self._replication.close()
         self._partitions.complete_done_flushes()
         self._partitions.close_all()
         self._flusher.shutdown(wait=True)
@@ -424,6 +444,24 @@ class Worker:
         self._flusher.shutdown(wait=False)
         if self._context is not None:
             self._context.destroy(linger=0)
+
+
+def _register_fetchers(poller: zmq.Poller, registered: dict[int, tuple[Any, int]],
+                       fetchers: list[Any]) -> dict[int, tuple[Any, int]]:
+    """Bring the poll's registrations of the replica fetchers' sockets up to date (a fetcher's
+    descriptor changes with each reconnect, and it wants POLLOUT only with output queued or a
+    connect under way); returns the new ``fd -> (fetcher, events)``."""
+    current: dict[int, tuple[Any, int]] = {}
+    for fetcher in fetchers:
+        fd = fetcher.fileno()
+        if fd >= 0:
+            current[fd] = (fetcher, zmq.POLLIN | (zmq.POLLOUT if fetcher.wants_write else 0))
+    for fd in registered.keys() - current.keys():
+        poller.unregister(fd)
+    for fd, (_fetcher, events) in current.items():
+        if registered.get(fd, (None, 0))[1] != events or fd not in registered:
+            poller.register(fd, events)
+    return current
 
 
 def _drain(fd: int) -> None:

@@ -1,0 +1,679 @@
+"""A worker's share of replication: the leader and follower roles of the partitions it owns.
+
+Roles come from the arbiter as ``replica_role`` controls (``hpbroker.workers.backend``), parsed
+into a :class:`ReplicaRole`, and are applied by :class:`Replication` to the partition's
+:class:`~hpbroker.workers.partitions.Partition` as its ``replica``:
+
+- :class:`LeaderReplica`: this broker leads the partition in ``leader_epoch``.  The log records
+  the epoch (``PartitionLog.begin_leader_epoch``) and every produce is stamped with it.  A
+  :class:`~hpbroker.replica.leader.LeaderState` tracks each follower's flushed end (from its
+  replica fetches) and computes the replicated high watermark (HW): consumers read below it,
+  ListOffsets LATEST answers it, an acks=-1 produce is answered once it passes the request's
+  last offset (NotEnoughReplicasError at once, nothing appended, when the ISR is smaller than
+  ``min_insync_replicas``; and when the ISR shrank below it while the request waited).  The
+  leader proposes ISR changes to the arbiter (worker control ``isr_change``) when a follower
+  falls ``replica_lag_time_max_ms`` behind or catches up again, checked at each replica fetch and
+  on a timer (for followers gone silent); the arbiter writes the change to ZooKeeper and the new
+  ISR comes back as a role of the same epoch.
+- :class:`FollowerReplica`: another broker leads.  Produce, consumer fetch and list-offsets get
+  NotLeaderOrFollowerError naming the leader.  The partition fetches from the leader's data port
+  with a :class:`~hpbroker.replica.fetcher.ReplicaFetcher` of its own (a connection per followed
+  partition: the data port answers a connection's requests in order, so a fetch parked at a
+  caught-up partition's end would hold back the others' answers), from its log end (= its
+  flushed end: the next fetch is sent only once the previous response's records are flushed),
+  and appends the leader's very bytes
+  (``PartitionLog.append_replicated``), flushing them at once, one group commit per response
+  (fdatasync'd as the topic's ``flush_fsync`` says).  A response naming a diverging epoch
+  truncates the log first (``hpbroker.replica.divergence``), an offset out of range below the
+  leader's log start empties it and starts it there (``truncate_fully_and_start_at``); any
+  other error, or a lost connection, is retried after a backoff until a new role arrives.
+- A role ``none``: the broker holds the partition but is no replica of it in this epoch (it is
+  being moved away): every request is refused like a follower's; nothing is fetched.
+
+A partition never given a role is *unreplicated*: it behaves exactly as before replication
+existed (acks=-1 is acks=1).  A partition opened with ``replicated`` in its spec refuses
+requests with NotLeaderOrFollowerError until its first role arrives, so that nothing is
+appended to it outside an epoch.
+
+Role changes: a role whose ``leader_epoch`` is older than the partition's current one is refused
+(the ``ack`` carries the error; nothing changes).  The same epoch as leader again updates only
+the ISR.  Leaving the leader role fails the acks=-1 produce requests still waiting
+(NotLeaderOrFollowerError: they may or may not have been stored) and every parked fetch.
+
+Divergence answers (leader side): ``diverging_epoch`` and ``diverging_end_offset`` of a
+FetchResponse; when the leader cannot tell where the follower's epoch ends
+(``replica.divergence.diverging_epoch`` answers (-1, -1)) it sends ``diverging_epoch`` -1 with
+its HW as ``diverging_end_offset``, so that the answer is told apart from "no divergence" (both
+-1): the follower then truncates to that HW, below which every record is committed.
+
+Single-threaded: everything runs on the worker's event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from hpbroker import protocol
+from hpbroker.errors import (
+    FencedLeaderEpochError,
+    HPBrokerError,
+    NotEnoughReplicasError,
+    NotLeaderOrFollowerError,
+    OffsetOutOfRangeError,
+    StorageError,
+)
+from hpbroker.replica.divergence import diverging_epoch, truncation_offset
+from hpbroker.replica.fetcher import ReplicaFetcher
+from hpbroker.replica.leader import LeaderState
+from hpbroker.workers.replies import fetch_reply
+
+if TYPE_CHECKING:
+    from hpbroker.workers.partitions import FetchWaiter, Partition, PartitionSet
+
+__all__ = [
+    "FETCH_BACKOFF_MAX_S",
+    "FETCH_BACKOFF_MIN_S",
+    "FollowerReplica",
+    "LeaderReplica",
+    "NoReplica",
+    "ReplicaRole",
+    "Replication",
+]
+
+logger = logging.getLogger(__name__)
+
+ROLE_LEADER, ROLE_FOLLOWER, ROLE_NONE = "leader", "follower", "none"
+# How soon a follower fetches again after an error, first and at most (seconds).
+FETCH_BACKOFF_MIN_S = 0.1
+FETCH_BACKOFF_MAX_S = 2.0
+# How often a leader checks its followers' lag without a fetch to trigger it, at most (seconds).
+ISR_CHECK_MAX_INTERVAL_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRole:
+    """A ``replica_role`` control's body (``hpbroker.workers.backend``), checked."""
+
+    topic: str
+    partition: int
+    role: str
+    leader_epoch: int
+    leader: int
+    leader_address: tuple[str, int] | None
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    min_insync_replicas: int = 1
+    lag_time_max_ms: int = 30_000
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> ReplicaRole:
+        """ValueError naming the field when ``body`` is not a valid role."""
+        def integer(name: str, low: int, default: int | None = None) -> int:
+            value = body.get(name, default)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"replica_role: {name} must be an int >= {low}, got {value!r}")
+            return value
+
+        def brokers(name: str) -> tuple[int, ...]:
+            value = body.get(name)
+            if not isinstance(value, list) or not all(
+                    isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in value):
+                raise ValueError(f"replica_role: {name} must be a list of broker ids, got {value!r}")
+            return tuple(value)
+
+        topic, role = body.get("topic"), body.get("role")
+        if not isinstance(topic, str) or not topic:
+            raise ValueError(f"replica_role: topic must be a name, got {topic!r}")
+        if role not in (ROLE_LEADER, ROLE_FOLLOWER, ROLE_NONE):
+            raise ValueError(f"replica_role: role must be leader, follower or none, got {role!r}")
+        address = body.get("leader_address")
+        if address is not None:
+            if (not isinstance(address, list) or len(address) != 2 or not isinstance(address[0], str)
+                    or not isinstance(address[1], int) or not 0 < address[1] < 65536):
+                raise ValueError(f"replica_role: leader_address must be [host, data_port] or null, got "
+                                 f"{address!r}")
+            address = (address[0], address[1])
+        return cls(topic, integer("partition", 0), role, integer("leader_epoch", 0), integer("leader", -1),
+                   address, brokers("replicas"), brokers("isr"), integer("min_insync_replicas", 1, 1),
+                   integer("replica_lag_time_max_ms", 1, 30_000))
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+    def leader_text(self) -> str:
+        """Who leads, for a NotLeaderOrFollowerError message."""
+        if self.leader < 0:
+            return f"it has no leader now (leader epoch {self.leader_epoch})"
+        where = f" at {self.leader_address[0]}:{self.leader_address[1]}" if self.leader_address else ""
+        return f"the leader is broker {self.leader}{where} (leader epoch {self.leader_epoch})"
+
+
+class _Replica:
+    """What a partition's role gives it (``Partition.replica``); see the subclasses."""
+
+    leading = False
+
+    def __init__(self, partition: Partition, role: ReplicaRole) -> None:
+        self.partition = partition
+        self.role = role
+
+    @property
+    def leader_epoch(self) -> int:
+        return self.role.leader_epoch
+
+    @property
+    def high_watermark(self) -> int:
+        """The offset consumers may read below (the replicated HW as this replica knows it)."""
+        return self.partition.log.high_watermark
+
+    def not_leader(self, broker_id: int) -> NotLeaderOrFollowerError:
+        return NotLeaderOrFollowerError(f"broker {broker_id} does not lead {self.role.name}: "
+                                        f"{self.role.leader_text()}")
+
+    def check_produce(self, acks: int) -> None:
+        """Raise when a produce must be refused before anything is appended."""
+
+    def flushed(self) -> None:
+        """A group commit of the partition's log was applied."""
+
+    def settle_error(self) -> HPBrokerError | None:
+        """The error for an acks=-1 produce whose records reached the HW (None: success)."""
+        return None
+
+    def heartbeat(self) -> dict[str, Any]:
+        return {"role": self.role.role, "leader": self.role.leader, "leader_epoch": self.role.leader_epoch,
+                "replicas": list(self.role.replicas), "isr": list(self.role.isr)}
+
+
+class LeaderReplica(_Replica):
+    """The partition is led here, in ``role.leader_epoch`` (module docstring)."""
+
+    leading = True
+
+    def __init__(self, partition: Partition, role: ReplicaRole, state: LeaderState) -> None:
+        super().__init__(partition, role)
+        self.state = state
+        self.isr_shrinks = self.isr_expands = 0
+
+    @property
+    def high_watermark(self) -> int:
+        return self.state.current_high_watermark
+
+    def update_high_watermark(self) -> bool:
+        """Recompute the HW from the log's flushed end; True when it moved."""
+        before = self.state.current_high_watermark
+        return self.state.high_watermark(self.partition.log.high_watermark) != before
+
+    def flushed(self) -> None:
+        self.update_high_watermark()  # the partition settles its produces and wakes its fetches next
+
+    def check_produce(self, acks: int) -> None:
+        if acks == protocol.ACKS_ALL:
+            self.state.check_min_isr(self.role.name)
+
+    def settle_error(self) -> HPBrokerError | None:
+        state = self.state
+        if len(state.isr) >= state.min_insync_replicas:
+            return None
+        return NotEnoughReplicasError(
+            f"{self.role.name}: the records are stored on the leader but the ISR shrank to {len(state.isr)} "
+            f"in-sync replicas {list(state.isr)} while the request waited, min_insync_replicas is "
+            f"{state.min_insync_replicas}")
+
+    def isr_updated(self, role: ReplicaRole) -> None:
+        """A role of the same epoch: ZooKeeper's ISR (this leader's proposal, or the controller's)."""
+        old, new = set(self.state.isr), set(role.isr)
+        self.state.isr_changed(role.isr)
+        self.role = role
+        if old - new:
+            self.isr_shrinks += 1
+        if new - old:
+            self.isr_expands += 1
+        if old != new:
+            logger.info("[%s] ISR %s -> %s (leader epoch %d)", role.name, sorted(old), list(role.isr),
+                        role.leader_epoch)
+
+    def heartbeat(self) -> dict[str, Any]:
+        entry = super().heartbeat()
+        entry["isr"] = list(self.state.isr)
+        return entry
+
+    def stats(self) -> dict[str, Any]:
+        """For ``hpbroker.workers.stats``: each follower's lag behind the leader's flushed end,
+        in records and bytes (from its last fetch; a follower that has not fetched in this epoch
+        counts from the log start), and the ISR's shrinks and expands since leadership began."""
+        log = self.partition.log
+        end = log.high_watermark
+        followers = []
+        for replica, (fetch_offset, last_caught_up_ms) in sorted(self.state.follower_progress().items()):
+            offset = fetch_offset if fetch_offset >= 0 else log.log_start_offset
+            followers.append({"broker": replica, "fetch_offset": fetch_offset,
+                              "in_sync": replica in self.state.isr, "lag_records": max(0, end - offset),
+                              "lag_bytes": _bytes_after(log, offset), "last_caught_up_ms": last_caught_up_ms})
+        return {"isr_shrinks": self.isr_shrinks, "isr_expands": self.isr_expands, "followers": followers,
+                "under_replicated": int(len(self.state.isr) < len(self.state.replicas))}
+
+
+class FollowerReplica(_Replica):
+    """Another broker leads; this one fetches from it with ``fetcher`` (None: no leader known)."""
+
+    def __init__(self, partition: Partition, role: ReplicaRole, fetcher: ReplicaFetcher | None,
+                 leader_high_watermark: int) -> None:
+        super().__init__(partition, role)
+        self.fetcher = fetcher
+        self.leader_high_watermark = leader_high_watermark  # the leader's HW as last heard
+        self.in_flight = False
+        self.retry_at = 0.0
+        self.backoff_s = FETCH_BACKOFF_MIN_S
+        self.on_flushed: Callable[[FollowerReplica], None] | None = None
+
+    @property
+    def high_watermark(self) -> int:
+        return max(self.partition.log.log_start_offset,
+                   min(self.leader_high_watermark, self.partition.log.high_watermark))
+
+    def flushed(self) -> None:
+        if self.on_flushed is not None:
+            self.on_flushed(self)
+
+    def failed(self, now: float) -> None:
+        """Fetch again after the backoff, which doubles up to FETCH_BACKOFF_MAX_S."""
+        self.retry_at = now + self.backoff_s
+        self.backoff_s = min(2 * self.backoff_s, FETCH_BACKOFF_MAX_S)
+
+
+class NoReplica(_Replica):
+    """The broker holds the partition's log but is no replica of it in this epoch."""
+
+
+class Replication:
+    """The roles of one worker's partitions, their fetchers and the leader's timers (module
+    docstring).  ``send_control(op, **body)`` sends a control to the arbiter."""
+
+    def __init__(self, broker_id: int, partitions: PartitionSet, send_control: Callable[..., None], *,
+                 fetch_max_bytes: int = 8 << 20, fetch_wait_max_ms: int = 500,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.broker_id = broker_id
+        self._partitions = partitions
+        self._send_control = send_control
+        self._fetch_max_bytes = fetch_max_bytes
+        self._fetch_wait_max_ms = fetch_wait_max_ms
+        self._clock = clock
+        self._followers: set[Partition] = set()
+        self._leaders: set[Partition] = set()
+        self._next_isr_check = 0.0
+
+    # --- roles -----------------------------------------------------------------------------------
+
+    def apply_role(self, body: dict[str, Any]) -> list[str]:
+        """Apply a ``replica_role`` control; the errors for its ack (empty: done)."""
+        role = ReplicaRole.from_json(body)
+        partition = self._partitions.get(role.topic, role.partition)
+        current = partition.replica
+        if current is not None and role.leader_epoch < current.leader_epoch:
+            return [f"{role.name}: role {role.role} in leader epoch {role.leader_epoch} refused: the "
+                    f"partition is in leader epoch {current.leader_epoch} already"]
+        if role.role != ROLE_NONE and self.broker_id not in role.replicas:
+            raise ValueError(f"{role.name}: role {role.role} for broker {self.broker_id}, which is not among "
+                             f"the replicas {list(role.replicas)}")
+        if role.role == ROLE_LEADER:
+            if role.leader != self.broker_id:
+                raise ValueError(f"{role.name}: a leader role naming broker {role.leader} as the leader")
+            if isinstance(current, LeaderReplica) and current.leader_epoch == role.leader_epoch:
+                current.isr_updated(role)
+                self._high_watermark_checked(partition, current)
+            else:
+                self._become_leader(partition, role)
+        elif role.role == ROLE_FOLLOWER:
+            if role.leader == self.broker_id:
+                raise ValueError(f"{role.name}: a follower role naming this broker as the leader")
+            self._become_follower(partition, role)
+        else:
+            self._leave(partition, NoReplica(partition, role))
+        partition.awaiting_role = False
+        return []
+
+    def _known_high_watermark(self, partition: Partition) -> int:
+        """The replicated HW as this broker knows it, where a new role starts from: the last
+        role's; after a (re)start, nothing (the log start), since no high watermark is kept on
+        disk: a leader's HW then rises as its in-sync followers fetch (at once, unless one of
+        them is down: then once the ISR has shrunk), so a consumer never reads a record that
+        may not be committed."""
+        current = partition.replica
+        log = partition.log
+        known = current.high_watermark if current is not None else log.log_start_offset
+        return max(log.log_start_offset, min(known, log.high_watermark))
+
+    def _become_leader(self, partition: Partition, role: ReplicaRole) -> None:
+        log = partition.log
+        known = self._known_high_watermark(partition)
+        log.begin_leader_epoch(role.leader_epoch)  # ValueError (older) or StorageError: refused
+        start = dict(log.leader_epochs.entries).get(role.leader_epoch, log.log_end_offset)
+        state = LeaderState(self.broker_id, role.leader_epoch, role.replicas, role.isr,
+                            lag_time_max_ms=role.lag_time_max_ms,
+                            min_insync_replicas=role.min_insync_replicas, now_ms=self._now_ms(),
+                            leader_epoch_start_offset=start, high_watermark=known)
+        leader = LeaderReplica(partition, role, state)
+        self._leave(partition, leader)
+        self._leaders.add(partition)
+        logger.info("[%s] leader in epoch %d from offset %d, replicas %s, ISR %s, high watermark %d",
+                    role.name, role.leader_epoch, start, list(role.replicas), list(role.isr), known)
+        self._high_watermark_checked(partition, leader)
+
+    def _become_follower(self, partition: Partition, role: ReplicaRole) -> None:
+        current = partition.replica
+        fetcher = None
+        if isinstance(current, FollowerReplica) and current.fetcher is not None and role.leader_address \
+                == (current.fetcher.host, current.fetcher.port):
+            fetcher = current.fetcher  # the same leader: its fetch in flight is answered to the new role
+            current.fetcher = None
+        elif role.leader_address is not None and role.leader >= 0:
+            fetcher = ReplicaFetcher(self.broker_id, role.leader_address[0], role.leader_address[1],
+                                     on_response=self._on_response, on_lost=self._on_lost, now=self._clock())
+        follower = FollowerReplica(partition, role, fetcher, self._known_high_watermark(partition))
+        follower.on_flushed = self._maybe_fetch
+        if fetcher is not None:
+            follower.in_flight = fetcher.in_flight(partition.topic, partition.partition)
+        self._leave(partition, follower)
+        self._followers.add(partition)
+        logger.info("[%s] follower in epoch %d: %s", role.name, role.leader_epoch, role.leader_text())
+        partition.flush_now()  # what it appended as a leader, if anything: fetching starts once flushed
+        self._maybe_fetch(follower)
+
+    def _leave(self, partition: Partition, new: _Replica) -> None:
+        """Install ``new`` as the partition's replica, winding up the old role."""
+        current = partition.replica
+        self._leaders.discard(partition)
+        self._followers.discard(partition)
+        partition.replica = new
+        if isinstance(current, LeaderReplica) and not new.leading:
+            error = NotLeaderOrFollowerError(
+                f"{new.role.name}: this broker stopped leading it (leader epoch {current.leader_epoch}); "
+                f"acks=-1 records not yet answered may or may not have been stored; {new.role.leader_text()}")
+            partition.leave_leadership(error)
+        if isinstance(current, FollowerReplica):
+            current.on_flushed = None
+            if current.fetcher is not None:
+                current.fetcher.close()
+                current.fetcher = None
+
+    def forget(self, partition: Partition) -> None:
+        """The partition is closed (its topic deleted): nothing more to fetch for it."""
+        self._leaders.discard(partition)
+        self._followers.discard(partition)
+        replica = partition.replica
+        if isinstance(replica, FollowerReplica):
+            replica.on_flushed = None
+            if replica.fetcher is not None:
+                replica.fetcher.close()
+                replica.fetcher = None
+
+    # --- the leader ----------------------------------------------------------------------------
+
+    def replica_fetch(self, partition: Partition, request: protocol.FetchRequest, waiter: FetchWaiter,
+                      deadline: float) -> None:
+        """Serve a follower's fetch (``request.replica_id`` >= 0) of a partition led here."""
+        leader = partition.replica
+        if not isinstance(leader, LeaderReplica):
+            if leader is None:
+                raise NotLeaderOrFollowerError(f"broker {self.broker_id} does not lead "
+                                               f"{partition.topic}-{partition.partition}: it is not "
+                                               f"replicated here{' yet' if partition.awaiting_role else ''}")
+            raise leader.not_leader(self.broker_id)
+        epoch, asked = leader.leader_epoch, request.current_leader_epoch
+        if 0 <= asked < epoch:
+            raise FencedLeaderEpochError(f"{leader.role.name}: fetch in leader epoch {asked}, the leader is "
+                                         f"in epoch {epoch}")
+        if asked > epoch:
+            raise NotLeaderOrFollowerError(f"{leader.role.name}: fetch in leader epoch {asked}, broker "
+                                           f"{self.broker_id} leads in epoch {epoch} (older)")
+        if request.replica_id not in leader.state.replicas or request.replica_id == self.broker_id:
+            raise NotLeaderOrFollowerError(f"{leader.role.name}: broker {request.replica_id} is not a "
+                                           f"follower; the replicas are {list(leader.state.replicas)}")
+        log = partition.log
+        diverging = diverging_epoch(log.leader_epochs, log.log_end_offset, request.last_fetched_epoch,
+                                    request.offset)
+        if diverging is not None:
+            epoch_found, end_offset = diverging
+            if end_offset < 0:  # the leader cannot tell: the follower truncates to the HW
+                end_offset = leader.high_watermark
+            logger.info("[%s] broker %d diverges: its epoch %d at offset %d; answered epoch %d ending at %d",
+                        leader.role.name, request.replica_id, request.last_fetched_epoch, request.offset,
+                        epoch_found, end_offset)
+            waiter.finished = True
+            waiter.responder(fetch_reply(waiter.correlation_id, leader.high_watermark, log.log_start_offset,
+                                         None, version=waiter.version, leader_epoch=epoch,
+                                         diverging_epoch=epoch_found, diverging_end_offset=end_offset))
+            return
+        if log.log_start_offset <= request.offset <= log.log_end_offset:
+            flushed_end = log.high_watermark
+            leader.state.follower_fetched(request.replica_id, request.offset, flushed_end, self._now_ms())
+            self._high_watermark_checked(partition, leader)
+            self._propose_isr(leader)
+        partition.fetch(waiter, deadline)
+
+    def _high_watermark_checked(self, partition: Partition, leader: LeaderReplica) -> None:
+        """Recompute the HW; when it moved, answer the produce requests and fetches it made answerable."""
+        leader.update_high_watermark()
+        partition.high_watermark_moved()
+
+    def _propose_isr(self, leader: LeaderReplica) -> None:
+        proposal = leader.state.isr_change(leader.partition.log.high_watermark, self._now_ms())
+        if proposal is None:
+            return
+        role = leader.role
+        logger.info("[%s] proposes ISR %s (now %s, leader epoch %d)", role.name, list(proposal),
+                    list(leader.state.isr), role.leader_epoch)
+        self._send_control("isr_change", topic=role.topic, partition=role.partition,
+                           leader_epoch=role.leader_epoch, isr=list(proposal))
+
+    # --- the follower --------------------------------------------------------------------------
+
+    def _maybe_fetch(self, follower: FollowerReplica) -> None:
+        """Send the partition's next fetch if it may go now (module docstring)."""
+        partition, now = follower.partition, self._clock()
+        if (follower.in_flight or follower.fetcher is None or now < follower.retry_at
+                or partition.replica is not follower):
+            return
+        log = partition.log
+        if partition.flushes or not log.writable:
+            return  # the flush's completion calls again
+        if log.pending_records:
+            partition.flush_now()  # its completion calls again
+            return
+        follower.fetcher.fetch(partition.topic, partition.partition, log.log_end_offset,
+                               leader_epoch=follower.leader_epoch,
+                               last_fetched_epoch=log.leader_epochs.latest_epoch,
+                               max_bytes=self._fetch_max_bytes, max_wait_ms=self._fetch_wait_max_ms)
+        follower.in_flight = True
+
+    def _follower(self, topic: str, partition_id: int) -> tuple[Partition, FollowerReplica] | None:
+        try:
+            partition = self._partitions.get(topic, partition_id)
+        except HPBrokerError:
+            return None
+        follower = partition.replica
+        if not isinstance(follower, FollowerReplica) or not follower.in_flight:
+            return None
+        return partition, follower
+
+    def _on_lost(self, topic: str, partition_id: int) -> None:
+        """A fetch the fetcher lost with its connection: sent again (the fetcher reconnects
+        after its backoff)."""
+        found = self._follower(topic, partition_id)
+        if found is not None:
+            found[1].in_flight = False
+            self._maybe_fetch(found[1])
+
+    def _on_response(self, topic: str, partition_id: int, header: protocol.ResponseHeader,
+                     response: protocol.FetchResponse) -> None:
+        """A replica fetch's answer (the fetcher's callback)."""
+        found = self._follower(topic, partition_id)
+        if found is None:
+            return
+        partition, follower = found
+        follower.in_flight = False
+        now = self._clock()
+        try:
+            fetch_again = self._apply_response(partition, follower, header, response, now)
+        except StorageError as e:
+            logger.error("[%s] replicating failed: %s", follower.role.name, e)
+            partition.storage_error(e)
+            follower.failed(now)
+            return
+        except HPBrokerError as e:
+            logger.error("[%s] replicating from broker %d failed: %s; retrying", follower.role.name,
+                         follower.role.leader, e)
+            follower.failed(now)
+            return
+        if fetch_again:
+            self._maybe_fetch(follower)
+
+    def _apply_response(self, partition: Partition, follower: FollowerReplica,
+                        header: protocol.ResponseHeader, response: protocol.FetchResponse,
+                        now: float) -> bool:
+        """Apply one fetch response; True when the next fetch may go at once (else a flush or a
+        backoff comes first)."""
+        log, role = partition.log, follower.role
+        if header.error_code == OffsetOutOfRangeError.code:
+            return self._out_of_range(partition, follower, response, now)
+        if header.error_code:
+            if follower.backoff_s == FETCH_BACKOFF_MIN_S:
+                logger.warning("[%s] fetching from broker %d: error %d: %s; retrying", role.name, role.leader,
+                               header.error_code, header.error_message)
+            follower.failed(now)
+            return False
+        if response.high_watermark >= 0:
+            follower.leader_high_watermark = response.high_watermark
+        follower.backoff_s = FETCH_BACKOFF_MIN_S
+        if response.diverging_epoch >= 0 or response.diverging_end_offset >= 0:
+            offset = truncation_offset(log.leader_epochs, log.log_end_offset, response.diverging_epoch,
+                                       response.diverging_end_offset,
+                                       high_watermark=follower.leader_high_watermark)
+            offset = max(offset, log.log_start_offset)
+            logger.warning("[%s] diverges from the leader (broker %d): its epoch %d ends at %d; truncating "
+                           "from %d to %d", role.name, role.leader, response.diverging_epoch,
+                           response.diverging_end_offset, log.log_end_offset, offset)
+            log.truncate_to(offset)
+            return True
+        if not len(response.payload):
+            return True
+        log.append_replicated(response.payload, immutable=isinstance(response.payload, bytes))
+        partition.flush_now()  # the next fetch goes once this flush is applied (FollowerReplica.flushed)
+        return True
+
+    def _out_of_range(self, partition: Partition, follower: FollowerReplica, response: protocol.FetchResponse,
+                      now: float) -> bool:
+        log, role = partition.log, follower.role
+        end = log.log_end_offset
+        if response.log_start_offset > end:
+            logger.warning("[%s] the leader's log starts at %d, after this log's end %d: starting again "
+                           "there", role.name, response.log_start_offset, end)
+            log.truncate_fully_and_start_at(response.log_start_offset)
+            return True
+        if 0 <= response.high_watermark < end:
+            target = max(log.log_start_offset, response.high_watermark)
+            logger.warning("[%s] this log ends at %d, after the leader's end: truncating to %d", role.name,
+                           end, target)
+            log.truncate_to(target)
+            return True
+        follower.failed(now)
+        return False
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    @property
+    def active(self) -> bool:
+        """Whether some partition follows a leader here (so fetchers may need polling)."""
+        return bool(self._followers)
+
+    def forget_topic(self, topic: str) -> None:
+        """The topic is being deleted: its partitions fetch no more."""
+        for partition in [p for p in self._followers | self._leaders if p.topic == topic]:
+            self.forget(partition)
+
+    def fetchers(self) -> list[ReplicaFetcher]:
+        """The followers' fetchers, for the worker's poll (``fileno``, ``wants_write``, ``process``)."""
+        fetchers = []
+        for partition in self._followers:
+            follower = partition.replica
+            if isinstance(follower, FollowerReplica) and follower.fetcher is not None:
+                fetchers.append(follower.fetcher)
+        return fetchers
+
+    def process(self, fetcher: ReplicaFetcher) -> None:
+        """Its socket is ready (or its deadline came)."""
+        fetcher.process(0, self._clock())
+
+    def tick(self, now: float) -> None:
+        """Timers: fetchers' reconnects and overdue fetches, follower retries, the leaders' ISR checks."""
+        for partition in list(self._followers):
+            follower = partition.replica
+            if not isinstance(follower, FollowerReplica):
+                continue
+            fetcher = follower.fetcher
+            if fetcher is not None:
+                deadline = fetcher.next_deadline()
+                if deadline is not None and deadline <= now:
+                    fetcher.process(0, now)
+            if not follower.in_flight:
+                self._maybe_fetch(follower)
+        if now >= self._next_isr_check and self._leaders:
+            self._next_isr_check = now + self._isr_check_interval_s()
+            for partition in list(self._leaders):
+                leader = partition.replica
+                if isinstance(leader, LeaderReplica):
+                    self._high_watermark_checked(partition, leader)
+                    self._propose_isr(leader)
+
+    def _isr_check_interval_s(self) -> float:
+        lags = [p.replica.role.lag_time_max_ms for p in self._leaders if p.replica is not None]
+        return min([ISR_CHECK_MAX_INTERVAL_S, *(lag / 4000 for lag in lags)])
+
+    def next_deadline(self) -> float | None:
+        """When :meth:`tick` must run next (``time.monotonic()`` seconds), None for never."""
+        deadlines = []
+        if self._leaders:
+            deadlines.append(self._next_isr_check)
+        for partition in self._followers:
+            follower = partition.replica
+            if not isinstance(follower, FollowerReplica) or follower.fetcher is None:
+                continue
+            if not follower.in_flight and not partition.flushes and follower.partition.log.writable:
+                deadlines.append(follower.retry_at)
+            deadline = follower.fetcher.next_deadline()
+            if deadline is not None:
+                deadlines.append(deadline)
+        return min(deadlines) if deadlines else None
+
+    def close(self) -> None:
+        """The worker stops: every fetcher closes."""
+        for partition in list(self._followers):
+            self.forget(partition)
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+
+def _bytes_after(log: Any, offset: int) -> int:
+    """Bytes of the flushed batches from the one holding ``offset`` on (0 at or past the flushed
+    end, -1 when the log cannot tell: offline, a damaged range)."""
+    if offset >= log.high_watermark:
+        return 0
+    try:
+        found = log.read(max(offset, log.log_start_offset), 1)
+    except HPBrokerError:
+        return -1
+    total, counting = 0, False
+    for segment in log.segments:
+        if segment.path == found.path:
+            counting = True
+            total += segment.size_in_bytes - found.position
+        elif counting:
+            total += segment.size_in_bytes
+    return total
