@@ -141,8 +141,9 @@ class ReplicaBroker:
         self.worker.signal(signal.SIGCONT)
 
     def kill(self) -> None:
-        if self.worker is not None:
-            self.worker.signal(signal.SIGCONT)
+        if self.worker is not None and self.worker.status is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.worker.signal(signal.SIGCONT)
             self.worker.kill()
 
     def close(self) -> None:

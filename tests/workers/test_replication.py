@@ -257,3 +257,34 @@ def test_the_leaders_stats_show_each_followers_lag_in_records_and_bytes(brokers)
     wait_until(lambda: (e := read_stats(leader.run_dir, 0)) and next(
         p for p in e["partitions"] if p["topic"] == TOPIC)["followers"][0]["lag_records"] == 0,
         what="no lag once the follower fetched again")
+
+
+def test_three_replicas_an_isr_shrink_answers_the_waiting_acks_all_and_below_the_minimum_refuses_it(brokers):
+    leader, second, third = brokers(3)
+    lead(leader, [second, third], min_insync_replicas=2, lag_time_max_ms=1000)
+    assert leader.call(produce_request(TOPIC, 0, make_batch("a"), acks=-1))[0].error_code == 0
+    third.kill()
+    waiting = leader.arbiter.relay(0, produce_request(TOPIC, 0, make_batch("b"), acks=-1, timeout_ms=60_000))
+    assert leader.arbiter.expect_isr_change([0, 1], timeout_s=15)["leader_epoch"] == 1
+    assert leader.arbiter.nothing_within(0.3), "answered before the ISR without broker 2 was written"
+    # The arbiter wrote the shrink: broker 0 and 1 have batch b, which is all the ISR asks now.
+    ack = leader.role(TOPIC, 0, "leader", epoch=1, leader=0, leader_address=leader.address,
+                      replicas=[0, 1, 2], isr=[0, 1], min_insync_replicas=2, lag_time_max_ms=1000)
+    assert ack["error"] is None
+    header, response = leader.arbiter.response(ApiKey.PRODUCE)
+    assert (header.correlation_id, header.error_code, response.base_offset) == (waiting, 0, 3)
+
+    second.pause()
+    waiting = leader.arbiter.relay(0, produce_request(TOPIC, 0, make_batch("c"), acks=-1, timeout_ms=60_000))
+    leader.arbiter.expect_isr_change([0], timeout_s=15)
+    ack = leader.role(TOPIC, 0, "leader", epoch=1, leader=0, leader_address=leader.address,
+                      replicas=[0, 1, 2], isr=[0], min_insync_replicas=2, lag_time_max_ms=1000)
+    assert ack["error"] is None
+    header, _response = leader.arbiter.response(ApiKey.PRODUCE)
+    assert (header.correlation_id, header.error_code) == (waiting, NotEnoughReplicasError.code)
+    assert "stored on the leader but the ISR shrank to 1" in header.error_message
+    header, _response = leader.call(produce_request(TOPIC, 0, make_batch("d"), acks=-1))
+    assert header.error_code == NotEnoughReplicasError.code  # refused at once: nothing appended
+    header, response = leader.call(produce_request(TOPIC, 0, make_batch("e"), acks=1))
+    assert (header.error_code, response.base_offset) == (0, 9)
+    second.resume()
