@@ -10,6 +10,12 @@ the broker).  Content::
      "partitions": [{"topic": "orders", "partition": 3,
                      "log_start_offset": 0, "high_watermark": 51234}, ...]}
 
+A partition of a replicated topic (``hpbroker.workers.replication``) adds its role: ``"role":
+"leader" | "follower" | "none"`` (``null`` while it awaits its first role), ``"leader"``,
+``"leader_epoch"``, ``"replicas"``, ``"isr"`` (on the leader, the ISR it holds) and
+``"log_end_offset"`` (its own flushed end); its ``high_watermark`` is the replicated high
+watermark (on a follower, the leader's as last heard, capped by its own flushed end).
+
 The arbiter reads it to decide liveness (the file's age) and to answer metadata requests with each
 partition's offsets (at most one heartbeat old).
 

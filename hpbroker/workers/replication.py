@@ -326,7 +326,7 @@ class Replication:
                 raise ValueError(f"{role.name}: a leader role naming broker {role.leader} as the leader")
             if isinstance(current, LeaderReplica) and current.leader_epoch == role.leader_epoch:
                 current.isr_updated(role)
-                self._high_watermark_checked(partition, current)
+                self._high_watermark_checked(partition, current, always=True)
             else:
                 self._become_leader(partition, role)
         elif role.role == ROLE_FOLLOWER:
@@ -363,7 +363,7 @@ class Replication:
         self._leaders.add(partition)
         logger.info("[%s] leader in epoch %d from offset %d, replicas %s, ISR %s, high watermark %d",
                     role.name, role.leader_epoch, start, list(role.replicas), list(role.isr), known)
-        self._high_watermark_checked(partition, leader)
+        self._high_watermark_checked(partition, leader, always=True)
 
     def _become_follower(self, partition: Partition, role: ReplicaRole) -> None:
         current = partition.replica
@@ -457,10 +457,12 @@ class Replication:
             self._propose_isr(leader)
         partition.fetch(waiter, deadline)
 
-    def _high_watermark_checked(self, partition: Partition, leader: LeaderReplica) -> None:
-        """Recompute the HW; when it moved, answer the produce requests and fetches it made answerable."""
-        leader.update_high_watermark()
-        partition.high_watermark_moved()
+    def _high_watermark_checked(self, partition: Partition, leader: LeaderReplica, *,
+                                always: bool = False) -> None:
+        """Recompute the HW; when it moved (or ``always``: the ISR changed), answer the produce
+        requests and fetches it made answerable."""
+        if leader.update_high_watermark() or always:
+            partition.high_watermark_moved()
 
     def _propose_isr(self, leader: LeaderReplica) -> None:
         proposal = leader.state.isr_change(leader.partition.log.high_watermark, self._now_ms())
