@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 from replication_harness import ReplicaBroker, segment_bytes, wait_until
-from worker_harness import TcpClient, fetch_request, make_batch, produce_request, values_of
+from worker_harness import TcpClient, fetch_request, make_batch, produce_request, read_log_values, values_of
 
 from hpbroker import protocol
 from hpbroker.errors import (
@@ -288,3 +288,29 @@ def test_three_replicas_an_isr_shrink_answers_the_waiting_acks_all_and_below_the
     header, response = leader.call(produce_request(TOPIC, 0, make_batch("e"), acks=1))
     assert (header.error_code, response.base_offset) == (0, 9)
     second.resume()
+
+
+def test_a_follower_behind_the_leaders_log_start_starts_its_log_there_and_catches_up(brokers):
+    small = {"segment_bytes": 1024, "retention_bytes": 1024}
+    leader, follower = brokers(2, log=small, retention_check_interval_ms=50)
+    ack = leader.role(TOPIC, 0, "leader", epoch=1, leader=0, leader_address=leader.address, replicas=[0, 1],
+                      isr=[0])
+    assert ack["error"] is None
+    for i in range(30):
+        assert leader.call(produce_request(TOPIC, 0, make_batch(f"r{i}"), acks=-1))[0].error_code == 0
+    start = wait_until(lambda: (e := leader.partition_entry(TOPIC, 0)) and e["log_start_offset"],
+                       what="retention moving the leader's log start")
+
+    ack = follower.role(TOPIC, 0, "follower", epoch=1, leader=0, leader_address=leader.address,
+                        replicas=[0, 1], isr=[0])
+    assert ack["error"] is None
+    assert leader.arbiter.expect_isr_change([0, 1], timeout_s=15)["leader_epoch"] == 1
+    entry = wait_until(lambda: (e := follower.partition_entry(TOPIC, 0)) and e["log_end_offset"] == 90 and e,
+                       what="the follower at the leader's end")
+    assert entry["log_start_offset"] >= start > 0
+    follower.kill()
+    leader.kill()
+    theirs = dict(read_log_values(leader.worker.directory(TOPIC, 0)))
+    mine = read_log_values(follower.worker.directory(TOPIC, 0))
+    assert mine and all(theirs.get(offset, value) == value for offset, value in mine)
+    assert mine[-1][0] == 89
