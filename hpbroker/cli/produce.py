@@ -25,8 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     produce.add_argument("--partition", type=int, help="send every record to this partition")
     produce.add_argument("--header", action="append", default=[], metavar="KEY=VALUE",
                          help="a header on every record (repeatable)")
-    produce.add_argument("--acks", type=int, choices=(0, 1), default=1,
-                         help="1: wait until the broker has flushed each record (default); 0: do not wait")
+    produce.add_argument("--acks", choices=("0", "1", "all", "-1"), default="1",
+                         help="1: wait until the partition's leader has flushed each record (default); all: "
+                              "until every in-sync replica has (a replicated topic); 0: do not wait")
     produce.add_argument("--compression", choices=("lz4", "none"), default="none",
                          help="codec of each batch (default none)")
     produce.add_argument("--linger-ms", type=float, default=5,
@@ -34,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     produce.add_argument("--name", help="the producer's name in every batch (default host-pid-n)")
     produce.add_argument("--no-idempotence", dest="idempotence", action="store_false",
                          help="send without a producer id: a retry may store records twice "
-                              "(idempotence is on by default with --acks 1)")
+                              "(idempotence is on by default with --acks 1 or all)")
     produce.add_argument("--max-in-flight", type=int, default=5, metavar="N",
                          help="produce requests of one partition in flight at once, 1 to 5, with "
                               "idempotence (default 5)")

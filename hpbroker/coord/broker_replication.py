@@ -111,7 +111,8 @@ class BrokerReplication:
     # --- the loop's side ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the thread and the controller (its election happens on kazoo's threads)."""
+        """Start the thread and the controller (which runs on a thread of its own: call this with
+        the loop's signals blocked, so that both threads inherit that)."""
         self._thread = threading.Thread(target=self._run, name="hpbroker-replication", daemon=True)
         self._thread.start()
         self.controller.start()
@@ -258,7 +259,14 @@ class BrokerReplication:
             logger.info("[replication] dropped the ISR change of %s-%d to %s: the state says leader %d, "
                         "epoch %d", topic, partition, list(isr), state.leader, state.leader_epoch)
             return
-        if state.isr == isr:
+        # The proposal was made from the ISR the leader knew, which the controller may have cut since
+        # (a broker gone): never put back a broker that is not alive.
+        live = set(self._brokers.ids())
+        dropped = [b for b in isr if b not in live and b not in state.isr]
+        isr = tuple(b for b in isr if b in live or b in state.isr)
+        if dropped:
+            logger.info("[replication] %s-%d: not adding %s to the ISR: not alive", topic, partition, dropped)
+        if self.broker_id not in isr or state.isr == isr:
             return
         new = PartitionState(self.broker_id, leader_epoch, isr, state.controller_epoch)
         if update_state(self._session, self.paths, topic, partition, new, expected_version=version) is None:

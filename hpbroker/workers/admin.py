@@ -351,7 +351,7 @@ class TopicAdmin:
             if topic.deleting and (pending is None or slot not in pending.waiting):
                 continue
             first = (slot - owner_slot(topic.name, 0, self._slots)) % self._slots
-            specs += [PartitionSpec(topic.name, p, dict(topic.config))
+            specs += [PartitionSpec(topic.name, p, dict(topic.config), topic.replicated)
                       for p in range(first, topic.partitions, self._slots) if topic.hosts(p, self._broker_id)]
         return specs
 
