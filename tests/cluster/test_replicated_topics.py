@@ -14,8 +14,9 @@ pytestmark = pytest.mark.zookeeper
 
 
 def _create(client, name, partitions, replication_factor, configs=()):
-    header, _ = client.request(protocol.CreateTopicRequest(name, partitions, list(configs),
-                                                           replication_factor=replication_factor), timeout_s=40)
+    request = protocol.CreateTopicRequest(name, partitions, list(configs),
+                                          replication_factor=replication_factor)
+    header, _ = client.request(request, timeout_s=40)
     return header
 
 
@@ -34,7 +35,8 @@ def test_a_topic_with_three_replicas_gets_every_partition_on_every_broker_and_le
         other = cluster.wait_for_leaders("orders", 6, via=via, isr_size=3)
         assert [(p.leader, p.replicas, p.fetch_port) for p in other.partitions] == \
             [(p.leader, p.replicas, p.fetch_port) for p in metadata.partitions]
-    assert {p.fetch_port for p in metadata.partitions} <= {cluster.ports[b] + s for b in (0, 1, 2) for s in (1, 2)}
+    data_ports = {cluster.ports[b] + s for b in (0, 1, 2) for s in (1, 2)}
+    assert {p.fetch_port for p in metadata.partitions} <= data_ports
     # each broker stores exactly its replicas
     for broker_id in (0, 1, 2):
         data = cluster.tmp_path / f"data-{broker_id}"
