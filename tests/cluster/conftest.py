@@ -106,6 +106,27 @@ class Cluster:
             return None
         return wait_until(ready, timeout_s, interval_s=0.1, what=f"leaders of every partition of {topic}")
 
+    def create_topic(self, topic: str, partitions: int, replication_factor: int, *, via: int,
+                     configs: dict[str, str] | None = None) -> None:
+        """Create a replicated topic through broker ``via`` (answered once every partition has a leader)."""
+        entries = [protocol.TopicConfigEntry(k, v) for k, v in (configs or {}).items()]
+        header, _ = self.client(via).request(protocol.CreateTopicRequest(
+            topic, partitions, entries, replication_factor=replication_factor), timeout_s=40)
+        assert header.error_code == 0, header.error_message
+
+    def partition_dir(self, broker_id: int, topic: str, partition: int) -> Path:
+        return self.tmp_path / f"data-{broker_id}" / f"{topic}-{partition}"
+
+    def segment_bytes(self, broker_id: int, topic: str, partition: int) -> bytes:
+        """The partition's segment files (``*.log``) on the broker, concatenated in offset order."""
+        directory = self.partition_dir(broker_id, topic, partition)
+        return b"".join(path.read_bytes() for path in sorted(directory.glob("*.log")))
+
+    def epoch_checkpoint(self, broker_id: int, topic: str, partition: int) -> str:
+        """The text of the partition's ``leader-epoch-checkpoint`` file on the broker ("" when absent)."""
+        path = self.partition_dir(broker_id, topic, partition) / "leader-epoch-checkpoint"
+        return path.read_text() if path.exists() else ""
+
     def close(self) -> None:
         for client in self._clients.values():
             client.close()
