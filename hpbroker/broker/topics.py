@@ -164,17 +164,17 @@ def config_to_strings(config: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 
 def _check_replicas(partitions: int, replicas: Mapping[int, Sequence[int]]) -> dict[int, tuple[int, ...]]:
-    """A replica assignment as :attr:`Topic.replicas` holds it (empty, or every partition with the
-    same number of distinct broker ids); InvalidPartitionsError otherwise."""
+    """A replica assignment as :attr:`Topic.replicas` holds it (empty, or every partition with
+    distinct broker ids: as many for each, except while a reassignment moves some);
+    InvalidPartitionsError otherwise."""
     if not replicas:
         return {}
     assignment = {p: tuple(r) for p, r in replicas.items()}
-    sizes = {len(r) for r in assignment.values()}
-    distinct = all(len(set(r)) == len(r) and all(isinstance(b, int) and b >= 0 for b in r)
+    distinct = all(r and len(set(r)) == len(r) and all(isinstance(b, int) and b >= 0 for b in r)
                    for r in assignment.values())
-    if sorted(assignment) != list(range(partitions)) or len(sizes) != 1 or 0 in sizes or not distinct:
+    if sorted(assignment) != list(range(partitions)) or not distinct:
         raise InvalidPartitionsError(f"a replica assignment must give each of partitions 0..{partitions - 1} "
-                                     f"the same number of distinct broker ids, got {dict(replicas)!r}")
+                                     f"distinct broker ids, got {dict(replicas)!r}")
     return assignment
 
 
@@ -260,6 +260,18 @@ class TopicStore:
         config = alter_topic_config(topic.config, changes)
         if config != topic.config:
             topic = dataclasses.replace(topic, config=config)
+            self._save({**self._topics, name: topic})
+        return topic
+
+    def set_replicas(self, name: str, replicas: Mapping[int, Sequence[int]]) -> Topic:
+        """Persist a replicated topic's new assignment (a reassignment moved replicas), as the
+        cluster's topic node holds it now."""
+        topic = self._topics.get(name)
+        if topic is None or topic.deleting or not topic.replicated:
+            raise UnknownTopicOrPartitionError(f"replicated topic {name!r} does not exist")
+        assignment = _check_replicas(topic.partitions, replicas)
+        if assignment != topic.replicas:
+            topic = dataclasses.replace(topic, replicas=assignment)
             self._save({**self._topics, name: topic})
         return topic
 

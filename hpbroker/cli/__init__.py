@@ -10,6 +10,7 @@
 - ``hpbroker consume TOPIC``: print records, from the start, an offset or a time (``consume``)
 - ``hpbroker groups list|describe|reset-offsets``: consumer groups in ZooKeeper (``groups``)
 - ``hpbroker cluster``: the live brokers and the controller, from ZooKeeper (``cluster``)
+- ``hpbroker partitions reassign``: move a replicated topic's replicas (``partitions``)
 - ``hpbroker audit``: stored records against the producers' monitoring events, on Spark (``audit``)
 
 Exit status: 0 on success, 1 when the operation failed (the message says why, naming the error:
@@ -36,7 +37,7 @@ import sys
 from collections.abc import Sequence
 
 from hpbroker import __version__
-from hpbroker.cli import audit, check, cluster, consume, groups, produce, segments, server, topics
+from hpbroker.cli import audit, check, cluster, consume, groups, partitions, produce, segments, server, topics
 from hpbroker.cli.common import stdout_broken
 
 __all__ = ["FILE_COMMANDS", "build_parser", "main"]
@@ -57,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpbroker", description="hpbroker log broker")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("version", help="print the version").set_defaults(run=_version)
-    for module in (server, segments, check, topics, produce, consume, groups, cluster, audit):
+    for module in (server, segments, check, topics, produce, consume, groups, cluster, partitions, audit):
         module.register(sub)
     _remember_parsers(parser)
     return parser

@@ -127,9 +127,6 @@ def _checked_replicas(partitions: int, replicas: Mapping[int, Any]) -> dict[int,
         ids = tuple(_replica_id(b, partition) for b in brokers)
         if len(set(ids)) != len(ids):
             raise ValueError(f"replicas of partition {partition} name a broker twice: {list(ids)}")
-        if len(ids) != len(checked.get(0, ids)):
-            raise ValueError(f"partition {partition} has {len(ids)} replicas, partition 0 has "
-                             f"{len(checked[0])}: every partition has the same replication factor")
         checked[partition] = ids
     return checked
 

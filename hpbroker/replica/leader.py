@@ -177,6 +177,20 @@ class LeaderState:
         self._proposed, self._proposed_ms = proposal, now_ms
         return proposal
 
+    def replicas_changed(self, replicas: Sequence[int]) -> None:
+        """The partition's replicas are now ``replicas`` (a reassignment adds replicas, then drops
+        the old ones): a new follower starts never caught up, one dropped is forgotten.  The ISR
+        keeps only replicas (ZooKeeper's next state says the rest)."""
+        if self.broker_id not in replicas:
+            raise ValueError(f"broker {self.broker_id} leads a partition whose replicas {list(replicas)} "
+                             f"do not include it")
+        self.replicas = tuple(replicas)
+        self._followers = {replica: self._followers.get(replica) or _Follower(0)
+                           for replica in self.replicas if replica != self.broker_id}
+        self.isr = tuple(replica for replica in self.isr if replica in self.replicas)
+        if self._proposed is not None:
+            self._proposed = tuple(replica for replica in self._proposed if replica in self.replicas)
+
     def isr_changed(self, isr: Sequence[int]) -> None:
         """ZooKeeper holds ``isr`` now (this leader's proposal written, or any other news of it):
         it becomes the current ISR and no change is pending."""

@@ -28,6 +28,10 @@ workers in step with it without ever blocking the arbiter's loop:
   :meth:`TopicAdmin.expire`, which the arbiter calls on every tick, at most every
   ``RETRY_INTERVAL_S``, as long as the slot serves; a slot that goes down and comes back is
   reconciled when it is ready.
+- **Moved replicas.**  When a replicated topic's assignment changes (:meth:`TopicAdmin.move_replicas`,
+  a reassignment), the replicas newly naming this broker are opened like a creation's, and a slot
+  whose process holds a replica no longer naming it is sent ``remove`` (close it, delete its
+  directory).
 - **Deletion.**  The topic is marked ``deleting`` in the store and disappears from the clients'
   view at once; every owning slot is sent ``delete`` (a slot that is down gets it when it is
   ready again, its new process having been given the partitions so that it can delete them), and
@@ -188,6 +192,16 @@ class TopicAdmin:
                     applied[name] = config
                 else:
                     sent = False
+        moved: dict[str, list[int]] = {}  # replicas of this slot's process that moved to other brokers
+        for name, number in self._assigned[slot]:
+            topic = self._store.get(name)
+            if topic is not None and not topic.deleting and not topic.hosts(number, self._broker_id):
+                moved.setdefault(name, []).append(number)
+        for name, numbers in sorted(moved.items()):
+            if self._control(slot, "remove", {"topic": name, "partitions": sorted(numbers)}, {name: {}}):
+                self._assigned[slot] -= {(name, number) for number in numbers}
+            else:
+                sent = False
         for name, pending in self._deletes.items():
             if slot in pending.waiting and slot not in pending.sent:
                 if self._control(slot, "delete", {"topic": name}, {name: {}}):
@@ -211,6 +225,8 @@ class TopicAdmin:
             if control.op == "open":
                 self._confirm_create(name, slot, error_text)
                 self._confirm_alter(name, slot, error_text, config)
+            elif control.op == "remove":
+                pass  # a moved replica: nobody waits for it (an error is logged above)
             elif control.op == "configure":
                 if error_text is not None and self._applied[slot].get(name) == config:
                     self._applied[slot][name] = None  # unknown now: the next reconcile sends it again
@@ -237,6 +253,19 @@ class TopicAdmin:
         for slot in sorted(pending.waiting):
             self.reconcile(slot)
         self._finish_create(name)
+        return topic
+
+    def move_replicas(self, name: str, replicas: dict[int, tuple[int, ...]]) -> Topic:
+        """A replicated topic's assignment changed: persist it, open the replicas now naming this
+        broker, remove those that no longer do (backend control ``remove``)."""
+        before = self._store.get(name)
+        topic = self._store.set_replicas(name, replicas)
+        if before is not None and before.replicas != topic.replicas:
+            logger.info("[arbiter] topic %s: replicas %s (were %s)", name,
+                        {p: list(r) for p, r in topic.replicas.items()},
+                        {p: list(r) for p, r in before.replicas.items()})
+            for slot in range(self._slots):
+                self.reconcile(slot)
         return topic
 
     def alter(self, waiter: Any, name: str, changes: Any, now: float) -> Topic:

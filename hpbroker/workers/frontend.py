@@ -384,10 +384,15 @@ class Frontend:
                 elif not topic.replicated:
                     logger.error("[arbiter] topic %s is replicated in the cluster but stored here "
                                  "unreplicated: its replicas are not taken", name)
-                elif not topic.deleting and dict(registration.config) != topic.config:
-                    changes = {**{k: None for k in topic.config if k not in registration.config},
-                               **dict(registration.config)}
-                    self.admin.alter(None, name, changes, now)
+                elif not topic.deleting:
+                    if dict(registration.config) != topic.config:
+                        changes = {**{k: None for k in topic.config if k not in registration.config},
+                                   **dict(registration.config)}
+                        self.admin.alter(None, name, changes, now)
+                    replicas = {p: tuple(r) for p, r in registration.replicas.items()}
+                    if replicas != topic.replicas:
+                        self.admin.move_replicas(name, replicas)
+                        self.leadership.mark_dirty()
             except HPBrokerError as e:
                 logger.error("[arbiter] cannot take replicated topic %s: %s", name, e.message)
         return [t.name for t in self._store.topics() if t.replicated and t.name not in cluster.topics]

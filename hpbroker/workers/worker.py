@@ -57,6 +57,7 @@ Run standalone (for a manual test; the arbiter normally forks it)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import os
@@ -73,7 +74,7 @@ from hpbroker import protocol
 from hpbroker.broker.config import BrokerConfig
 from hpbroker.broker.descriptors import DescriptorBudget
 from hpbroker.broker.logging_setup import add_process_context, setup_logging
-from hpbroker.errors import StorageError
+from hpbroker.errors import HPBrokerError, StorageError
 from hpbroker.io.files import pread_full
 from hpbroker.io.producer_state import IssuedProducerIds
 from hpbroker.workers import backend, heartbeat
@@ -393,6 +394,16 @@ class Worker:
                 if not isinstance(topic, str) or not isinstance(config, dict):
                     raise ValueError(f"configure needs a topic name and its settings, got {body!r}")
                 errors = self._partitions.configure(topic, config)
+            elif message.op == "remove":
+                topic, partitions = body.get("topic"), body.get("partitions")
+                if not isinstance(topic, str) or not isinstance(partitions, list) \
+                        or not all(isinstance(p, int) for p in partitions):
+                    raise ValueError(f"remove needs a topic name and partitions, got {body!r}")
+                errors = []
+                for number in partitions:
+                    with contextlib.suppress(HPBrokerError):  # not open here: nothing to forget
+                        self._replication.forget(self._partitions.get(topic, number))
+                    errors += self._partitions.remove(topic, number)
             elif message.op == "replica_role":
                 errors = self._replication.apply_role(body)
             else:

@@ -47,7 +47,6 @@ def test_replica_assignment_encodes_to_the_same_bytes_whatever_the_mapping_order
     {"0": [1, 2], "1": [2, 1], "2": [0, 1]},         # a partition too many
     {"0": [1, 2], "1": []},                          # no replica
     {"0": [1, 1], "1": [2, 1]},                      # a broker twice
-    {"0": [1, 2], "1": [2]},                         # replication factors differ
     {"0": [1, 2], "01": [2, 1]},                     # not a partition number
     {"0": [1, 2], "-1": [2, 1]},
     {"0": [1, 2], "1": [2, "1"]},                    # not a broker id
@@ -62,11 +61,15 @@ def test_bad_replicas_are_refused(replicas):
         decode_topic("orders", json.dumps(document).encode())
 
 
-@pytest.mark.parametrize("replicas", [{0: (1,)}, {0: (1,), 1: (1, 2)}, {0: (), 1: ()}, {0: (1, 1), 1: (1, 2)},
-                                      {1: (1,), 2: (2,)}])
+@pytest.mark.parametrize("replicas", [{0: (1,)}, {0: (), 1: ()}, {0: (1, 1), 1: (1, 2)}, {1: (1,), 2: (2,)}])
 def test_bad_replicas_are_refused_on_construction(replicas):
     with pytest.raises(ValueError, match="replicas|partition"):
         TopicRegistration("orders", 2, replicas=replicas)
+
+
+def test_partitions_may_hold_different_numbers_of_replicas_while_a_reassignment_moves_some():
+    moving = TopicRegistration("orders", 2, replicas={0: (1, 2, 3), 1: (2, 1)})
+    assert decode_topic("orders", encode_topic(moving)) == moving
 
 
 # --- in ZooKeeper ---------------------------------------------------------------------------------
