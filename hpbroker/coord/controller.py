@@ -267,6 +267,9 @@ class Controller:
         self._closing = False
         self._held: _Held | None = None  # set and cleared by the controller's thread only
         self._czxids: dict[int, int] = {}  # live broker -> creation zxid of its node, last pass
+        # state() is read from other threads (the metrics endpoint's): the counters change under
+        # _state_lock; a snapshot is a new dict swapped in whole, never changed once published.
+        self._state_lock = threading.Lock()
         self._counters = {"elections_won": 0, "leader_elections": 0, "isr_shrinks": 0,
                           "passes": 0, "rebalances": 0}
         self._snapshot: dict[str, Any] = self._inactive_snapshot()
@@ -324,8 +327,13 @@ class Controller:
         ``topics`` (replicated ones), ``partitions``, ``offline_partitions`` (leader -1),
         ``preferred_replica_imbalance`` (led by another than their first replica); counters since
         start: ``elections_won``, ``leader_elections``, ``isr_shrinks``, ``passes``,
-        ``rebalances``."""
-        return {**self._snapshot, **self._counters}
+        ``rebalances``.  A copy, consistent, and never waiting for ZooKeeper."""
+        with self._state_lock:
+            return {**self._snapshot, **self._counters}
+
+    def _count(self, counter: str, n: int = 1) -> None:
+        with self._state_lock:
+            self._counters[counter] += n
 
     def _inactive_snapshot(self) -> dict[str, Any]:
         return {"active": False, "broker_id": self.broker_id, "controller_epoch": -1, "live_brokers": [],
@@ -467,7 +475,7 @@ class Controller:
     def _activate(self, epoch: int, epoch_version: int, session_id: int) -> None:
         self._held = _Held(epoch, epoch_version, session_id)
         self._czxids = {}
-        self._counters["elections_won"] += 1
+        self._count("elections_won")
         self._snapshot = {**self._inactive_snapshot(), "active": True, "controller_epoch": epoch}
         with self._wake:
             self._rebalance_at = (time.monotonic() + self._rebalance_interval_s
@@ -539,10 +547,11 @@ class Controller:
                     counts["offline_partitions"] += state.leader == NO_LEADER
                     counts["preferred_replica_imbalance"] += state.leader != replicas[0]
         self._czxids = live
-        self._counters["passes"] += 1
-        self._counters["rebalances"] += rebalance
-        self._snapshot = {"active": True, "broker_id": self.broker_id, "controller_epoch": held.epoch,
-                          "live_brokers": sorted(live), "topics": len(topics), **counts}
+        with self._state_lock:
+            self._counters["passes"] += 1
+            self._counters["rebalances"] += rebalance
+            self._snapshot = {"active": True, "broker_id": self.broker_id, "controller_epoch": held.epoch,
+                              "live_brokers": sorted(live), "topics": len(topics), **counts}
 
     def _failover_rule(self, topic: str, live: set[int]) -> Callable[[Sequence[int], PartitionState],
                                                                      tuple[PartitionState, str] | None]:
@@ -585,14 +594,14 @@ class Controller:
     def _log_change(self, topic: str, partition: int, old: PartitionState, new: PartitionState,
                     reason: str) -> None:
         if new.leader != old.leader and new.leader != NO_LEADER:
-            self._counters["leader_elections"] += 1
+            self._count("leader_elections")
             logger.info("[controller] elected broker %d leader of %s-%d in epoch %d (%s); isr %s",
                         new.leader, topic, partition, new.leader_epoch, reason, list(new.isr))
         elif new.leader != old.leader:
             logger.warning("[controller] %s-%d has no leader in epoch %d (%s); isr %s", topic, partition,
                            new.leader_epoch, reason, list(new.isr))
         else:
-            self._counters["isr_shrinks"] += 1
+            self._count("isr_shrinks")
             logger.info("[controller] isr of %s-%d shrank to %s (%s); leader %d in epoch %d", topic,
                         partition, list(new.isr), reason, new.leader, new.leader_epoch)
 

@@ -350,6 +350,8 @@ class Arbiter:
                                         auto_leader_rebalance=self.config.auto_leader_rebalance)
         replication.start()
         self._replication = replication
+        if self._metrics is not None:  # read on the scraping thread: Controller.state is thread-safe
+            self._metrics.controller_state = replication.controller.state
         assert self._frontend is not None
         self._frontend.replication = replication
 
@@ -458,6 +460,7 @@ class Arbiter:
             if self._frontend is not None:
                 self._frontend.replication = None
         if self._metrics is not None:
+            self._metrics.controller_state = None
             self._metrics.stop_watching_groups()
         if self._member is not None:
             self._member.close()

@@ -15,12 +15,16 @@ renders, on the scraping thread, from:
   them from the front-end's socket monitor (which the loop drains; an int read whole);
 - with ZooKeeper, the consumer groups' committed offsets (``hpbroker.coord.lag``, read on a
   thread of their own every ``metrics_lag_interval_ms``), against the high watermarks of the
-  partitions this broker serves;
+  partitions this broker leads (an unreplicated partition it serves, or a replicated one's
+  leader: its replicated high watermark, the end consumers read to);
+- with ZooKeeper, this broker's controller (``hpbroker.coord.controller``), through
+  :attr:`MetricsEndpoint.controller_state`, the controller's ``state`` method (thread-safe, a
+  copy, never waiting for ZooKeeper) the arbiter hands over once its controller runs;
 - the arbiter process's own usage.
 
-Nothing here runs on the loop except the hand-overs
-(``slots``, ``stopping``, :meth:`~MetricsEndpoint.set_topics`): a slow scrape costs the loop
-nothing but the GIL.  ``/healthz`` answers 200 while every worker serves, 503 otherwise (naming
+Nothing here runs on the loop except the hand-overs (``slots``, ``stopping``,
+``controller_state``, :meth:`~MetricsEndpoint.set_topics`): a slow scrape costs the loop nothing
+but the GIL.  ``/healthz`` answers 200 while every worker serves, 503 otherwise (naming
 the slots that crash-loop).
 :data:`FAMILIES` is every metric; docs/METRICS.md describes each (a test keeps the two equal).
 """
@@ -52,6 +56,7 @@ __all__ = ["FAMILIES", "MetricsEndpoint", "SlotView"]
 logger = logging.getLogger(__name__)
 
 _P = ("topic", "partition")
+_R = ("topic", "partition", "replica")
 _G = ("group", "topic", "partition")
 # Every metric the endpoint serves: name -> (type, label names, help).  docs/METRICS.md lists them.
 FAMILIES: dict[str, tuple[str, tuple[str, ...], str]] = {
@@ -122,6 +127,32 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "hpbroker_log_writes_refused": (
         GAUGE, _P, "1 while the partition refuses produce after a failed write (a full disk), until writes "
                    "resume by themselves; else 0."),
+    "hpbroker_leader_partitions": (
+        GAUGE, (), "Partitions this broker leads: the unreplicated ones it serves, the replicated ones it "
+                   "is leader of."),
+    "hpbroker_under_replicated_partitions": (
+        GAUGE, (), "Partitions this broker leads whose ISR is smaller than their replicas."),
+    "hpbroker_under_min_isr_partitions": (
+        GAUGE, (), "Partitions this broker leads whose ISR is smaller than min_insync_replicas: "
+                   "acks=all produce is refused."),
+    "hpbroker_isr_shrinks_total": (
+        COUNTER, ("worker",), "ISR shrinks (a follower dropped) of the partitions the worker leads."),
+    "hpbroker_isr_expands_total": (
+        COUNTER, ("worker",), "ISR expands (a follower back in sync) of the partitions the worker leads."),
+    "hpbroker_replica_lag_records": (
+        GAUGE, _R, "Records a follower of a partition led here lacks: the leader's flushed end minus the "
+                   "follower's, as of its last fetch."),
+    "hpbroker_replica_lag_bytes": (
+        GAUGE, _R, "Bytes of record batches a follower of a partition led here lacks, as of its last fetch."),
+    "hpbroker_controller_active": (GAUGE, (), "1 while this broker is the cluster's controller, else 0."),
+    "hpbroker_controller_epoch": (GAUGE, (), "The controller epoch the active controller was elected in."),
+    "hpbroker_offline_partitions": (
+        GAUGE, (), "Replicated partitions without a leader, as the active controller last saw them."),
+    "hpbroker_preferred_replica_imbalance": (
+        GAUGE, (), "Replicated partitions led by another broker than their preferred replica, as the active "
+                   "controller last saw them."),
+    "hpbroker_leader_elections_total": (
+        COUNTER, (), "Leaders this broker's controller elected while it was active."),
     "hpbroker_consumer_group_committed_offset": (
         GAUGE, _G, "The group's committed offset (the next record it consumes) in a partition served here."),
     "hpbroker_consumer_group_lag": (
@@ -178,6 +209,8 @@ class MetricsEndpoint:
         self._started_s = started_s if started_s is not None else time.time()
         self.slots: tuple[SlotView, ...] = ()
         self.stopping = False
+        # The controller's state (Controller.state: thread-safe, never waits); None: no controller.
+        self.controller_state: Callable[[], Mapping[str, Any]] | None = None
         self._peers: FrontendPeers | None = None
         self._groups: GroupOffsetsPoller | None = None
         self._server = MetricsServer(config.metrics_host or config.host, config.metrics_port, self.render,
@@ -260,7 +293,7 @@ class MetricsEndpoint:
             frontend_errors[key] = frontend_errors.get(key, 0) + count
         for (request, code), count in sorted(frontend_errors.items()):
             families["hpbroker_frontend_request_errors_total"].add((request, code, _error_name(code)), count)
-        high_watermarks: dict[tuple[str, int], int] = {}
+        replicas = _Replicas()
         for view in slots:
             families["hpbroker_worker_serving"].add((view.index,), int(view.state == "serving"))
             families["hpbroker_worker_restarts_total"].add((view.index,), view.restarts)
@@ -271,11 +304,34 @@ class MetricsEndpoint:
             if stats is None or stats.get("pid") != view.pid:
                 continue
             try:
-                _add_worker(families, view.index, stats, now, high_watermarks)
+                _add_worker(families, view.index, stats, now, replicas)
             except (KeyError, TypeError, ValueError) as e:  # a file from a worker of another version
                 logger.warning("[arbiter] metrics: ignoring the stats of worker slot %d: %r", view.index, e)
-        self._add_groups(families, high_watermarks, now)
+        for name, value in (("hpbroker_leader_partitions", replicas.leaders),
+                            ("hpbroker_under_replicated_partitions", replicas.under_replicated),
+                            ("hpbroker_under_min_isr_partitions", replicas.under_min_isr)):
+            families[name].add((), value)
+        self._add_controller(families)
+        self._add_groups(families, replicas.high_watermarks, now)
         return list(families.values())
+
+    def _add_controller(self, families: dict[str, MetricFamily]) -> None:
+        controller_state = self.controller_state  # once: the loop may set it to None meanwhile
+        if controller_state is None:
+            return
+        try:
+            state = controller_state()
+            active = bool(state["active"])
+            series = [("hpbroker_controller_active", int(active)),
+                      ("hpbroker_leader_elections_total", int(state["leader_elections"]))]
+            if active:  # the figures of the cluster are the active controller's to report
+                series += [(f"hpbroker_{name}", int(state[name])) for name in (
+                    "controller_epoch", "offline_partitions", "preferred_replica_imbalance")]
+        except Exception:  # a scrape shows the rest rather than failing
+            logger.exception("[arbiter] metrics: cannot read the controller's state")
+            return
+        for name, value in series:
+            families[name].add((), value)
 
     def _add_groups(self, families: dict[str, MetricFamily], high_watermarks: Mapping[tuple[str, int], int],
                     now: float) -> None:
@@ -293,10 +349,19 @@ class MetricsEndpoint:
             families["hpbroker_consumer_group_lag"].add(key, max(0, high_watermark - offset))
 
 
+class _Replicas:
+    """What the workers' stats say of the partitions' roles, summed over the slots of one scrape."""
+
+    def __init__(self) -> None:
+        self.seen: set[tuple[str, int]] = set()  # partitions already counted (by one slot only)
+        self.high_watermarks: dict[tuple[str, int], int] = {}  # those led here: where consumers read to
+        self.leaders = self.under_replicated = self.under_min_isr = 0
+
+
 def _add_worker(families: dict[str, MetricFamily], slot: int, stats: dict[str, Any], now: float,
-                high_watermarks: dict[tuple[str, int], int]) -> None:
-    """One worker's stats file (``hpbroker.workers.stats``) into the families; the partitions'
-    high watermarks into ``high_watermarks``.  Everything is parsed before anything is added."""
+                replicas: _Replicas) -> None:
+    """One worker's stats file (``hpbroker.workers.stats``) into the families, its partitions'
+    roles into ``replicas``.  Everything is parsed before anything is added."""
     worker = (slot,)
     scalars = [("hpbroker_worker_start_time_seconds", float(stats["start_time_s"])),
                ("hpbroker_worker_report_age_seconds", max(0.0, now - int(stats["time_ms"]) / 1000)),
@@ -316,18 +381,52 @@ def _add_worker(families: dict[str, MetricFamily], slot: int, stats: dict[str, A
                        Histogram.from_json(histogram)))
     series.append(("hpbroker_flush_duration_seconds", worker, Histogram.from_json(stats["flush_duration"])))
     series.append(("hpbroker_fsync_duration_seconds", worker, Histogram.from_json(stats["fsync_duration"])))
-    partitions: dict[tuple[str, int], dict[str, int]] = {}
+    for name in ("isr_shrinks", "isr_expands"):
+        series.append((f"hpbroker_{name}_total", worker, int(stats.get(name, 0))))
+    partitions: dict[tuple[str, int], tuple[dict[str, int], _Role]] = {}
     for entry in stats["partitions"]:
-        partitions[str(entry["topic"]), int(entry["partition"])] = {
-            field: int(entry[field]) for field, _family in _PARTITION_FIELDS}
+        partitions[str(entry["topic"]), int(entry["partition"])] = (
+            {field: int(entry[field]) for field, _family in _PARTITION_FIELDS}, _Role.parse(entry))
     for key in sorted(partitions):
-        if key in high_watermarks:  # never two series of one partition (two slots claiming it)
+        if key in replicas.seen:  # never two series of one partition (two slots claiming it)
             continue
-        values = partitions[key]
-        high_watermarks[key] = values["high_watermark"]
+        replicas.seen.add(key)
+        values, role = partitions[key]
         series.extend((family, key, values[field]) for field, family in _PARTITION_FIELDS)
+        if role.leading:
+            replicas.leaders += 1
+            replicas.under_replicated += role.under_replicated
+            replicas.under_min_isr += role.under_min_isr
+            replicas.high_watermarks[key] = (values["high_watermark"] if role.high_watermark is None
+                                             else role.high_watermark)
+        for replica, lag_records, lag_bytes in role.followers:
+            series.append(("hpbroker_replica_lag_records", (*key, replica), lag_records))
+            series.append(("hpbroker_replica_lag_bytes", (*key, replica), lag_bytes))
     for name, labels, value in series:
         families[name].add(labels, value)
+
+
+@dataclass(frozen=True, slots=True)
+class _Role:
+    """A partition's replication figures in a stats file entry (``hpbroker.workers.stats``)."""
+
+    leading: bool  # unreplicated (served here), or the replicated partition's leader
+    high_watermark: int | None  # the replicated high watermark on its leader; None: unreplicated
+    under_replicated: int
+    under_min_isr: int
+    followers: tuple[tuple[int, int, int], ...]  # (broker, lag in records, lag in bytes), on the leader
+
+    @classmethod
+    def parse(cls, entry: Mapping[str, Any]) -> _Role:
+        role = entry.get("role")
+        if role is None:
+            return cls(True, None, 0, 0, ())
+        if role != "leader":
+            return cls(False, None, 0, 0, ())
+        followers = tuple((int(f["broker"]), int(f["lag_records"]), int(f["lag_bytes"]))
+                          for f in entry.get("followers", ()))
+        return cls(True, int(entry["replicated_high_watermark"]), int(entry.get("under_replicated", 0)),
+                   int(entry.get("under_min_isr", 0)), followers)
 
 
 def _request_name(api_key: int) -> str:

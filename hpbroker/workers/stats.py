@@ -35,20 +35,28 @@ which the arbiter reads on each scrape, so figures are at most one ``heartbeat_i
      "errors": [[api_key, code, count], ...],
      "produce_latency": {"counts": [...], "sum": 0.84},
      "fetch_latency": [["tcp", parked (bool), {"counts": [...], "sum": 1.2}], ...],
-     "flush_duration": {...}, "fsync_duration": {...},
+     "flush_duration": {...}, "fsync_duration": {...}, "isr_shrinks": 0, "isr_expands": 0,
      "partitions": [{"topic": "orders", "partition": 3,
                      "produced_records": 0, "produced_bytes": 0, "duplicate_records": 0, "fetched_records": 0,
                      "fetched_bytes": 0, "flushes": 0, "flushed_bytes": 0, "log_start_offset": 0,
                      "high_watermark": 0, "size_bytes": 0, "segments": 1, "damaged_ranges": 0,
                      "damaged_records": 0, "writes_refused": 0}, ...]}
 
-A replicated partition's entry adds its ``role`` (``leader``, ``follower``, ``none``),
-``leader_epoch`` and ``replicated_high_watermark``; on its leader also ``under_replicated`` (1
-while the ISR is smaller than the replicas), ``isr_shrinks`` and ``isr_expands`` (ISR changes
-taken since leadership began) and ``followers``: ``[{"broker": 1, "fetch_offset": 51200,
+A replicated partition's entry adds its ``role`` (``leader``, ``follower``, ``none``; just
+``awaiting`` while its first role has not come), ``leader_epoch`` and
+``replicated_high_watermark``; on its leader also ``under_replicated`` (1
+while the ISR is smaller than the replicas), ``under_min_isr`` (1 while the ISR is smaller than
+``min_insync_replicas``: acks=-1 produce is refused), ``isr_shrinks`` and ``isr_expands`` (ISR
+changes taken since leadership began) and ``followers``: ``[{"broker": 1, "fetch_offset": 51200,
 "in_sync": true, "lag_records": 34, "lag_bytes": 4096, "last_caught_up_ms": ...}, ...]`` (lag
 behind the leader's flushed end, as of each follower's last fetch; ``fetch_offset`` -1 before
 its first fetch in this leader epoch).
+
+The worker-wide ``isr_shrinks`` and ``isr_expands`` (top level) count the ISR changes its
+leaders took since the worker started: a partition's own counts start again with each
+leadership, so each snapshot adds what every leadership it saw at the previous one (still
+leading or not) took since, and what the new ones took.  A leadership that begins and ends
+between two snapshots (one ``heartbeat_interval_ms``) is not counted.
 
 ``duplicate_records`` counts the records of produce requests an idempotent producer sent again
 after the partition had stored them (answered with the stored copy's offsets, not appended).
@@ -101,6 +109,10 @@ class WorkerStats:
                               for parked in (False, True)}
         self.flush_duration = Histogram()
         self.fsync_duration = Histogram()
+        self.isr_shrinks = self.isr_expands = 0  # taken by this worker's leaders (module docstring)
+        # Each leadership (a LeaderReplica, kept alive here) seen by the last snapshot, with its
+        # counts then: id -> (replica, isr_shrinks, isr_expands).
+        self._leaderships: dict[int, tuple[Any, int, int]] = {}
 
     def timed(self, responder: Responder, api_key: int, transport: str) -> TimedResponder:
         """Count a request arriving now, and wrap its responder to measure its answer."""
@@ -118,8 +130,26 @@ class WorkerStats:
         """Any other fdatasync of a segment's data the log issued (``PartitionLog.on_sync``)."""
         self.fsync_duration.observe(sync_ns * _NS)
 
+    def count_isr_changes(self, partitions: Iterable[Partition]) -> None:
+        """Add the ISR changes the leaderships of ``partitions`` and those of the last call took
+        since the last call (module docstring)."""
+        leaderships = {}
+        for partition in partitions:
+            replica = partition.replica
+            if replica is not None and hasattr(replica, "isr_shrinks"):
+                leaderships[id(replica)] = replica
+        seen = self._leaderships
+        for key in seen.keys() | leaderships.keys():
+            replica, shrinks, expands = seen.get(key) or (leaderships[key], 0, 0)
+            self.isr_shrinks += max(0, replica.isr_shrinks - shrinks)
+            self.isr_expands += max(0, replica.isr_expands - expands)
+        self._leaderships = {key: (replica, replica.isr_shrinks, replica.isr_expands)
+                             for key, replica in leaderships.items()}
+
     def snapshot(self, slot: int, partitions: Iterable[Partition], connections: int) -> dict[str, Any]:
         """The stats file's content now (module docstring)."""
+        partitions = list(partitions)
+        self.count_isr_changes(partitions)
         return {
             "version": STATS_VERSION, "slot": slot, "pid": os.getpid(),
             "time_ms": time.time_ns() // 1_000_000,
@@ -132,6 +162,7 @@ class WorkerStats:
                               for (transport, parked), histogram in self.fetch_latency.items()],
             "flush_duration": self.flush_duration.to_json(),
             "fsync_duration": self.fsync_duration.to_json(),
+            "isr_shrinks": self.isr_shrinks, "isr_expands": self.isr_expands,
             "partitions": [_partition_entry(p) for p in partitions],
         }
 
@@ -154,12 +185,15 @@ def _replication_entry(partition: Partition) -> dict[str, Any]:
     """A replicated partition's role, and on its leader the followers' lag and the ISR's changes."""
     replica = partition.replica
     if replica is None:
-        return {}
+        return {"role": "awaiting"} if partition.awaiting_role else {}
     entry: dict[str, Any] = {"role": replica.role.role, "leader_epoch": replica.leader_epoch,
                              "replicated_high_watermark": replica.high_watermark}
     stats = getattr(replica, "stats", None)
     if stats is not None:
         entry.update(stats())
+    state = getattr(replica, "state", None)  # a leader's LeaderState
+    if state is not None:
+        entry["under_min_isr"] = int(len(state.isr) < state.min_insync_replicas)
     return entry
 
 
