@@ -9,7 +9,9 @@ renders, on the scraping thread, from:
   of :class:`SlotView` swapped in with one assignment whenever a slot changes state);
 - each slot's stats file (``hpbroker.workers.stats``), taken only when it comes from the slot's
   current process: per-partition traffic and log state, per-worker latencies, flush times,
-  requests, errors, connections;
+  requests, errors, connections; each partition's role, and for those it leads the ISR's state
+  and changes and each follower's lag (series with a ``replica`` label only for partitions led
+  here, so their number is bounded by what this broker leads);
 - the front-end's error counts (a dict of ints the loop updates, copied whole);
 - the ZeroMQ front-end's open connections, as ``hpbroker.workers.peers.FrontendPeers`` counts
   them from the front-end's socket monitor (which the loop drains; an int read whole);
