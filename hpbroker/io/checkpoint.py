@@ -29,6 +29,11 @@ when no segment holds damage.
 
 Single writer: the partition log.  Reading never raises for bad content: a missing or malformed
 file reads as None (recover everything; not clean), which is always safe.
+
+:class:`OffsetCheckpointFile`: one offset in a file of its own, the checkpoint's two-line format,
+replaced atomically; for an offset that a user of the log keeps beside it (the log never reads
+or writes one; the file name and when to write it are the user's).  Reading never raises for
+bad content either: missing or malformed is None.
 """
 
 from __future__ import annotations
@@ -46,7 +51,13 @@ from hpbroker.io.files import (
     write_all,
 )
 
-__all__ = ["CHECKPOINT_VERSION", "CleanShutdownMarker", "DamagedSegments", "RecoveryPointCheckpoint"]
+__all__ = [
+    "CHECKPOINT_VERSION",
+    "CleanShutdownMarker",
+    "DamagedSegments",
+    "OffsetCheckpointFile",
+    "RecoveryPointCheckpoint",
+]
 
 CHECKPOINT_VERSION = 0  # first line of the file
 _MAX_CHECKPOINT_BYTES = 64  # two short lines; anything longer is not ours
@@ -143,6 +154,34 @@ class DamagedSegments:
             return
         content = "".join(f"{base}\n" for base in sorted(base_offsets))
         replace_atomically(self.path, f"{CHECKPOINT_VERSION}\n{content}".encode("ascii"))
+
+
+class OffsetCheckpointFile:
+    """Reads and atomically replaces the file ``path`` holding one offset (module docstring):
+    ``0\n<offset>\n``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def read(self) -> int | None:
+        """The offset, or None when the file is missing or malformed (logged)."""
+        try:
+            with open(self.path, "rb") as f:
+                content = f.read(_MAX_CHECKPOINT_BYTES + 1)
+        except FileNotFoundError:
+            return None
+        offset = _parse(content)
+        if offset is None:
+            logger.warning("ignoring malformed %s: %r", self.path, content[:_MAX_CHECKPOINT_BYTES])
+        return offset
+
+    def write(self, offset: int, *, durable: bool = True) -> None:
+        """Replace the file with ``offset`` (``replace_atomically``: with ``durable`` the file
+        and the directory are fsynced; without, a crash of the OS may leave the old offset or no
+        file).  Raises OSError, ValueError for a negative offset."""
+        if offset < 0:
+            raise ValueError(f"offset {offset} is negative")
+        replace_atomically(self.path, _content(offset), durable=durable)
 
 
 def _content(offset: int) -> bytes:

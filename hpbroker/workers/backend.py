@@ -23,13 +23,17 @@ starts with a one-byte *kind* frame:
     - arbiter -> worker ``{"op": "replica_role", "id": n, "topic": t, "partition": p, "role":
       "leader" | "follower" | "none", "leader_epoch": E, "leader": broker_id (-1: none),
       "leader_address": [host, data_port] | null, "replicas": [broker_id, ...], "isr":
-      [broker_id, ...], "min_insync_replicas": m, "replica_lag_time_max_ms": L}``: the
-      partition's role in replication (``hpbroker.workers.replication``), sent after the
-      partition is open and again after a slot respawns.  ``leader_address`` is the data port
-      of the leader's worker that owns the partition.  Refused (the ack's error) when the epoch
+      [broker_id, ...], "min_insync_replicas": m, "replica_lag_time_max_ms": L, "leader_port":
+      front_end_port | null}``: the partition's role in replication
+      (``hpbroker.workers.replication``), sent after the partition is open and again after a
+      slot respawns.  ``leader_address`` is the data port of the leader's worker that owns the
+      partition (where a follower fetches); ``leader_port`` (optional, default null) the
+      leader's front-end port, which a NotLeaderOrFollowerError names to clients (without it
+      the error names the leader's broker id only).  Refused (the ack's error) when the epoch
       is older than the partition's current one, when the role names a broker that is not a
       replica, or when the leader's log cannot record the epoch; the same epoch as leader again
-      only updates the ISR.  A partition never given a role is unreplicated.
+      updates the ISR, ``min_insync_replicas`` and ``replica_lag_time_max_ms`` (the arbiter
+      sends it again when any of them changed).  A partition never given a role is unreplicated.
     - worker -> arbiter ``{"op": "isr_change", "topic": t, "partition": p, "leader_epoch": E,
       "isr": [broker_id, ...]}``: the leader of a partition proposes a new ISR (a follower fell
       ``replica_lag_time_max_ms`` behind, or caught up); not acknowledged: the arbiter writes it

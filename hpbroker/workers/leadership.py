@@ -69,6 +69,7 @@ class Role:
     isr: tuple[int, ...]
     min_insync_replicas: int
     replica_lag_time_max_ms: int
+    leader_port: int | None = None  # the leader's front-end port, named to clients in error 23
 
     def body(self, topic: str, partition: int) -> dict[str, Any]:
         return {"topic": topic, "partition": partition, "role": self.role, "leader_epoch": self.leader_epoch,
@@ -76,7 +77,7 @@ class Role:
                 "leader_address": list(self.leader_address) if self.leader_address else None,
                 "replicas": list(self.replicas), "isr": list(self.isr),
                 "min_insync_replicas": self.min_insync_replicas,
-                "replica_lag_time_max_ms": self.replica_lag_time_max_ms}
+                "replica_lag_time_max_ms": self.replica_lag_time_max_ms, "leader_port": self.leader_port}
 
 
 # send_control(slot, op, body) -> whether the slot's process could take it now
@@ -175,7 +176,8 @@ class Leadership:
             return Role("leader", state.leader_epoch, state.leader, None, replicas, state.isr, min_isr, lag)
         where = self.leader_location(topic.name, partition)
         address = (where.host, where.fetch_port) if where is not None else None
-        return Role("follower", state.leader_epoch, state.leader, address, replicas, state.isr, min_isr, lag)
+        return Role("follower", state.leader_epoch, state.leader, address, replicas, state.isr, min_isr, lag,
+                    where.port if where is not None else None)
 
     def sync(self) -> None:
         """Send every serving slot the roles it lacks (cheap when nothing changed)."""

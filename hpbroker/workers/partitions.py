@@ -522,14 +522,31 @@ class Partition:
 
     def flush_and_answer(self) -> None:
         """For a graceful stop: flush everything now, answer the produce requests it acknowledges
-        and every parked fetch with what there is."""
+        and every parked fetch with what there is.  An acks=-1 request of a replicated partition
+        whose records are flushed here but not yet below the replicated high watermark fails
+        with NotLeaderOrFollowerError (retriable: the client refreshes its metadata and resends
+        to the next leader, where an idempotent producer's resend is stored once); one whose
+        records could not be flushed, with StorageError."""
         if self.log.writable:
             try:
                 self.log.flush()
             except StorageError as e:
                 self.storage_error(e)
+            else:
+                if self.replica is not None and self.replica.leading:
+                    self.replica.flushed()  # a leader alone in its ISR: the high watermark moves
         self.flushes.clear()
         self._dirty.discard(self)
+        self._settle_produces()
+        if self.replica is not None:
+            stopping = NotLeaderOrFollowerError(
+                f"[{self.log.name}] the broker is stopping; the records may or may not be committed: "
+                f"retry at the partition's leader after a metadata refresh")
+            flushed_end = self.log.high_watermark
+            for waiter in self.produces:
+                if waiter.acks == protocol.ACKS_ALL and waiter.error is None \
+                        and waiter.last_offset < flushed_end:
+                    waiter.error = stopping
         self._settle_produces()
         for queue in self.fetches.values():
             for waiter in queue:
@@ -719,9 +736,12 @@ class PartitionSet:
         return entries
 
     def close_all(self) -> None:
-        """Graceful stop: flush and answer everything, then close every log cleanly."""
+        """Graceful stop: flush and answer everything, let each replicated partition's role wind
+        up (its high-watermark checkpoint), then close every log cleanly."""
         for partition in self:
             partition.flush_and_answer()
+            if partition.replica is not None:
+                partition.replica.close()
         for key in list(self._by_key):
             self._by_key.pop(key).close()
 

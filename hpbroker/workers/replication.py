@@ -10,13 +10,15 @@ into a :class:`ReplicaRole`, and are applied by :class:`Replication` to the part
   replica fetches) and computes the replicated high watermark (HW): consumers read below it,
   ListOffsets LATEST answers it, an acks=-1 produce is answered once it passes the request's
   last offset (NotEnoughReplicasError at once, nothing appended, when the ISR is smaller than
-  ``min_insync_replicas``; and when the ISR shrank below it while the request waited).  The
+  ``min_insync_replicas``; and, saying the records were appended, when the ISR shrank below it
+  while the request waited: Kafka's NOT_ENOUGH_REPLICAS_AFTER_APPEND).  The
   leader proposes ISR changes to the arbiter (worker control ``isr_change``) when a follower
   falls ``replica_lag_time_max_ms`` behind or catches up again, checked at each replica fetch and
   on a timer (for followers gone silent); the arbiter writes the change to ZooKeeper and the new
   ISR comes back as a role of the same epoch.
 - :class:`FollowerReplica`: another broker leads.  Produce, consumer fetch and list-offsets get
-  NotLeaderOrFollowerError naming the leader.  The partition fetches from the leader's data port
+  NotLeaderOrFollowerError naming the leader (its host and front-end port, the role's
+  ``leader_port``).  The partition fetches from the leader's data port
   with a :class:`~hpbroker.replica.fetcher.ReplicaFetcher` of its own (a connection per followed
   partition: the data port answers a connection's requests in order, so a fetch parked at a
   caught-up partition's end would hold back the others' answers), from its log end (= its
@@ -36,9 +38,18 @@ requests with NotLeaderOrFollowerError until its first role arrives, so that not
 appended to it outside an epoch.
 
 Role changes: a role whose ``leader_epoch`` is older than the partition's current one is refused
-(the ``ack`` carries the error; nothing changes).  The same epoch as leader again updates only
-the ISR.  Leaving the leader role fails the acks=-1 produce requests still waiting
-(NotLeaderOrFollowerError: they may or may not have been stored) and every parked fetch.
+(the ``ack`` carries the error; nothing changes).  The same epoch as leader again updates the
+ISR, ``min_insync_replicas`` and ``replica_lag_time_max_ms`` (a topic altered meanwhile).
+Leaving the leader role fails the acks=-1 produce requests still waiting
+(NotLeaderOrFollowerError: they may or may not have been stored) and every parked fetch; so
+does a graceful stop (``Partition.flush_and_answer``), for those its last flush did not commit.
+
+High watermark on disk: each replicated partition keeps the HW it knows (a leader's, or the one
+a follower heard from its leader) in its ``high-watermark-checkpoint`` file
+(:class:`HighWatermarkCheckpoint`), written where it moved every
+HIGH_WATERMARK_CHECKPOINT_INTERVAL_S and at a clean close.  The first role after a (re)start
+starts from it (at most the log's flushed end), so a restarted leader's consumers and ListOffsets
+LATEST see what was committed before, without waiting for every follower's first fetch.
 
 Divergence answers (leader side): ``diverging_epoch`` and ``diverging_end_offset`` of a
 FetchResponse; when the leader cannot tell where the follower's epoch ends
@@ -52,6 +63,7 @@ Single-threaded: everything runs on the worker's event loop.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,6 +78,7 @@ from hpbroker.errors import (
     OffsetOutOfRangeError,
     StorageError,
 )
+from hpbroker.io.checkpoint import OffsetCheckpointFile
 from hpbroker.replica.divergence import diverging_epoch, truncation_offset
 from hpbroker.replica.fetcher import ReplicaFetcher
 from hpbroker.replica.leader import LeaderState
@@ -77,7 +90,10 @@ if TYPE_CHECKING:
 __all__ = [
     "FETCH_BACKOFF_MAX_S",
     "FETCH_BACKOFF_MIN_S",
+    "HIGH_WATERMARK_CHECKPOINT_FILE_NAME",
+    "HIGH_WATERMARK_CHECKPOINT_INTERVAL_S",
     "FollowerReplica",
+    "HighWatermarkCheckpoint",
     "LeaderReplica",
     "NoReplica",
     "ReplicaRole",
@@ -92,6 +108,10 @@ FETCH_BACKOFF_MIN_S = 0.1
 FETCH_BACKOFF_MAX_S = 2.0
 # How often a leader checks its followers' lag without a fetch to trigger it, at most (seconds).
 ISR_CHECK_MAX_INTERVAL_S = 1.0
+# The replicated high watermark kept in the partition directory (docs/FORMAT.md), and how often
+# it is written where it moved (Kafka's replica.high.watermark.checkpoint.interval.ms).
+HIGH_WATERMARK_CHECKPOINT_FILE_NAME = "high-watermark-checkpoint"
+HIGH_WATERMARK_CHECKPOINT_INTERVAL_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +128,7 @@ class ReplicaRole:
     isr: tuple[int, ...]
     min_insync_replicas: int = 1
     lag_time_max_ms: int = 30_000
+    leader_port: int | None = None  # the leader's front-end port, which clients are told
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> ReplicaRole:
@@ -137,30 +158,70 @@ class ReplicaRole:
                 raise ValueError(f"replica_role: leader_address must be [host, data_port] or null, got "
                                  f"{address!r}")
             address = (address[0], address[1])
+        port = body.get("leader_port")
+        if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536):
+            raise ValueError(f"replica_role: leader_port must be a port or null, got {port!r}")
         return cls(topic, integer("partition", 0), role, integer("leader_epoch", 0), integer("leader", -1),
                    address, brokers("replicas"), brokers("isr"), integer("min_insync_replicas", 1, 1),
-                   integer("replica_lag_time_max_ms", 1, 30_000))
+                   integer("replica_lag_time_max_ms", 1, 30_000), port)
 
     @property
     def name(self) -> str:
         return f"{self.topic}-{self.partition}"
 
     def leader_text(self) -> str:
-        """Who leads, for a NotLeaderOrFollowerError message."""
+        """Who leads, for a NotLeaderOrFollowerError message: the leader's host and front-end port,
+        where clients send requests (the data port in ``leader_address`` is for fetches only);
+        no address when the role lacks the front-end port."""
         if self.leader < 0:
             return f"it has no leader now (leader epoch {self.leader_epoch})"
-        where = f" at {self.leader_address[0]}:{self.leader_address[1]}" if self.leader_address else ""
+        where = ""
+        if self.leader_address is not None and self.leader_port is not None:
+            where = f" at {self.leader_address[0]}:{self.leader_port}"
         return f"the leader is broker {self.leader}{where} (leader epoch {self.leader_epoch})"
 
 
+class HighWatermarkCheckpoint:
+    """A replicated partition's ``high-watermark-checkpoint`` file (Kafka's
+    replication-offset-checkpoint, one file per partition directory; docs/FORMAT.md): the
+    replicated HW as this broker last knew it, so that a restarted broker's partition starts its
+    HW there (at most its log end) instead of at its log start.  Written where the HW moved,
+    every HIGH_WATERMARK_CHECKPOINT_INTERVAL_S and at a clean close; never on an append.  The
+    periodic writes are not fsynced (a process crash keeps them; after an OS crash the file
+    may hold an older HW or be gone: the HW then starts lower and rises as the followers fetch,
+    which is always safe); the one at a clean close is, when the topic's ``flush_fsync`` is on.
+    A write that fails is logged and tried again at the next turn."""
+
+    def __init__(self, directory: str) -> None:
+        self._file = OffsetCheckpointFile(os.path.join(directory, HIGH_WATERMARK_CHECKPOINT_FILE_NAME))
+        self.written: int | None = None  # the offset the file holds, as far as known
+
+    def read(self) -> int | None:
+        self.written = self._file.read()
+        return self.written
+
+    def write(self, high_watermark: int, *, durable: bool = False) -> None:
+        if high_watermark == self.written and not durable:
+            return
+        try:
+            self._file.write(high_watermark, durable=durable)
+        except OSError as e:
+            logger.warning("cannot write %s: %s", self._file.path, e)
+            self.written = None
+            return
+        self.written = high_watermark
+
+
 class _Replica:
-    """What a partition's role gives it (``Partition.replica``); see the subclasses."""
+    """What a partition's role gives it (``Partition.replica``); see the subclasses.
+    ``checkpoint``: the partition's high-watermark file, handed from role to role."""
 
     leading = False
 
-    def __init__(self, partition: Partition, role: ReplicaRole) -> None:
+    def __init__(self, partition: Partition, role: ReplicaRole, checkpoint: HighWatermarkCheckpoint) -> None:
         self.partition = partition
         self.role = role
+        self.checkpoint = checkpoint
 
     @property
     def leader_epoch(self) -> int:
@@ -189,14 +250,27 @@ class _Replica:
         return {"role": self.role.role, "leader": self.role.leader, "leader_epoch": self.role.leader_epoch,
                 "replicas": list(self.role.replicas), "isr": list(self.role.isr)}
 
+    def checkpoint_high_watermark(self, *, closing: bool = False) -> None:
+        """Write the HW to the partition's checkpoint if it moved (``closing``: the worker stops
+        cleanly; fsynced when the topic's ``flush_fsync`` is on)."""
+        log = self.partition.log
+        if log.offline or log.closed:
+            return
+        self.checkpoint.write(self.high_watermark, durable=closing and log.config.flush_fsync)
+
+    def close(self) -> None:
+        """The worker stops cleanly and the log is about to close (its last flush done)."""
+        self.checkpoint_high_watermark(closing=True)
+
 
 class LeaderReplica(_Replica):
     """The partition is led here, in ``role.leader_epoch`` (module docstring)."""
 
     leading = True
 
-    def __init__(self, partition: Partition, role: ReplicaRole, state: LeaderState) -> None:
-        super().__init__(partition, role)
+    def __init__(self, partition: Partition, role: ReplicaRole, checkpoint: HighWatermarkCheckpoint,
+                 state: LeaderState) -> None:
+        super().__init__(partition, role, checkpoint)
         self.state = state
         self.isr_shrinks = self.isr_expands = 0
 
@@ -217,18 +291,36 @@ class LeaderReplica(_Replica):
             self.state.check_min_isr(self.role.name)
 
     def settle_error(self) -> HPBrokerError | None:
+        """Kafka's NOT_ENOUGH_REPLICAS_AFTER_APPEND, sent as error 24: the records were appended
+        (and every replica of the smaller ISR has them) but fewer replicas than
+        ``min_insync_replicas`` hold them.  Retriable: an idempotent producer's retry is found
+        stored and not appended again."""
         state = self.state
         if len(state.isr) >= state.min_insync_replicas:
             return None
         return NotEnoughReplicasError(
-            f"{self.role.name}: the records are stored on the leader but the ISR shrank to {len(state.isr)} "
-            f"in-sync replicas {list(state.isr)} while the request waited, min_insync_replicas is "
-            f"{state.min_insync_replicas}")
+            f"{self.role.name}: the records were appended but the ISR shrank below min_insync_replicas "
+            f"{state.min_insync_replicas} before every replica had them (now {len(state.isr)} in-sync "
+            f"replicas {list(state.isr)}); they may be committed later; retry (an idempotent producer's "
+            f"retry is not stored twice)")
 
-    def isr_updated(self, role: ReplicaRole) -> None:
-        """A role of the same epoch: ZooKeeper's ISR (this leader's proposal, or the controller's)."""
-        old, new = set(self.state.isr), set(role.isr)
-        self.state.isr_changed(role.isr)
+    def role_updated(self, role: ReplicaRole) -> None:
+        """A role of the same epoch: ZooKeeper's ISR (this leader's proposal, or the controller's),
+        and the topic's ``min_insync_replicas`` and ``replica_lag_time_max_ms`` as they are now
+        (an altered topic's new values apply at once, not at the next epoch)."""
+        state = self.state
+        old, new = set(state.isr), set(role.isr)
+        if state.replicas != role.replicas:  # a reassignment under way
+            logger.info("[%s] replicas %s (were %s)", role.name, list(role.replicas), list(state.replicas))
+            state.replicas_changed(role.replicas)
+        state.isr_changed(role.isr)
+        if (state.min_insync_replicas, state.lag_time_max_ms) != (role.min_insync_replicas,
+                                                                   role.lag_time_max_ms):
+            logger.info("[%s] min_insync_replicas %d, replica_lag_time_max_ms %d (were %d, %d)", role.name,
+                        role.min_insync_replicas, role.lag_time_max_ms, state.min_insync_replicas,
+                        state.lag_time_max_ms)
+            state.min_insync_replicas = role.min_insync_replicas
+            state.lag_time_max_ms = role.lag_time_max_ms
         self.role = role
         if old - new:
             self.isr_shrinks += 1
@@ -262,9 +354,9 @@ class LeaderReplica(_Replica):
 class FollowerReplica(_Replica):
     """Another broker leads; this one fetches from it with ``fetcher`` (None: no leader known)."""
 
-    def __init__(self, partition: Partition, role: ReplicaRole, fetcher: ReplicaFetcher | None,
-                 leader_high_watermark: int) -> None:
-        super().__init__(partition, role)
+    def __init__(self, partition: Partition, role: ReplicaRole, checkpoint: HighWatermarkCheckpoint,
+                 fetcher: ReplicaFetcher | None, leader_high_watermark: int) -> None:
+        super().__init__(partition, role, checkpoint)
         self.fetcher = fetcher
         self.leader_high_watermark = leader_high_watermark  # the leader's HW as last heard
         self.in_flight = False
@@ -288,7 +380,18 @@ class FollowerReplica(_Replica):
 
 
 class NoReplica(_Replica):
-    """The broker holds the partition's log but is no replica of it in this epoch."""
+    """The broker holds the partition's log but is no replica of it in this epoch; it keeps the
+    HW it knew (``known_high_watermark``), where a later role starts from."""
+
+    def __init__(self, partition: Partition, role: ReplicaRole, checkpoint: HighWatermarkCheckpoint,
+                 known_high_watermark: int) -> None:
+        super().__init__(partition, role, checkpoint)
+        self._known_high_watermark = known_high_watermark
+
+    @property
+    def high_watermark(self) -> int:
+        log = self.partition.log
+        return max(log.log_start_offset, min(self._known_high_watermark, log.high_watermark))
 
 
 class Replication:
@@ -307,6 +410,7 @@ class Replication:
         self._followers: set[Partition] = set()
         self._leaders: set[Partition] = set()
         self._next_isr_check = 0.0
+        self._next_high_watermark_checkpoint = clock() + HIGH_WATERMARK_CHECKPOINT_INTERVAL_S
 
     # --- roles -----------------------------------------------------------------------------------
 
@@ -325,7 +429,7 @@ class Replication:
             if role.leader != self.broker_id:
                 raise ValueError(f"{role.name}: a leader role naming broker {role.leader} as the leader")
             if isinstance(current, LeaderReplica) and current.leader_epoch == role.leader_epoch:
-                current.isr_updated(role)
+                current.role_updated(role)
                 self._high_watermark_checked(partition, current, always=True)
             else:
                 self._become_leader(partition, role)
@@ -334,31 +438,37 @@ class Replication:
                 raise ValueError(f"{role.name}: a follower role naming this broker as the leader")
             self._become_follower(partition, role)
         else:
-            self._leave(partition, NoReplica(partition, role))
+            checkpoint, known = self._known_high_watermark(partition)
+            self._leave(partition, NoReplica(partition, role, checkpoint, known))
         partition.awaiting_role = False
         return []
 
-    def _known_high_watermark(self, partition: Partition) -> int:
-        """The replicated HW as this broker knows it, where a new role starts from: the last
-        role's; after a (re)start, nothing (the log start), since no high watermark is kept on
-        disk: a leader's HW then rises as its in-sync followers fetch (at once, unless one of
-        them is down: then once the ISR has shrunk), so a consumer never reads a record that
-        may not be committed."""
+    def _known_high_watermark(self, partition: Partition) -> tuple[HighWatermarkCheckpoint, int]:
+        """The partition's HW checkpoint, and the replicated HW as this broker knows it, where a
+        new role starts from: the last role's; at the first role after a (re)start, the one in
+        the partition's checkpoint (:class:`HighWatermarkCheckpoint`), or the log start without
+        one.  Never above the log's flushed end: a leader's HW rises from there as its in-sync
+        followers fetch, so a consumer never reads a record that may not be committed."""
         current = partition.replica
         log = partition.log
-        known = current.high_watermark if current is not None else log.log_start_offset
-        return max(log.log_start_offset, min(known, log.high_watermark))
+        if current is not None:
+            checkpoint, known = current.checkpoint, current.high_watermark
+        else:
+            checkpoint = HighWatermarkCheckpoint(log.directory)
+            stored = checkpoint.read()
+            known = stored if stored is not None else log.log_start_offset
+        return checkpoint, max(log.log_start_offset, min(known, log.high_watermark))
 
     def _become_leader(self, partition: Partition, role: ReplicaRole) -> None:
         log = partition.log
-        known = self._known_high_watermark(partition)
+        checkpoint, known = self._known_high_watermark(partition)
         log.begin_leader_epoch(role.leader_epoch)  # ValueError (older) or StorageError: refused
         start = dict(log.leader_epochs.entries).get(role.leader_epoch, log.log_end_offset)
         state = LeaderState(self.broker_id, role.leader_epoch, role.replicas, role.isr,
                             lag_time_max_ms=role.lag_time_max_ms,
                             min_insync_replicas=role.min_insync_replicas, now_ms=self._now_ms(),
                             leader_epoch_start_offset=start, high_watermark=known)
-        leader = LeaderReplica(partition, role, state)
+        leader = LeaderReplica(partition, role, checkpoint, state)
         self._leave(partition, leader)
         self._leaders.add(partition)
         logger.info("[%s] leader in epoch %d from offset %d, replicas %s, ISR %s, high watermark %d",
@@ -375,7 +485,8 @@ class Replication:
         elif role.leader_address is not None and role.leader >= 0:
             fetcher = ReplicaFetcher(self.broker_id, role.leader_address[0], role.leader_address[1],
                                      on_response=self._on_response, on_lost=self._on_lost, now=self._clock())
-        follower = FollowerReplica(partition, role, fetcher, self._known_high_watermark(partition))
+        checkpoint, known = self._known_high_watermark(partition)
+        follower = FollowerReplica(partition, role, checkpoint, fetcher, known)
         follower.on_flushed = self._maybe_fetch
         if fetcher is not None:
             follower.in_flight = fetcher.in_flight(partition.topic, partition.partition)
@@ -632,6 +743,11 @@ class Replication:
                 if isinstance(leader, LeaderReplica):
                     self._high_watermark_checked(partition, leader)
                     self._propose_isr(leader)
+        if now >= self._next_high_watermark_checkpoint:
+            self._next_high_watermark_checkpoint = now + HIGH_WATERMARK_CHECKPOINT_INTERVAL_S
+            for partition in self._leaders | self._followers:
+                if partition.replica is not None:
+                    partition.replica.checkpoint_high_watermark()
 
     def _isr_check_interval_s(self) -> float:
         lags = [p.replica.role.lag_time_max_ms for p in self._leaders if p.replica is not None]
@@ -642,6 +758,8 @@ class Replication:
         deadlines = []
         if self._leaders:
             deadlines.append(self._next_isr_check)
+        if self._leaders or self._followers:
+            deadlines.append(self._next_high_watermark_checkpoint)
         for partition in self._followers:
             follower = partition.replica
             if not isinstance(follower, FollowerReplica) or follower.fetcher is None:

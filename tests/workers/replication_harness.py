@@ -114,12 +114,15 @@ class ReplicaBroker:
 
     def role(self, topic: str, partition: int, role: str, *, epoch: int, leader: int,
              leader_address: list[Any] | None, replicas: list[int], isr: list[int],
-             min_insync_replicas: int = 1, lag_time_max_ms: int = 30_000) -> dict[str, Any]:
-        """Send a ``replica_role`` control and wait for its ack (returned)."""
+             min_insync_replicas: int = 1, lag_time_max_ms: int = 30_000,
+             leader_port: int | None = None) -> dict[str, Any]:
+        """Send a ``replica_role`` control and wait for its ack (returned); ``leader_port`` (the
+        leader's front-end port) only when given."""
+        extra = {} if leader_port is None else {"leader_port": leader_port}
         return self.arbiter.control(0, "replica_role", topic=topic, partition=partition, role=role,
                                     leader_epoch=epoch, leader=leader, leader_address=leader_address,
                                     replicas=replicas, isr=isr, min_insync_replicas=min_insync_replicas,
-                                    replica_lag_time_max_ms=lag_time_max_ms)
+                                    replica_lag_time_max_ms=lag_time_max_ms, **extra)
 
     def call(self, request: Any, timeout_s: float = TIMEOUT_S) -> tuple[Any, Any]:
         return self.arbiter.call(0, request, timeout_s)
@@ -139,6 +142,12 @@ class ReplicaBroker:
     def resume(self) -> None:
         assert self.worker is not None
         self.worker.signal(signal.SIGCONT)
+
+    def stop(self) -> int:
+        """Stop the worker gracefully (SIGTERM), as a broker's stop does; its exit status."""
+        assert self.worker is not None
+        self.worker.signal(signal.SIGTERM)
+        return self.worker.wait()
 
     def kill(self) -> None:
         if self.worker is not None and self.worker.status is None:

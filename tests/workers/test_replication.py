@@ -127,8 +127,8 @@ def test_acks_all_is_refused_below_min_insync_replicas_and_acks_1_still_works(br
 
 def test_a_follower_refuses_clients_naming_the_leader_and_the_leader_fences_stale_epochs(brokers):
     leader, follower = brokers(2)
-    lead(leader, [follower], epoch=4)
-    where = f"the leader is broker 0 at 127.0.0.1:{leader.worker.port} (leader epoch 4)"
+    lead(leader, [follower], epoch=4, leader_port=9092)
+    where = "the leader is broker 0 at 127.0.0.1:9092 (leader epoch 4)"  # its front-end port
     for request in (produce_request(TOPIC, 0, make_batch("a")), fetch_request(TOPIC, 0, 0),
                     protocol.ListOffsetsRequest(TOPIC, 0, protocol.LATEST_TIMESTAMP)):
         header, _response = follower.call(request)
@@ -282,7 +282,7 @@ def test_three_replicas_an_isr_shrink_answers_the_waiting_acks_all_and_below_the
     assert ack["error"] is None
     header, _response = leader.arbiter.response(ApiKey.PRODUCE)
     assert (header.correlation_id, header.error_code) == (waiting, NotEnoughReplicasError.code)
-    assert "stored on the leader but the ISR shrank to 1" in header.error_message
+    assert "the records were appended but the ISR shrank below min_insync_replicas 2" in header.error_message
     header, _response = leader.call(produce_request(TOPIC, 0, make_batch("d"), acks=-1))
     assert header.error_code == NotEnoughReplicasError.code  # refused at once: nothing appended
     header, response = leader.call(produce_request(TOPIC, 0, make_batch("e"), acks=1))
