@@ -1,0 +1,164 @@
+"""A private network of Linux network namespaces for tests that cut links between brokers.
+
+Layout (one :class:`Network`, every name carrying its random ``tag``)::
+
+    root namespace                              namespace hpb-<tag>-<host>
+    bridge hpb<tag>br  10.A.B.1/24  ---[veth hpb<tag>v<i> | eth0]---  10.A.B.(10+i)/24, lo up
+
+The test process and anything it starts normally (ZooKeeper, clients) live in the root namespace
+and reach every host through the bridge; a process started with :meth:`Host.argv` runs inside
+its host's namespace, and may bind only that host's address (and its own loopback).  The subnet
+10.A.B.0/24 is chosen at random among those no route or address of the root namespace touches,
+so nothing here is reachable from, or listens on, an external interface.
+
+:meth:`Network.cut` takes the root side of a host's veth down: the host can then reach nothing
+outside its namespace (neither the bridge's address nor the other hosts), while what runs inside
+it still reaches the host's own address.  :meth:`Network.heal` brings it back.
+
+:func:`unavailable` says why namespaces cannot be made here (not root, no ``ip``, refused), or
+None.  :meth:`Network.close` removes every namespace, veth and bridge this network made, and
+only those, and is safe to call after a partial set-up.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import random
+import shutil
+import subprocess
+import uuid
+from dataclasses import dataclass
+
+__all__ = ["Host", "Network", "unavailable"]
+
+_FIRST_HOST = 10  # host i gets 10.A.B.(10 + i)
+
+
+def _ip(*args: str, namespace: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    argv = ["ip", *(("netns", "exec", namespace, "ip") if namespace else ()), *args]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    if check and result.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {result.returncode}: {result.stderr.strip()}")
+    return result
+
+
+def unavailable() -> str | None:
+    """Why this machine cannot run a :class:`Network` (the exact refusal), or None when it can:
+    a throw-away namespace with a veth pair is made and removed to find out."""
+    if os.geteuid() != 0:
+        return f"network namespaces need root; running as uid {os.geteuid()}"
+    if shutil.which("ip") is None:
+        return "no `ip` command (iproute2) on the PATH"
+    probe = f"hpb-probe-{uuid.uuid4().hex[:8]}"
+    veth = f"hpbp{uuid.uuid4().hex[:8]}"
+    try:
+        for args in (("netns", "add", probe),
+                     ("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", probe)):
+            result = _ip(*args, check=False)
+            if result.returncode != 0:
+                return f"`ip {' '.join(args)}` refused: {result.stderr.strip()}"
+        return None
+    finally:
+        _ip("link", "del", veth, check=False)
+        _ip("netns", "del", probe, check=False)
+
+
+def _free_subnet() -> ipaddress.IPv4Network:
+    taken = []
+    for args in (("-4", "-o", "addr", "show"), ("-4", "route", "show", "table", "all")):
+        for word in _ip(*args).stdout.split():
+            try:
+                taken.append(ipaddress.ip_network(word, strict=False))
+            except ValueError:
+                continue
+    for _ in range(100):
+        subnet = ipaddress.ip_network(f"10.{random.randint(128, 254)}.{random.randint(0, 255)}.0/24")
+        if not any(subnet.overlaps(other) for other in taken if other.prefixlen > 0):
+            return subnet
+    raise RuntimeError("no free 10.x.y.0/24 subnet")
+
+
+@dataclass(frozen=True)
+class Host:
+    """One network namespace on the bridge."""
+
+    name: str
+    namespace: str
+    veth: str  # the root namespace's end of the pair (the one :meth:`Network.cut` takes down)
+    address: str
+
+    def argv(self, *command: str) -> list[str]:
+        """``command`` run inside this host's namespace (``ip netns exec`` execs it: same pid)."""
+        return ["ip", "netns", "exec", self.namespace, *command]
+
+
+class Network:
+    """A bridge and namespaces on a private /24 (module docstring).  Use as a context manager or
+    call :meth:`close`."""
+
+    def __init__(self) -> None:
+        self.tag = uuid.uuid4().hex[:6]
+        self.hosts: dict[str, Host] = {}
+        self._namespaces: list[str] = []
+        self._links: list[str] = []  # root-namespace interfaces made here, bridge last
+        self.bridge = f"hpb{self.tag}br"
+        subnet = _free_subnet()
+        self.prefixlen = subnet.prefixlen
+        addresses = list(subnet.hosts())
+        self.gateway = str(addresses[0])  # the bridge's (root namespace's) address
+        self._addresses = addresses
+        try:
+            _ip("link", "add", self.bridge, "type", "bridge")
+            self._links.append(self.bridge)
+            _ip("addr", "add", f"{self.gateway}/{self.prefixlen}", "dev", self.bridge)
+            _ip("link", "set", self.bridge, "up")
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> Network:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def add_host(self, name: str) -> Host:
+        """A new namespace ``hpb-<tag>-<name>`` joined to the bridge, its loopback up."""
+        index = len(self.hosts)
+        host = Host(name, f"hpb-{self.tag}-{name}", f"hpb{self.tag}v{index}",
+                    str(self._addresses[_FIRST_HOST - 1 + index]))
+        _ip("netns", "add", host.namespace)
+        self._namespaces.append(host.namespace)
+        _ip("link", "add", host.veth, "type", "veth", "peer", "name", "eth0", "netns", host.namespace)
+        self._links.insert(0, host.veth)
+        _ip("link", "set", host.veth, "master", self.bridge, "up")
+        _ip("addr", "add", f"{host.address}/{self.prefixlen}", "dev", "eth0", namespace=host.namespace)
+        _ip("link", "set", "eth0", "up", namespace=host.namespace)
+        _ip("link", "set", "lo", "up", namespace=host.namespace)
+        self.hosts[name] = host
+        return host
+
+    def cut(self, name: str) -> None:
+        """Cut ``name`` off from everything outside its namespace."""
+        _ip("link", "set", self.hosts[name].veth, "down")
+
+    def heal(self, name: str) -> None:
+        """Undo :meth:`cut`."""
+        _ip("link", "set", self.hosts[name].veth, "up")
+
+    def close(self) -> None:
+        """Remove what this network made (veths, then the bridge, then the namespaces)."""
+        errors = []
+        for link in self._links:
+            result = _ip("link", "del", link, check=False)
+            if result.returncode != 0 and "Cannot find device" not in result.stderr:
+                errors.append(result.stderr.strip())
+        self._links.clear()
+        for namespace in self._namespaces:
+            result = _ip("netns", "del", namespace, check=False)
+            if result.returncode != 0:
+                errors.append(result.stderr.strip())
+        self._namespaces.clear()
+        if errors:
+            raise RuntimeError("cleaning up the test network: " + "; ".join(errors))
