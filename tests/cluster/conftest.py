@@ -114,6 +114,20 @@ class Cluster:
             topic, partitions, entries, replication_factor=replication_factor), timeout_s=40)
         assert header.error_code == 0, header.error_message
 
+    def controller(self) -> int | None:
+        """The broker id of the active controller, read from ZooKeeper (None when there is none)."""
+        from hpbroker.coord.controller import read_controller
+        from hpbroker.coord.paths import ZkPaths
+
+        zk = KazooClient(self.connect)
+        zk.start(timeout=10)
+        try:
+            found = read_controller(zk, ZkPaths())
+        finally:
+            zk.stop()
+            zk.close()
+        return None if found is None else found[0]
+
     def partition_dir(self, broker_id: int, topic: str, partition: int) -> Path:
         return self.tmp_path / f"data-{broker_id}" / f"{topic}-{partition}"
 
