@@ -32,8 +32,10 @@ How records flow, per partition::
   missing segment) are raised as DamagedRangeError, which says where reading can go on; with
   ``skip_damaged_ranges`` the consumer goes on there by itself, logging what it skipped and
   counting it in :attr:`Consumer.damaged_records_skipped`.
-- **Faults.**  A lost connection is re-opened and the fetch sent again from the position, so a
-  broker restart costs at most a re-fetch, never a record.  Failures back off from
+- **Faults.**  A lost connection (or a data port not reachable, or an answer overdue) is dropped;
+  the metadata is asked again where the partition is served (in a cluster another broker may
+  lead it now) and the fetch sent again from the position, so a broker restart or a failover
+  costs at most a re-fetch, never a record.  Failures back off from
   ``retry_backoff_ms`` up to ``retry_backoff_max_ms``; a partition that has failed for
   ``reconnect_timeout_ms`` raises BrokerNotAvailableError (or the broker's last error), with the
   attempts and seconds.
@@ -626,7 +628,7 @@ class Consumer:
                 elif isinstance(error, UnknownTopicOrPartitionError) or not error.retriable:
                     state.error = error
                 else:
-                    self._failed(state, error)
+                    self._failed(state, type(error)(f"{state.tp}: no metadata: {error.message}"))
         return bool(settled)
 
     # --- fetching -----------------------------------------------------------------------------
@@ -642,8 +644,7 @@ class Consumer:
             if fetcher is not None and fetcher.in_flight:
                 if fetcher.overdue(now):
                     waiting_for = fetcher.waiting_for()
-                    fetcher.disconnect()
-                    self._failed(state, RequestTimedOutError(
+                    self._connection_failed(state, RequestTimedOutError(
                         f"no answer from {fetcher.host}:{fetcher.port} to {waiting_for}"))
                 continue
             try:
@@ -657,7 +658,7 @@ class Consumer:
                     fetcher.fetch(state.position)
             except OSError as e:
                 where = f"{fetcher.host}:{fetcher.port}" if fetcher is not None else "?"
-                self._failed(state, BrokerNotAvailableError(
+                self._connection_failed(state, BrokerNotAvailableError(
                     f"data port {where} serving {state.tp} is not reachable: {e}"))
             except HPBrokerError as e:
                 if isinstance(e, UnknownTopicOrPartitionError) or not e.retriable:
@@ -693,7 +694,7 @@ class Consumer:
         try:
             completed = fetcher.receive()
         except (OSError, HPBrokerError) as e:
-            self._failed(state, BrokerNotAvailableError(
+            self._connection_failed(state, BrokerNotAvailableError(
                 f"lost the data connection to {fetcher.host}:{fetcher.port} waiting for {waiting_for}: {e}"))
             return
         if completed is None:
@@ -776,6 +777,16 @@ class Consumer:
             self._failed(state, error)
         else:
             state.error = error
+
+    def _connection_failed(self, state: _PartitionState, error: HPBrokerError) -> None:
+        """The partition's data port is unreachable, its connection was lost or its answer is
+        overdue: drop the connection and back off; the next attempt asks the metadata where the
+        partition is served first (in a cluster its leader may be gone, and another one leads it)."""
+        if state.fetcher is not None:
+            state.fetcher.close()
+            state.fetcher = None
+        state.refresh_metadata = True
+        self._failed(state, error)
 
     def _failed(self, state: _PartitionState, error: HPBrokerError) -> None:
         """A retriable failure: back off, or give up once failing for ``reconnect_timeout_ms``."""
