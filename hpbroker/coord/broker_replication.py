@@ -200,8 +200,12 @@ class BrokerReplication:
         self._emit(StateChanged(topic, partition, state, version))
 
     def _watch(self, name: str, partitions: int) -> None:
-        for partition in range(partitions):
-            self._states.watch(name, partition)
+        try:
+            for partition in range(partitions):
+                self._states.watch(name, partition)  # a partition watched already is left as it is
+        except BaseException:
+            self._watched.discard(name)  # asked again by the loop's next watch_topic (atomic under the GIL)
+            raise
 
     def _done(self, request_id: Any, operation: Callable[[], None]) -> None:
         try:

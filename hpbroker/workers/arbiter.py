@@ -385,7 +385,7 @@ class Arbiter:
                 if topic.replicated:
                     replication.watch_topic(topic.name, topic.partitions)
             frontend.check_new_topics()
-        frontend.leadership.sync()
+        frontend.leadership.sync(time.monotonic())
 
     def _start_producer_ids(self) -> None:
         """Take the first block of producer ids and hand the allocator to the front-end (module
@@ -853,7 +853,8 @@ class Arbiter:
                 elif message.op == "ack":
                     control_id = message.body.get("id")
                     if self._frontend.leadership.owns(control_id):
-                        self._frontend.leadership.acked(slot.index, control_id, message.body.get("error"))
+                        self._frontend.leadership.acked(slot.index, control_id, message.body.get("error"),
+                                                        time.monotonic())
                     else:
                         self._frontend.admin.acked(slot.index, control_id, message.body.get("error"))
                         self._frontend.leadership.mark_dirty()  # an open done: roles may follow

@@ -20,6 +20,8 @@ starts with a one-byte *kind* frame:
       NotLeaderOrFollowerError until its first ``replica_role`` arrives).
     - arbiter -> worker ``{"op": "delete", "id": n, "topic": str}``: close the topic's
       partitions this worker has open and delete their directories.
+    - arbiter -> worker ``{"op": "remove", "id": n, "topic": str, "partitions": [int, ...]}``:
+      close these partitions and delete their directories (replicas moved to other brokers).
     - arbiter -> worker ``{"op": "replica_role", "id": n, "topic": t, "partition": p, "role":
       "leader" | "follower" | "none", "leader_epoch": E, "leader": broker_id (-1: none),
       "leader_address": [host, data_port] | null, "replicas": [broker_id, ...], "isr":

@@ -45,6 +45,7 @@ __all__ = ["LeaderLocation", "Leadership", "Role"]
 logger = logging.getLogger(__name__)
 
 ROLE_ID_PREFIX = "role-"  # the ids of replica_role controls, told apart from TopicAdmin's integers
+RESEND_AFTER_S = 1.0  # a role a worker refused is sent again this long after
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +105,7 @@ class Leadership:
         self._ids = itertools.count(1)
         self._dirty = True
         self._last_cluster: object = None
+        self._resend_at: float | None = None  # monotonic: a refused role is sent again then
 
     # --- states ------------------------------------------------------------------------------
 
@@ -179,11 +181,14 @@ class Leadership:
         return Role("follower", state.leader_epoch, state.leader, address, replicas, state.isr, min_isr, lag,
                     where.port if where is not None else None)
 
-    def sync(self) -> None:
+    def sync(self, now: float) -> None:
         """Send every serving slot the roles it lacks (cheap when nothing changed)."""
         cluster = self._cluster()
         if cluster is not self._last_cluster:  # a leader's registration may have changed
             self._last_cluster = cluster
+            self._dirty = True
+        if self._resend_at is not None and now >= self._resend_at:
+            self._resend_at = None
             self._dirty = True
         if not self._dirty:
             return
@@ -191,8 +196,10 @@ class Leadership:
         for slot in range(self._slots):
             if not self._is_serving(slot):
                 continue
-            sent = self._sent[slot]
-            for key in sorted(self._assigned(slot)):
+            sent, assigned = self._sent[slot], self._assigned(slot)
+            for key in [k for k in sent if k not in assigned]:  # removed (a replica moved away)
+                del sent[key]
+            for key in sorted(assigned):
                 topic = self._topic(key[0])
                 if topic is None or not topic.replicated or topic.deleting:
                     continue
@@ -222,14 +229,16 @@ class Leadership:
     def owns(control_id: object) -> bool:
         return isinstance(control_id, str) and control_id.startswith(ROLE_ID_PREFIX)
 
-    def acked(self, slot: int, control_id: str, error: object) -> None:
-        """A worker's ack of a ``replica_role``: a refused role is sent again at the next change
-        of anything roles depend on (:meth:`mark_dirty`), unless a newer one went since."""
+    def acked(self, slot: int, control_id: str, error: object, now: float) -> None:
+        """A worker's ack of a ``replica_role``: a refused role is sent again after
+        :data:`RESEND_AFTER_S` (or at the next change), unless a newer one went since."""
         entry = self._in_flight.pop(control_id, None)
         if entry is None or error is None:
             return
         _, key, role = entry
-        logger.warning("[arbiter] slot %d refused the %s role of %s-%d in leader epoch %d: %s", slot,
-                       role.role, key[0], key[1], role.leader_epoch, error)
+        logger.warning("[arbiter] slot %d refused the %s role of %s-%d in leader epoch %d: %s; sent again "
+                       "in %g s", slot, role.role, key[0], key[1], role.leader_epoch, error, RESEND_AFTER_S)
         if self._sent[slot].get(key) == role:
             del self._sent[slot][key]
+            if self._resend_at is None:
+                self._resend_at = now + RESEND_AFTER_S

@@ -662,6 +662,26 @@ class PartitionSet:
                 logger.info("[%s] deleted with its topic", partition.log.name)
         return errors
 
+    def remove(self, topic: str, partition: int) -> list[str]:
+        """Close one partition and delete its directory: a replica moved to other brokers; the
+        errors met, if any."""
+        key = (topic, partition)
+        directory = partition_directory(self._data_dir, topic, partition)
+        self._unavailable.pop(key, None)
+        opened = self._by_key.pop(key, None)
+        if opened is not None:
+            opened.fail_waiters(UnknownTopicOrPartitionError(f"{topic}-{partition} moved to other brokers"))
+            opened.close()
+            directory = opened.log.directory
+        try:
+            if os.path.isdir(directory):
+                _remove_directory(directory)
+        except OSError as e:
+            logger.error("[%s-%d] deleting %s failed: %s", topic, partition, directory, e)
+            return [f"{topic}-{partition}: {e}"]
+        logger.info("[%s-%d] replica removed: it moved to other brokers", topic, partition)
+        return []
+
     def complete_done_flushes(self) -> None:
         for partition in self._flusher.take_done():
             if self._by_key.get((partition.topic, partition.partition)) is partition:

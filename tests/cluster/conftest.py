@@ -154,12 +154,31 @@ class Cluster:
         assert not failures, "\n".join(failures)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed:
+        item.cluster_test_failed = True
+
+
+def _show_broker_logs(tmp_path: Path) -> None:
+    """After a failure: each broker log's warnings and errors, in the test's report (teardown output)."""
+    for log in sorted(tmp_path.glob("broker-*.log")):
+        lines = [line for line in log.read_text(errors="replace").splitlines()
+                 if " WARNING " in line or " ERROR " in line]
+        print(f"--- {log.name}: {len(lines)} warnings and errors, the last 40:")
+        print("\n".join(lines[-40:]))
+
+
 @pytest.fixture
-def cluster(tmp_path, zookeeper, chroot):
+def cluster(request, tmp_path, zookeeper, chroot):
     """A :class:`Cluster` (no broker started yet); every broker is stopped at the end and must exit 0."""
     made = Cluster(tmp_path, zookeeper.connect_string + chroot,
                    {"zookeeper_session_timeout_ms": 4000, "replica_lag_time_max_ms": 3000})
     try:
         yield made
     finally:
+        if getattr(request.node, "cluster_test_failed", False):
+            _show_broker_logs(tmp_path)
         made.close()

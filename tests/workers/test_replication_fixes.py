@@ -236,7 +236,7 @@ def test_the_arbiter_sends_followers_the_leaders_front_end_port_and_a_changed_mi
                             assigned=lambda slot: {(TOPIC, 0)}, topic=lambda name: topic,
                             is_serving=lambda slot: True, cluster=lambda: cluster)
     leadership.on_state(TOPIC, 0, PartitionState(leader=2, leader_epoch=3, isr=(2, 1), controller_epoch=1))
-    leadership.sync()
+    leadership.sync(0.0)
     (body,) = sent
     assert (body["role"], body["leader_address"], body["leader_port"]) == ("follower", ["10.0.0.2", 9300],
                                                                             9092)
@@ -245,5 +245,26 @@ def test_the_arbiter_sends_followers_the_leaders_front_end_port_and_a_changed_mi
 
     topic.config["min_insync_replicas"] = 2  # the topic altered: the same epoch, a new role
     leadership.mark_dirty()
-    leadership.sync()
+    leadership.sync(0.0)
     assert [b["min_insync_replicas"] for b in sent] == [1, 2]
+
+
+def test_the_arbiter_sends_a_refused_role_again_after_a_second(tmp_path):
+    sent: list[dict] = []
+    topic = Topic(TOPIC, 1, {}, replicas={0: (1, 2)})
+    config = BrokerConfig(data_dir=str(tmp_path), broker_id=1, workers=1)
+    cluster = ClusterSnapshot()
+    leadership = Leadership(config, 1, send_control=lambda _slot, op, body: sent.append(body) or True,
+                            assigned=lambda slot: {(TOPIC, 0)}, topic=lambda name: topic,
+                            is_serving=lambda slot: True, cluster=lambda: cluster)
+    leadership.on_state(TOPIC, 0, PartitionState(leader=1, leader_epoch=0, isr=(1, 2), controller_epoch=1))
+    leadership.sync(10.0)
+    assert len(sent) == 1
+    leadership.acked(0, sent[0]["id"], "ValueError: the partition is not open yet", 10.0)
+    leadership.sync(10.5)
+    assert len(sent) == 1  # not at once: a worker refusing again must not be flooded
+    leadership.sync(11.0)
+    assert len(sent) == 2 and sent[1]["role"] == "leader" and sent[1]["id"] != sent[0]["id"]
+    leadership.acked(0, sent[1]["id"], None, 11.0)
+    leadership.sync(20.0)
+    assert len(sent) == 2  # taken: nothing more
