@@ -213,9 +213,9 @@ def test_refused_changes_change_nothing_and_say_why(tmp_path, broker, capsys):
     assert main(["topics", "alter", TOPIC, "--retention-ms", "-1", "--flush-fsync", "false", *bootstrap]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"altered topic {TOPIC}: retention_ms=-1, flush_fsync=false\n")
-    assert "settings: flush_fsync=false, retention_ms=-1" in out
+    assert "Configs: flush_fsync=false,retention_ms=-1\n" in out
     assert main(["topics", "alter", TOPIC, "--reset", "flush_fsync", *bootstrap]) == 0
-    assert "settings: retention_ms=-1" in capsys.readouterr().out
+    assert "Configs: retention_ms=-1\n" in capsys.readouterr().out
     assert main(["topics", "alter", TOPIC, "--segment-bytes", "1", *bootstrap]) == 1
     assert "invalid configuration: topic config: segment_bytes must be in" in capsys.readouterr().err
     assert main(["topics", "alter", TOPIC, *bootstrap]) == 1

@@ -117,12 +117,13 @@ def test_without_a_window_nothing_is_counted():
 
 
 class _SilentBroker:
-    """A connection whose every call times out, counting the calls (pure logic of the publisher)."""
+    """The bootstrap broker as the metadata cache asks it: every request times out, counted (pure
+    logic of the publisher)."""
 
     def __init__(self) -> None:
         self.calls = 0
 
-    def call(self, request, timeout_s):
+    def request(self, topics, timeout_s):  # as the producer's metadata cache asks its broker
         from hpbroker.errors import RequestTimedOutError
 
         self.calls += 1
@@ -137,8 +138,8 @@ def test_a_broker_that_does_not_answer_costs_one_lookup_per_backoff_and_keeps_th
     counts.add_records("a", 1500, 3)
     publisher = MonitoringPublisher(counts)
     broker = _SilentBroker()
-    assert publisher.publish(None, None, broker) == 0
-    assert publisher.publish(None, None, broker) == 0  # backing off: no second wait
+    assert publisher.publish(None, broker, None) == 0
+    assert publisher.publish(None, broker, None) == 0  # backing off: no second wait
     assert broker.calls == 1
     [event] = counts.take()
     assert (event.topic, event.record_count) == ("a", 3)
