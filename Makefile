@@ -16,7 +16,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEBIAN_PACKAGES := zookeeper default-jre-headless
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps build test bench bench-long bench-audit run demo lint clean install
+.PHONY: setup system-deps build test bench bench-long bench-replication bench-audit run demo lint clean install
 
 setup: system-deps $(INSTALLED) $(EXT)
 
@@ -45,12 +45,22 @@ test: setup
 # bench: the pytest-benchmark suite, then loadgen's standard scenarios 1-4 against a real broker
 # (bench/scenarios.py; bench/results/scenarios.{json,md}); SCENARIO_ARGS adds flags, e.g. "--repeat 1".
 # bench-long: scenario 5, 10 GB written twice and a raw 10 GB write (about 2 minutes; topics deleted).
+# bench-replication (also the last step of bench): three brokers and a ZooKeeper of their own on this
+# machine (bench/replication.py): replicated acks=all produce against unreplicated acks=1, and failover
+# times (SIGTERM, kill -9 at two ZooKeeper session timeouts); bench/results/replication.{json,md}.
+# REPLICATION_ARGS adds flags, e.g. "--rounds 1 --repeat 1".
 SCENARIO_ARGS ?=
+REPLICATION_ARGS ?=
 bench: setup
 	mkdir -p bench/results
 	$(PY) -m pytest bench --benchmark-only --benchmark-columns=min,median,mean,ops,rounds \
 	  --benchmark-json=bench/results/storage.json -p no:cacheprovider -q $(PYTEST_ARGS)
 	$(PY) -m bench.scenarios $(SCENARIO_ARGS)
+	$(PY) -m bench.replication $(REPLICATION_ARGS)
+
+bench-replication: setup
+	mkdir -p bench/results
+	$(PY) -m bench.replication $(REPLICATION_ARGS)
 
 bench-long: setup
 	mkdir -p bench/results
