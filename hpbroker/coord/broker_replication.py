@@ -164,8 +164,12 @@ class BrokerReplication:
     def delete_topic(self, request_id: Any, name: str) -> None:
         self._jobs.put(lambda: self._done(request_id, lambda: self._delete(name)))
 
-    def propose_isr(self, topic: str, partition: int, leader_epoch: int, isr: tuple[int, ...]) -> None:
-        self._jobs.put(lambda: self._write_isr(topic, partition, leader_epoch, isr))
+    def propose_isr(self, topic: str, partition: int, leader_epoch: int, isr: tuple[int, ...],
+                    from_isr: tuple[int, ...] | None = None) -> None:
+        """``from_isr``: the ISR the leader computed the proposal from; the proposal is written only
+        while ZooKeeper still holds that ISR (a change since, say the controller dropping a dead
+        broker, makes the leader decide again from the new one)."""
+        self._jobs.put(lambda: self._write_isr(topic, partition, leader_epoch, isr, from_isr))
 
     # --- the thread ------------------------------------------------------------------------------
 
@@ -254,7 +258,8 @@ class BrokerReplication:
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist in the cluster")
         logger.info("[replication] deleted topic %s from the cluster", name)
 
-    def _write_isr(self, topic: str, partition: int, leader_epoch: int, isr: tuple[int, ...]) -> None:
+    def _write_isr(self, topic: str, partition: int, leader_epoch: int, isr: tuple[int, ...],
+                   from_isr: tuple[int, ...] | None) -> None:
         found = read_state(self._session, self.paths, topic, partition)
         if found is None:
             return
@@ -262,6 +267,10 @@ class BrokerReplication:
         if state.leader != self.broker_id or state.leader_epoch != leader_epoch:
             logger.info("[replication] dropped the ISR change of %s-%d to %s: the state says leader %d, "
                         "epoch %d", topic, partition, list(isr), state.leader, state.leader_epoch)
+            return
+        if from_isr is not None and tuple(from_isr) != state.isr:
+            logger.info("[replication] dropped the ISR change of %s-%d to %s: it was made from ISR %s, the "
+                        "state holds %s now", topic, partition, list(isr), list(from_isr), list(state.isr))
             return
         # The proposal was made from the ISR the leader knew, which the controller may have cut since
         # (a broker gone): never put back a broker that is not alive.

@@ -43,6 +43,10 @@ def truncate_to(log: PartitionLog, offset: int) -> int:
     crash safety included); returns the new log end.  Raises OSError."""
     log._flush_pending(fsync=True)
     if offset >= log._log_end_offset:
+        # Nothing to cut, but an epoch begun at the log end holds no record (a leader that
+        # appended nothing in it): it goes, as in Kafka's truncateTo, or a follower would keep
+        # fetching with it as its last epoch and be told to truncate here forever.
+        log._leader_epochs.truncate_from_end(log._log_end_offset)
         return log._log_end_offset
     i = bisect.bisect_right(log._bases, offset) - 1
     segment, later = log._segments[i], log._segments[i + 1:]

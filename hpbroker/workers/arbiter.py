@@ -872,14 +872,18 @@ class Arbiter:
         new state comes back as a role."""
         topic, partition, epoch, isr = body.get("topic"), body.get("partition"), body.get("leader_epoch"), \
             body.get("isr")
+        from_isr = body.get("from_isr")
         if not (isinstance(topic, str) and isinstance(partition, int) and isinstance(epoch, int)
-                and isinstance(isr, list) and all(isinstance(b, int) for b in isr)):
+                and isinstance(isr, list) and all(isinstance(b, int) for b in isr)
+                and (from_isr is None
+                     or isinstance(from_isr, list) and all(isinstance(b, int) for b in from_isr))):
             raise ValueError(f"isr_change needs topic, partition, leader_epoch and isr, got {body!r}")
         if self._replication is None:
             logger.warning("[arbiter] slot %d proposed ISR %s for %s-%d without ZooKeeper; ignored",
                            slot.index, isr, topic, partition)
             return
-        self._replication.propose_isr(topic, partition, epoch, tuple(isr))
+        self._replication.propose_isr(topic, partition, epoch, tuple(isr),
+                                      tuple(from_isr) if from_isr is not None else None)
 
     def _tick(self) -> None:
         """Reap, check liveness and deadlines.  At most every few ms: it stats heartbeat files."""

@@ -37,9 +37,10 @@ starts with a one-byte *kind* frame:
       updates the ISR, ``min_insync_replicas`` and ``replica_lag_time_max_ms`` (the arbiter
       sends it again when any of them changed).  A partition never given a role is unreplicated.
     - worker -> arbiter ``{"op": "isr_change", "topic": t, "partition": p, "leader_epoch": E,
-      "isr": [broker_id, ...]}``: the leader of a partition proposes a new ISR (a follower fell
-      ``replica_lag_time_max_ms`` behind, or caught up); not acknowledged: the arbiter writes it
-      to ZooKeeper with a conditional update and the state written comes back as a
+      "isr": [broker_id, ...], "from_isr": [broker_id, ...]}``: the leader of a partition proposes
+      a new ISR (a follower fell ``replica_lag_time_max_ms`` behind, or caught up), computed from
+      the ISR ``from_isr``; not acknowledged: the arbiter writes it to ZooKeeper with a conditional
+      update, only while the state still holds ``from_isr``, and the state written comes back as a
       ``replica_role`` of the same epoch.  At most one proposal per partition is outstanding;
       the leader proposes it again when no such role arrived within 5 s.
     - worker -> arbiter ``{"op": "ready", "slot": s, "pid": p}``: every partition the worker was

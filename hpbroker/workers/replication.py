@@ -583,7 +583,8 @@ class Replication:
         logger.info("[%s] proposes ISR %s (now %s, leader epoch %d)", role.name, list(proposal),
                     list(leader.state.isr), role.leader_epoch)
         self._send_control("isr_change", topic=role.topic, partition=role.partition,
-                           leader_epoch=role.leader_epoch, isr=list(proposal))
+                           leader_epoch=role.leader_epoch, isr=list(proposal),
+                           from_isr=list(leader.state.isr))
 
     # --- the follower --------------------------------------------------------------------------
 
@@ -613,6 +614,8 @@ class Replication:
         follower = partition.replica
         if not isinstance(follower, FollowerReplica) or not follower.in_flight:
             return None
+        if follower.fetcher is not None and follower.fetcher.in_flight(topic, partition_id):
+            return None  # news of an earlier fetch (lost before a role reused the fetcher): not this one
         return partition, follower
 
     def _on_lost(self, topic: str, partition_id: int) -> None:
@@ -672,7 +675,11 @@ class Replication:
             logger.warning("[%s] diverges from the leader (broker %d): its epoch %d ends at %d; truncating "
                            "from %d to %d", role.name, role.leader, response.diverging_epoch,
                            response.diverging_end_offset, log.log_end_offset, offset)
+            before = (log.log_end_offset, log.leader_epochs.latest_epoch)
             log.truncate_to(offset)
+            if (log.log_end_offset, log.leader_epochs.latest_epoch) == before:
+                follower.failed(now)  # nothing changed: asking again at once would loop
+                return False
             return True
         if not len(response.payload):
             return True

@@ -83,6 +83,20 @@ def test_truncate_to_the_log_end_changes_nothing(open_log):
     assert (log.log_end_offset, log.segment_count) == (end, count) and read_all(log) == stored(sent)
 
 
+def test_truncate_to_the_log_end_drops_an_epoch_begun_there_without_a_record(open_log, log_dir):
+    """A broker that led in epoch 1 without appending, then follows: the leader tells it to
+    truncate to its own log end; the empty epoch must go, or its next fetch names it again."""
+    log = open_log()
+    log.append(make_batch(2))
+    log.flush()
+    log.begin_leader_epoch(1)
+    assert log.leader_epochs.entries == [(0, 0), (1, 2)]
+    assert log.truncate_to(log.log_end_offset) == 2
+    assert log.leader_epochs.entries == [(0, 0)] and log.leader_epochs.latest_epoch == 0
+    with open(os.path.join(log_dir, LEADER_EPOCH_FILE_NAME)) as f:
+        assert f.read() == "0\n1\n0 0\n"
+
+
 def test_truncate_inside_a_batch_cuts_the_whole_batch(open_log):
     log = open_log()
     sent = fill(log, 5, records=3)
