@@ -272,13 +272,16 @@ class BrokerReplication:
             logger.info("[replication] dropped the ISR change of %s-%d to %s: it was made from ISR %s, the "
                         "state holds %s now", topic, partition, list(isr), list(from_isr), list(state.isr))
             return
-        # The proposal was made from the ISR the leader knew, which the controller may have cut since
-        # (a broker gone): never put back a broker that is not alive.
+        # Never add a broker that is not alive, nor one that is no longer a replica (a reassignment
+        # dropped it since the leader proposed).
         live = set(self._brokers.ids())
-        dropped = [b for b in isr if b not in live and b not in state.isr]
-        isr = tuple(b for b in isr if b in live or b in state.isr)
+        registration = self._topics.get(topic)
+        replicas = set(registration.replicas.get(partition, ())) if registration is not None else set()
+        dropped = [b for b in isr if b not in state.isr and (b not in live or b not in replicas)]
+        isr = tuple(b for b in isr if b not in dropped)
         if dropped:
-            logger.info("[replication] %s-%d: not adding %s to the ISR: not alive", topic, partition, dropped)
+            logger.info("[replication] %s-%d: not adding %s to the ISR: not alive, or not a replica any more",
+                        topic, partition, dropped)
         if self.broker_id not in isr or state.isr == isr:
             return
         new = PartitionState(self.broker_id, leader_epoch, isr, state.controller_epoch)

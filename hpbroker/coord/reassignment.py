@@ -8,9 +8,12 @@ follows it too, ``hpbroker.coord.controller``)::
     1. replicas := target + (current - target)     the new brokers open the partition and follow
                                                    its leader; the leader counts them as replicas
     2. wait until every target broker is in the ISR
-    3. replicas := target                          the controller elects a leader among the target
-                                                   (if the leader moved away) and drops the old
-                                                   brokers from the ISR; they delete their copies
+    3. replicas := target                          (one transaction with a check that each state
+                                                   is still the one seen in step 2) the controller
+                                                   elects a leader among the target (if the leader
+                                                   moved away) and drops the old brokers from the
+                                                   ISR; they delete their copies once the state no
+                                                   longer names them
     4. wait until the leader and the whole ISR are target brokers
 
 Each step is a conditional write of the topic node (a concurrent change of settings is kept), and
@@ -32,7 +35,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NoNodeError
+from kazoo.exceptions import BadVersionError, NoNodeError, RolledBackError, RuntimeInconsistency
 
 from hpbroker.coord.partition_state import PartitionState, read_state
 from hpbroker.coord.paths import ZkPaths
@@ -112,43 +115,74 @@ class Reassignment:
         they take longer than ``timeout_s``: run it again to go on."""
         deadline = time.monotonic() + timeout_s
         self._write(lambda current, target: (*target, *(b for b in current if b not in target)))
-        self._wait(deadline, "the new replicas to join the ISR", self._caught_up)
-        self._write(lambda current, target: target)
+        while True:
+            seen = self._wait(deadline, "the new replicas to join the ISR", self._caught_up)
+            # Only while every state still is the one seen caught up (one transaction): a new
+            # replica dropping out of the ISR meanwhile must not leave the partition to replicas
+            # that have none of its records.
+            if self._write(lambda current, target: target, states=seen):
+                break
+            self._progress(f"{self.topic}: an ISR changed meanwhile; checking again")
         self._wait(deadline, "the leaders and ISRs to leave the old replicas", self._settled)
         self._progress(f"{self.topic}: done; replicas " + ", ".join(
             f"{p}={','.join(map(str, t))}" for p, t in sorted(self.targets.items())))
 
-    def _write(self, replicas_of: Callable[[tuple[int, ...], tuple[int, ...]], tuple[int, ...]]) -> None:
+    def _write(self, replicas_of: Callable[[tuple[int, ...], tuple[int, ...]], tuple[int, ...]], *,
+               states: Mapping[int, int] | None = None) -> bool:
+        """Rewrite the topic node's replicas; with ``states`` (partition -> state node version),
+        in one transaction that also checks those versions: False, nothing written, when one of
+        them changed."""
         while True:
             registration, version = self._read_topic()
             replicas = dict(registration.replicas)
             for partition, target in self.targets.items():
                 replicas[partition] = tuple(replicas_of(registration.replicas[partition], target))
             if replicas == dict(registration.replicas):
-                return
-            updated = dataclasses.replace(registration, replicas=replicas)
-            try:
-                self._client.set(self.paths.topic(self.topic), encode_topic(updated), version=version)
-            except BadVersionError:
-                continue  # changed meanwhile (settings): apply to the new node
-            except NoNodeError:
-                raise UnknownTopicOrPartitionError(f"topic {self.topic!r} was deleted") from None
+                return True
+            data = encode_topic(dataclasses.replace(registration, replicas=replicas))
+            path = self.paths.topic(self.topic)
+            if states is None:
+                try:
+                    self._client.set(path, data, version=version)
+                except BadVersionError:
+                    continue  # changed meanwhile (settings): apply to the new node
+                except NoNodeError:
+                    raise UnknownTopicOrPartitionError(f"topic {self.topic!r} was deleted") from None
+            else:
+                txn = self._client.transaction()
+                for partition, state_version in sorted(states.items()):
+                    txn.check(self.paths.partition_state(self.topic, partition), state_version)
+                txn.set_data(path, data, version=version)
+                results = txn.commit()
+                failed = [r for r in results if isinstance(r, Exception)
+                          and not isinstance(r, (RolledBackError, RuntimeInconsistency))]
+                if failed:
+                    if isinstance(results[-1], BadVersionError) and len(failed) == 1:
+                        continue  # only the topic node changed (settings): apply to the new one
+                    if isinstance(results[-1], NoNodeError):
+                        raise UnknownTopicOrPartitionError(f"topic {self.topic!r} was deleted")
+                    return False
             self._progress(f"{self.topic}: replicas " + ", ".join(
                 f"{p}={','.join(map(str, replicas[p]))}" for p in sorted(self.targets)))
-            return
+            return True
 
-    def _wait(self, deadline: float, what: str, done: Callable[[int, PartitionState], str | None]) -> None:
+    def _wait(self, deadline: float, what: str,
+              done: Callable[[int, PartitionState], str | None]) -> dict[int, int]:
+        """Poll the states until ``done`` says nothing is pending; the versions of the states that
+        satisfied it."""
         last = ""
         while True:
-            pending = []
+            pending, versions = [], {}
             for partition in sorted(self.targets):
                 found = read_state(self._client, self.paths, self.topic, partition)
                 waiting = (f"partition {partition} has no state yet" if found is None
                            else done(partition, found[0]))
                 if waiting:
                     pending.append(waiting)
+                elif found is not None:
+                    versions[partition] = found[1]
             if not pending:
-                return
+                return versions
             report = f"{self.topic}: waiting for {what}: " + "; ".join(pending)
             if report != last:
                 self._progress(report)

@@ -31,7 +31,7 @@ workers in step with it without ever blocking the arbiter's loop:
 - **Moved replicas.**  When a replicated topic's assignment changes (:meth:`TopicAdmin.move_replicas`,
   a reassignment), the replicas newly naming this broker are opened like a creation's, and a slot
   whose process holds a replica no longer naming it is sent ``remove`` (close it, delete its
-  directory).
+  directory) once the partition's state names this broker neither leader nor in-sync replica.
 - **Deletion.**  The topic is marked ``deleting`` in the store and disappears from the clients'
   view at once; every owning slot is sent ``delete`` (a slot that is down gets it when it is
   ready again, its new process having been given the partitions so that it can delete them), and
@@ -92,13 +92,17 @@ class TopicAdmin:
 
     def __init__(self, store: TopicStore, slots: int, *, send_control: SendControl, reply: Reply,
                  is_serving: Callable[[int], bool], timeout_s: float, max_connections: int = 1024,
-                 broker_id: int = 0) -> None:
+                 broker_id: int = 0, released: Callable[[str, int], bool] = lambda topic, partition: True,
+                 ) -> None:
         """``max_connections``: the workers' limit on data connections, whose descriptors are
         kept out of the partitions' share (``hpbroker.broker.descriptors``).  ``broker_id``: this
         broker, which stores only the partitions of a replicated topic that name it among their
-        replicas (:meth:`Topic.hosts`)."""
+        replicas (:meth:`Topic.hosts`).  ``released(topic, partition)``: whether a replica moved
+        away from this broker may be removed now (the partition's state names it neither leader nor
+        in-sync replica any more: until then its records may be the only copy of some)."""
         self._store = store
         self._broker_id = broker_id
+        self._released = released
         self._max_connections = max_connections
         self._slots = slots
         self._send_control = send_control
@@ -196,7 +200,10 @@ class TopicAdmin:
         for name, number in self._assigned[slot]:
             topic = self._store.get(name)
             if topic is not None and not topic.deleting and not topic.hosts(number, self._broker_id):
-                moved.setdefault(name, []).append(number)
+                if self._released(name, number):
+                    moved.setdefault(name, []).append(number)
+                else:
+                    sent = False  # kept until the state lets it go: expire() looks again
         for name, numbers in sorted(moved.items()):
             if self._control(slot, "remove", {"topic": name, "partitions": sorted(numbers)}, {name: {}}):
                 self._assigned[slot] -= {(name, number) for number in numbers}

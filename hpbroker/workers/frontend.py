@@ -125,7 +125,8 @@ class Frontend:
         self.error_counts: dict[tuple[int, int], int] = {}
         self.admin = TopicAdmin(store, len(slots), send_control=self.send_control, reply=self._answer_waiter,
                                 is_serving=lambda index: slots[index].serving, timeout_s=admin_timeout_s,
-                                max_connections=config.max_connections, broker_id=config.broker_id)
+                                max_connections=config.max_connections, broker_id=config.broker_id,
+                                released=lambda topic, partition: self.leadership.released(topic, partition))
         self._admin_timeout_s = admin_timeout_s
         # Replicated topics (docs/REPLICATION.md): their partition states and the roles they give
         # the slots; ``replication`` writes their nodes in ZooKeeper (set once ZooKeeper is joined).

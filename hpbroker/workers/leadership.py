@@ -131,6 +131,13 @@ class Leadership:
         return all((s := self._states.get((topic.name, p))) is not None and s.has_leader
                    for p in range(topic.partitions))
 
+    def released(self, topic: str, partition: int) -> bool:
+        """Whether this broker's replica of the partition is no longer needed by its state: it is
+        neither the leader nor in the ISR (a replica moved away is removed only then)."""
+        state = self._states.get((topic, partition))
+        broker_id = self._config.broker_id
+        return state is not None and state.leader != broker_id and broker_id not in state.isr
+
     def leader_location(self, topic: str, partition: int) -> LeaderLocation | None:
         """The partition's leader and where it serves the partition; None while it has no leader
         or its registration is not seen."""

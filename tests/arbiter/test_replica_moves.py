@@ -1,0 +1,48 @@
+"""TopicAdmin when a replicated topic's replicas move (a reassignment), without processes: the
+replicas newly naming this broker open, and one moved away is removed only once the partition's
+state has let this broker go (neither leader nor in the ISR)."""
+
+from __future__ import annotations
+
+from hpbroker.broker.topics import TopicStore
+from hpbroker.workers.admin import RETRY_INTERVAL_S, TopicAdmin
+from hpbroker.workers.ownership import owner_slot
+
+SLOTS = 2
+BROKER = 1
+
+
+def test_a_replica_moved_away_is_removed_only_once_the_state_lets_the_broker_go(tmp_path):
+    store = TopicStore(tmp_path)
+    sent: list[tuple[int, str, dict]] = []
+    held = {"still": True}
+
+    def send(slot, op, body):
+        sent.append((slot, op, body))
+        return True
+
+    admin = TopicAdmin(store, SLOTS, send_control=send,
+                       reply=lambda waiter, error: None, is_serving=lambda slot: True, timeout_s=10,
+                       broker_id=BROKER, released=lambda topic, partition: not held["still"])
+    for slot in range(SLOTS):
+        admin.assign(slot)
+        admin.slot_ready(slot)
+    admin.create(None, "moving", 1, {}, now=0, replicas={0: (1, 2)})
+    slot = owner_slot("moving", 0, SLOTS)
+    assert [(s, op) for s, op, _ in sent] == [(slot, "open")]
+    assert sent[0][2]["partitions"][0]["replicated"] is True
+    sent.clear()
+
+    admin.move_replicas("moving", {0: (2, 3)})  # broker 1 is no longer a replica
+    assert sent == []  # the state still names broker 1 (leader or in-sync): its records stay
+    admin.expire(RETRY_INTERVAL_S + 1)
+    assert sent == []
+    held["still"] = False  # the controller moved on
+    admin.expire(2 * RETRY_INTERVAL_S + 2)
+    removes = [(s, op, body["topic"], body["partitions"]) for s, op, body in sent]
+    assert removes == [(slot, "remove", "moving", [0])]
+    assert ("moving", 0) not in admin.assigned(slot)
+
+    sent.clear()
+    admin.move_replicas("moving", {0: (1, 2)})  # and back: opened again
+    assert [(s, op) for s, op, _ in sent] == [(slot, "open")]
