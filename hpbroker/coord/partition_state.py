@@ -275,7 +275,9 @@ class PartitionStateWatch:
         self._closed = False
 
     def watch(self, topic: str, partition: int) -> None:
-        """Start watching the partition's state; a partition already watched is left as it is."""
+        """Start watching the partition's state; a partition already watched is left as it is.
+        When starting the watch fails (ZooKeeper unreachable) the error is raised and the
+        partition is not watched: a later call tries again."""
         path = self.paths.partition_state(topic, partition)
         key, token = (topic, partition), object()
         with self._lock:
@@ -286,7 +288,13 @@ class PartitionStateWatch:
         def deliver(data: bytes | None, stat: ZnodeStat | None) -> None:
             self._on_change(topic, partition, *self._decoded(path, data, stat))
 
-        handle = watch_data(self._client, path, deliver)
+        try:
+            handle = watch_data(self._client, path, deliver)
+        except BaseException:
+            with self._lock:  # free the key: a later watch() tries again
+                if self._watches.get(key) is token:
+                    del self._watches[key]
+            raise
         with self._lock:
             if self._watches.get(key) is token:
                 self._watches[key] = handle
