@@ -33,9 +33,16 @@ below change, so a missed or merged event is repaired by the next pass):
   ``unclean_leader_election(topic)`` true elects the first live replica (ISR = just it), else the
   partition goes offline (leader -1, leader epoch + 1, the ISR left as its last members so that
   the first of them to return becomes leader);
+- a reassignment dropped the leader but no replica of the new list is in the ISR (the new replica
+  fell behind just before the last step): the leader keeps leading with its ISR, logged at
+  WARNING, until a replica of the list is in the ISR; then leadership moves to it.  A broker that
+  is no longer a replica leaves the ISR only when a replica stays in it: the ISR never loses the
+  only brokers that hold the committed records;
 - a follower gone: the ISR loses it, leader and leader epoch unchanged;
 - a broker that re-registered with a new session (a restart faster than ZooKeeper noticed, seen
-  by the creation zxid of its node) is treated as gone and back;
+  by the creation zxid of its node) is treated as gone and back, once per topic, and never by an
+  unclean election: with the ISR holding just it, the partition goes offline for a moment and it
+  leads again in a new epoch;
 - every ``rebalance_interval_s`` (``auto_leader_rebalance``): a partition whose preferred replica
   (the first of its assignment) is alive, in the ISR and not the leader gets it back as leader
   (leader epoch + 1, ISR unchanged).
@@ -52,7 +59,8 @@ write, one event batch at a time.  Decisions are therefore serial and kazoo's th
 for ZooKeeper.  Brokers and topics are watched with ZooKeeper's one-shot watches, set again by
 each pass's reads: kazoo's re-arming children watch stays silent when a broker's node is replaced
 by an identical name, which is exactly a fast restart.  A failed pass (connection lost) is retried
-on reconnection and at least every :data:`RETRY_S`.
+on reconnection and at least every :data:`RETRY_S`; a topic whose reads or writes fail is logged
+and left for that retry while the pass goes on with the other topics.
 
 Create the controller in the process that uses it, after any ``fork``, on a started session.
 """
@@ -87,6 +95,7 @@ from hpbroker.errors import CoordinationError, HPBrokerError, InvalidConfigError
 __all__ = [
     "RETRY_S",
     "Controller",
+    "awaits_new_replicas",
     "failover_state",
     "initial_state",
     "preferred_state",
@@ -126,21 +135,30 @@ def failover_state(replicas: Sequence[int], state: PartitionState, live: Collect
                    controller_epoch: int, unclean: Callable[[], bool]) -> tuple[PartitionState, str] | None:
     """The state a partition must move to when brokers are gone or back (module docstring), with
     the reason to log; None when it stays.  ``unclean()`` is asked only when no ISR member is
-    alive and another replica is."""
+    alive and another replica is.
+
+    A reassignment's last step can leave the ISR with no member of the new replica list (the new
+    replica fell behind just before): the ISR members that are no longer replicas then hold the
+    only copies of the committed records, so they stay in the ISR and the current leader keeps
+    leading (:func:`awaits_new_replicas`); a non-replica leaves the ISR only when a replica stays
+    in it."""
     alive = [r for r in replicas if r in live]
     if not state.isr:  # never had a leader: it holds no record anywhere
         if not alive:
             return None
         return (PartitionState(alive[0], state.leader_epoch + 1, tuple(alive), controller_epoch),
                 "its first live replica")
-    live_isr = tuple(b for b in state.isr if b in live and b in replicas)
-    if state.leader != NO_LEADER and state.leader in live and state.leader in replicas:
+    live_isr = _live_isr(replicas, state.isr, live)
+    if state.leader != NO_LEADER and state.leader in live and (state.leader in replicas
+                                                               or state.leader in live_isr):
         if live_isr == state.isr:
             return None
         return (PartitionState(state.leader, state.leader_epoch, live_isr, controller_epoch),
                 _gone([b for b in state.isr if b not in live_isr], replicas))
     why = "it had no leader" if state.leader == NO_LEADER else _gone([state.leader], replicas)
-    candidates = [r for r in replicas if r in live_isr]
+    # the first in-sync replica in assignment order; none: an in-sync former replica (it holds
+    # every committed record) until a replica of the new list is in sync
+    candidates = [r for r in replicas if r in live_isr] or list(live_isr)
     if candidates:
         return PartitionState(candidates[0], state.leader_epoch + 1, live_isr, controller_epoch), why
     if alive and unclean():
@@ -150,6 +168,20 @@ def failover_state(replicas: Sequence[int], state: PartitionState, live: Collect
         return None
     return (PartitionState(NO_LEADER, state.leader_epoch + 1, state.isr, controller_epoch),
             f"{why}; no in-sync replica alive and unclean leader election off")
+
+
+def awaits_new_replicas(replicas: Sequence[int], state: PartitionState, live: Collection[int]) -> bool:
+    """Whether the partition is led by a broker that is no longer one of its replicas because no
+    replica of the (reassigned) list is in the ISR yet: leadership moves once one is."""
+    return (state.leader != NO_LEADER and state.leader not in replicas and state.leader in live
+            and state.leader in state.isr and not any(r in state.isr for r in replicas))
+
+
+def _live_isr(replicas: Sequence[int], isr: Sequence[int], live: Collection[int]) -> tuple[int, ...]:
+    """The ISR without the brokers gone, and without the brokers that are no longer replicas
+    provided a replica stays in it."""
+    in_sync = tuple(b for b in isr if b in live)
+    return tuple(b for b in in_sync if b in replicas) or in_sync
 
 
 def preferred_state(replicas: Sequence[int], state: PartitionState, live: Collection[int], *,
@@ -267,6 +299,8 @@ class Controller:
         self._closing = False
         self._held: _Held | None = None  # set and cleared by the controller's thread only
         self._czxids: dict[int, int] = {}  # live broker -> creation zxid of its node, last pass
+        self._bounces: dict[int, set[str]] = {}  # bounced broker -> topics not yet handled for it
+        self._awaiting: dict[tuple[str, int], tuple[Any, ...]] = {}  # warned of (_note_awaiting)
         # state() is read from other threads (the metrics endpoint's): the counters change under
         # _state_lock; a snapshot is a new dict swapped in whole, never changed once published.
         self._state_lock = threading.Lock()
@@ -474,7 +508,7 @@ class Controller:
 
     def _activate(self, epoch: int, epoch_version: int, session_id: int) -> None:
         self._held = _Held(epoch, epoch_version, session_id)
-        self._czxids = {}
+        self._czxids, self._bounces, self._awaiting = {}, {}, {}
         self._count("elections_won")
         self._snapshot = {**self._inactive_snapshot(), "active": True, "controller_epoch": epoch}
         with self._wake:
@@ -520,45 +554,103 @@ class Controller:
     # --- a pass over every replicated partition ---------------------------------------------------
 
     def _pass(self, *, rebalance: bool) -> None:
-        """Read brokers, topics and states; write what the rules change (module docstring)."""
+        """Read brokers, topics and states; write what the rules change (module docstring).  A
+        topic that fails is logged and left for the next pass (raised at the end as
+        CoordinationError, so that one is due soon) while the others are handled."""
         held = self._held
         assert held is not None
         live = self._live_brokers()
-        bounced = {b for b, czxid in live.items() if self._czxids.get(b, czxid) != czxid}
-        for broker_id in sorted(bounced):
-            logger.info("[controller] broker %d registered again with a new session: its partitions "
-                        "move as if it had gone and come back", broker_id)
         topics = self._replicated_topics()
+        self._note_bounces(live, topics)
         counts = {"partitions": 0, "offline_partitions": 0, "preferred_replica_imbalance": 0}
+        failed: list[str] = []
         for name, topic in sorted(topics.items()):
-            for partition, (state, version) in sorted(self._states(held, topic, set(live)).items()):
-                replicas = topic.replicas[partition]
-                rules = [self._failover_rule(name, set(live) - bounced)] if bounced & set(replicas) else []
-                rules.append(self._failover_rule(name, set(live)))
-                if rebalance:
-                    rules.append(lambda r, s: preferred_state(r, s, set(live), controller_epoch=held.epoch))
-                for rule in rules:
-                    settled = self._settle(held, name, partition, replicas, state, version, rule)
-                    if settled is None:
-                        break  # the state node is gone: the topic was deleted meanwhile
-                    state, version = settled
-                else:
-                    counts["partitions"] += 1
-                    counts["offline_partitions"] += state.leader == NO_LEADER
-                    counts["preferred_replica_imbalance"] += state.leader != replicas[0]
-        self._czxids = live
+            try:
+                self._pass_topic(held, name, topic, set(live), counts, rebalance=rebalance)
+            except _Deposed:
+                raise
+            except (KazooException, self._client.handler.timeout_exception) as e:
+                if not self._client.connected:
+                    raise  # every topic would fail alike: the pass is tried again on reconnection
+                logger.warning("[controller] topic %s left for the next pass: %r", name, e)
+                failed.append(name)
+            except CoordinationError as e:
+                logger.warning("[controller] topic %s left for the next pass: %s", name, e.message)
+                failed.append(name)
+            except Exception:
+                logger.exception("[controller] topic %s left for the next pass", name)
+                failed.append(name)
         with self._state_lock:
             self._counters["passes"] += 1
             self._counters["rebalances"] += rebalance
             self._snapshot = {"active": True, "broker_id": self.broker_id, "controller_epoch": held.epoch,
                               "live_brokers": sorted(live), "topics": len(topics), **counts}
+        if failed:
+            raise CoordinationError(f"the controller's pass failed for topics {failed}")
 
-    def _failover_rule(self, topic: str, live: set[int]) -> Callable[[Sequence[int], PartitionState],
-                                                                     tuple[PartitionState, str] | None]:
+    def _note_bounces(self, live: dict[int, int], topics: Collection[str]) -> None:
+        """Remember the live brokers' sessions; a broker seen with a new one (it bounced) has its
+        bounce handled once in each topic (:attr:`_bounces`: done as each topic's pass completes,
+        so that a pass tried again never handles it twice)."""
+        for broker_id, czxid in sorted(live.items()):
+            if self._czxids.get(broker_id, czxid) != czxid:
+                logger.info("[controller] broker %d registered again with a new session: its partitions "
+                            "move as if it had gone and come back", broker_id)
+                self._bounces[broker_id] = set(topics)
+        self._czxids = dict(live)
+        for broker_id in list(self._bounces):
+            pending = self._bounces[broker_id] & set(topics) if broker_id in live else set()
+            if pending:
+                self._bounces[broker_id] = pending
+            else:
+                del self._bounces[broker_id]  # handled, gone (handled as gone), or its topics deleted
+
+    def _pass_topic(self, held: _Held, name: str, topic: TopicRegistration, live: set[int],
+                    counts: dict[str, int], *, rebalance: bool) -> None:
+        bounced = {b for b, pending in self._bounces.items() if name in pending}
+        for partition, (state, version) in sorted(self._states(held, topic, live).items()):
+            replicas = topic.replicas[partition]
+            # never unclean: a bounced broker back at once is still in sync (it may lead again)
+            rules = ([self._failover_rule(name, live - bounced, clean_only=True)]
+                     if bounced & set(replicas) else [])
+            rules.append(self._failover_rule(name, live))
+            if rebalance:
+                rules.append(lambda r, s: preferred_state(r, s, live, controller_epoch=held.epoch))
+            for rule in rules:
+                settled = self._settle(held, name, partition, replicas, state, version, rule)
+                if settled is None:
+                    break  # the state node is gone: the topic was deleted meanwhile
+                state, version = settled
+            else:
+                self._note_awaiting(name, partition, replicas, state, live)
+                counts["partitions"] += 1
+                counts["offline_partitions"] += state.leader == NO_LEADER
+                counts["preferred_replica_imbalance"] += state.leader != replicas[0]
+        for pending in self._bounces.values():
+            pending.discard(name)
+
+    def _note_awaiting(self, topic: str, partition: int, replicas: Sequence[int], state: PartitionState,
+                       live: set[int]) -> None:
+        """Warn (once per leader epoch and ISR) about a partition whose leader stays on although a
+        reassignment dropped it, because no replica of the new list is in the ISR yet."""
+        key = (topic, partition)
+        if not awaits_new_replicas(replicas, state, live):
+            self._awaiting.pop(key, None)
+            return
+        seen = (state.leader_epoch, state.isr, tuple(replicas))
+        if self._awaiting.get(key) != seen:
+            self._awaiting[key] = seen
+            logger.warning("[controller] broker %d keeps leading %s-%d in epoch %d although it is no longer "
+                           "a replica: no replica of %s is in the isr %s yet", state.leader, topic, partition,
+                           state.leader_epoch, list(replicas), list(state.isr))
+
+    def _failover_rule(self, topic: str, live: set[int], *, clean_only: bool = False,
+                       ) -> Callable[[Sequence[int], PartitionState], tuple[PartitionState, str] | None]:
         held = self._held
         assert held is not None
+        unclean = (lambda: False) if clean_only else (lambda: self._unclean_for(topic))
         return lambda replicas, state: failover_state(replicas, state, live, controller_epoch=held.epoch,
-                                                      unclean=lambda: self._unclean_for(topic))
+                                                      unclean=unclean)
 
     def _unclean_for(self, topic: str) -> bool:
         try:
