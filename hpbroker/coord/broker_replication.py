@@ -33,6 +33,7 @@ from typing import Any
 
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 
+from hpbroker.broker.topics import alter_topic_config
 from hpbroker.coord.assignment import assign_replicas
 from hpbroker.coord.controller import Controller
 from hpbroker.coord.partition_state import PartitionState, PartitionStateWatch, read_state, update_state
@@ -158,8 +159,12 @@ class BrokerReplication:
         self._jobs.put(lambda: self._done(request_id, lambda: self._create(name, partitions,
                                                                            replication_factor, config)))
 
-    def alter_topic(self, request_id: Any, name: str, config: Mapping[str, Any]) -> None:
-        self._jobs.put(lambda: self._done(request_id, lambda: self._alter(name, config)))
+    def alter_topic(self, request_id: Any, name: str, changes: Mapping[str, Any]) -> None:
+        """Change settings of a replicated topic: ``changes`` maps each setting named to its new
+        value (None or "" removes the topic's own value); settings not named keep the values the
+        topic's node holds when the change is written (not this broker's copy, which may lag)."""
+        changes = dict(changes)
+        self._jobs.put(lambda: self._done(request_id, lambda: self._alter(name, changes)))
 
     def delete_topic(self, request_id: Any, name: str) -> None:
         self._jobs.put(lambda: self._done(request_id, lambda: self._delete(name)))
@@ -234,7 +239,12 @@ class BrokerReplication:
         logger.info("[replication] created topic %s: %d partitions, replication factor %d, replicas %s",
                     name, partitions, replication_factor, {p: list(r) for p, r in replicas.items()})
 
-    def _alter(self, name: str, config: Mapping[str, Any]) -> None:
+    def _alter(self, name: str, changes: Mapping[str, Any]) -> None:
+        """Apply ``changes`` (key -> value; None or "" removes the topic's own value, as
+        :func:`~hpbroker.broker.topics.alter_topic_config` takes them) to the settings the node
+        holds now, with a write conditional on the version read (read and applied again when
+        another alter came first), so that alters through any broker never undo each other.
+        InvalidConfigError when the changes do not apply to the node's settings."""
         client, path = self._session.client, self.paths.topic(name)
         while True:
             try:
@@ -242,16 +252,18 @@ class BrokerReplication:
             except NoNodeError:
                 raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist in the cluster") from None
             current = decode_topic(name, data)
-            if dict(current.config) == dict(config):
+            config = alter_topic_config(current.config, changes)
+            if dict(current.config) == config:
                 return
             try:
-                client.set(path, encode_topic(dataclasses.replace(current, config=dict(config))),
+                client.set(path, encode_topic(dataclasses.replace(current, config=config)),
                            version=stat.version)
-                return
             except BadVersionError:
                 continue  # changed meanwhile: apply to the new one
             except NoNodeError:
                 raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist in the cluster") from None
+            logger.info("[replication] altered topic %s: %s", name, config)
+            return
 
     def _delete(self, name: str) -> None:
         if not self._topics.remove(name):

@@ -297,11 +297,12 @@ class Frontend:
         try:
             topic = self._store.get(request.name)
             if topic is not None and topic.replicated and not topic.deleting and self.replication is not None:
-                config = alter_topic_config(topic.config, request.configs)  # validated here
+                alter_topic_config(topic.config, request.configs)  # refused at once when invalid here
                 request_id = next(self._request_ids)
                 self._cluster_requests[request_id] = (waiter, "alter", request.name,
                                                       self._clock() + self._admin_timeout_s)
-                self.replication.alter_topic(request_id, request.name, config)
+                changes = {entry.key: entry.value for entry in request.configs}
+                self.replication.alter_topic(request_id, request.name, changes)
             else:
                 self.admin.alter(waiter, request.name, request.configs, self._clock())
         except HPBrokerError as e:
