@@ -10,7 +10,8 @@ leaves either the old or the new store, never a mix::
      "topics": {"orders": {"partitions": 4, "config": {"retention_ms": 86400000},
                            "deleting": false},
                 "clicks": {"partitions": 2, "config": {}, "deleting": false,
-                           "replicas": {"0": [1, 2, 0], "1": [2, 0, 1]}}}}
+                           "replicas": {"0": [1, 2, 0], "1": [2, 0, 1]},
+                           "topic_id": "9b2f6c1e0d4a4e8f8c3b5a7d6e1f2a3b"}}}
 
 ``config`` holds only the topic's overrides of the broker's log defaults, as typed values (ints,
 ``flush_fsync`` a bool), under :class:`~hpbroker.io.LogConfig` field names.  ``deleting`` marks a
@@ -19,7 +20,10 @@ and the store forgets the topic only once every one of them has confirmed, so a 
 resumes the deletion at the next start instead of resurrecting a half-deleted topic.  ``replicas``
 (only in a replicated topic, docs/REPLICATION.md) is the cluster's assignment: each partition's
 replicas, of which this broker stores the ones naming it; the cluster's topic node in ZooKeeper is
-that topic's source of truth, and the store its copy, kept in step by the arbiter.
+that topic's source of truth, and the store its copy, kept in step by the arbiter.  ``topic_id``
+(only in a replicated topic whose node has one) is the identity the cluster drew when it created
+the topic: a stored copy whose id is not the node's is an older topic of the same name (deleted and
+created again while this broker did not look), which the arbiter deletes before storing the new one.
 
 What holds: every topic in the store has a valid name, 1 to :data:`MAX_PARTITIONS` partitions and
 overrides that build a valid LogConfig; the file on disk always equals the last successful change.
@@ -79,6 +83,9 @@ class Topic:
     #: preferred leader), as the cluster's topic node holds it; empty: an unreplicated topic, every
     #: partition stored here
     replicas: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    #: a replicated topic's identity as the cluster's topic node holds it (uuid4 hex); "" for an
+    #: unreplicated topic and for one whose node has none
+    topic_id: str = ""
 
     @property
     def replicated(self) -> bool:
@@ -94,6 +101,8 @@ class Topic:
                                     "deleting": self.deleting}
         if self.replicas:
             document["replicas"] = {str(p): list(r) for p, r in sorted(self.replicas.items())}
+        if self.topic_id:
+            document["topic_id"] = self.topic_id
         return document
 
 
@@ -275,6 +284,18 @@ class TopicStore:
             self._save({**self._topics, name: topic})
         return topic
 
+    def set_topic_id(self, name: str, topic_id: str) -> Topic:
+        """Persist the identity the cluster gave a replicated topic (its node's ``topic_id``)."""
+        topic = self._topics.get(name)
+        if topic is None or topic.deleting or not topic.replicated:
+            raise UnknownTopicOrPartitionError(f"replicated topic {name!r} does not exist")
+        if not isinstance(topic_id, str):
+            raise TypeError(f"topic_id must be a string, got {topic_id!r}")
+        if topic_id != topic.topic_id:
+            topic = dataclasses.replace(topic, topic_id=topic_id)
+            self._save({**self._topics, name: topic})
+        return topic
+
     def mark_deleting(self, name: str) -> Topic:
         """Persist that ``name``'s deletion has begun; its partitions are then removed by the
         workers and :meth:`forget` ends it.  Marking a topic twice is harmless."""
@@ -337,6 +358,9 @@ class TopicStore:
             if not isinstance(raw, dict):
                 raise ValueError(f"replicas is not an object: {raw!r}")
             replicas = _check_replicas(partitions, {int(p, 10): r for p, r in raw.items()})
+            topic_id = entry.get("topic_id", "")
+            if not isinstance(topic_id, str):
+                raise ValueError(f"topic_id is not a string: {topic_id!r}")
         except (InvalidTopicError, InvalidPartitionsError, InvalidConfigError) as e:
             raise ValueError(f"topic {name!r}: {e.message}") from None
-        return Topic(name, partitions, config, entry.get("deleting", False), replicas)
+        return Topic(name, partitions, config, entry.get("deleting", False), replicas, topic_id)

@@ -27,6 +27,7 @@ import dataclasses
 import logging
 import queue
 import threading
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -227,11 +228,13 @@ class BrokerReplication:
             self._emit(Done(request_id, None))
 
     def _create(self, name: str, partitions: int, replication_factor: int, config: Mapping[str, Any]) -> None:
-        """Write a new replicated topic's node, its assignment spread over the live brokers; the
+        """Write a new replicated topic's node, its assignment spread over the live brokers and a
+        new random topic id (a topic created again under the same name is another topic); the
         controller then writes its partitions' states."""
         brokers = self._brokers.ids()
         replicas = assign_replicas(partitions, replication_factor, brokers)
-        topic = TopicRegistration(name, partitions, dict(config), self.broker_id, replicas=replicas)
+        topic = TopicRegistration(name, partitions, dict(config), self.broker_id, replicas=replicas,
+                                  topic_id=uuid.uuid4().hex)
         try:
             self._session.client.create(self.paths.topic(name), encode_topic(topic), makepath=True)
         except NodeExistsError:

@@ -7,7 +7,10 @@ expiry (through :meth:`Session.register_ephemeral`) with its latest data.
 
 **Topic registry** (``<root>/brokers/topics/<topic>``, persistent): each topic's partition count
 and per-topic settings, written by the broker that created the topic and removed by it when the
-topic is deleted.
+topic is deleted.  A replicated topic's node is the cluster's: no broker's unreplicated topic of
+the same name overwrites it (:meth:`TopicRegistry.publish` refuses) or removes it
+(:meth:`TopicRegistry.remove` with ``created_by`` leaves it); only an explicit delete of the
+replicated topic removes it.
 
 Node data is UTF-8 JSON with a ``version`` field (:data:`FORMAT_VERSION`).  Readers ignore fields
 they do not know, so fields can be added without a new version; a change old readers would
@@ -21,7 +24,8 @@ misread gets a new version, and readers refuse versions they do not know::
                         "created_by": 0}
     brokers/topics/events                               (replicated: it has "replicas")
                        {"version": 1, "partitions": 2, "config": {}, "created_by": 0,
-                        "replicas": {"0": [1, 2, 0], "1": [2, 0, 1]}}
+                        "replicas": {"0": [1, 2, 0], "1": [2, 0, 1]},
+                        "topic_id": "9b2f6c1e0d4a4e8f8c3b5a7d6e1f2a3b"}
 
 ``data_ports``: worker ``s`` of the broker serves fetches on ``data_ports[s]`` (which partition on
 which port is in the broker's Metadata response).  ``topics`` maps each topic the broker stores to
@@ -30,7 +34,11 @@ defaults, typed as in the topic store.  ``timestamp_ms`` is when the registratio
 ``replicas`` (replicated topics only; written only when there are some, so an unreplicated
 topic's node keeps its bytes) maps each partition to its replicas' broker ids, the preferred
 leader first; a replicated topic's partition states hang below its node
-(``hpbroker.coord.partition_state``).
+(``hpbroker.coord.partition_state``).  ``topic_id`` (replicated topics created by this version;
+written only when there is one, so older nodes keep their bytes) is a random uuid4 in hex drawn
+when the topic is created, as Kafka's topic ids (KIP-516): a topic deleted and created again under
+the same name gets another, so a broker that still stores the old one's replicas (it was down, or
+its watches saw the delete and the create as one change) tells them apart and drops its old copy.
 
 Watches (``watch_*``) re-arm (``hpbroker.coord.watches``) and hand decoded registrations to the
 callback; a node whose data does not decode is logged and passed on as None.
@@ -38,7 +46,6 @@ callback; a node whose data does not decode is logged and passed on as None.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import time
@@ -91,13 +98,16 @@ class TopicRegistration:
     ``replicas`` maps each partition to its replicas' broker ids, the preferred leader first;
     empty for an unreplicated topic (stored whole by the broker that created it).  When
     non-empty it is checked on construction (ValueError): exactly the partitions
-    ``0 .. partitions-1``, each with the same number (>= 1) of distinct broker ids."""
+    ``0 .. partitions-1``, each with distinct broker ids.  ``topic_id``: the replicated topic's
+    identity, uuid4 hex drawn at its creation ("" for unreplicated topics and for replicated
+    ones created before topic ids existed)."""
 
     name: str
     partitions: int
     config: Mapping[str, Any] = field(default_factory=dict)
     created_by: int = -1
     replicas: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    topic_id: str = ""
 
     def __post_init__(self) -> None:
         if self.replicas:
@@ -182,12 +192,14 @@ def decode_broker(data: bytes) -> BrokerRegistration:
 
 
 def encode_topic(topic: TopicRegistration) -> bytes:
-    """``replicas`` is written only when there are some: an unreplicated topic's node keeps the
-    bytes it always had."""
+    """``replicas`` and ``topic_id`` are written only when there are some: an unreplicated
+    topic's node, and a replicated one's created before topic ids, keep the bytes they had."""
     document: dict[str, Any] = {"partitions": topic.partitions, "config": dict(topic.config),
                                 "created_by": topic.created_by}
     if topic.replicas:
         document["replicas"] = {str(p): list(brokers) for p, brokers in sorted(topic.replicas.items())}
+    if topic.topic_id:
+        document["topic_id"] = topic.topic_id
     return _dump(document)
 
 
@@ -203,7 +215,8 @@ def decode_topic(name: str, data: bytes) -> TopicRegistration:
             raise TypeError("replicas is not an object")
         return TopicRegistration(check_topic(name), _typed(document["partitions"], int), config,
                                  _typed(document.get("created_by", -1), int),
-                                 {_partition_key(k): _typed(b, list) for k, b in replicas.items()})
+                                 {_partition_key(k): _typed(b, list) for k, b in replicas.items()},
+                                 _typed(document.get("topic_id", ""), str))
     except (KeyError, TypeError, ValueError) as e:
         raise CoordinationError(f"topic {name!r} metadata {data[:200]!r}: {e!r}") from None
 
@@ -213,16 +226,6 @@ def _partition_key(key: str) -> int:
     if not key.isdigit() or not key.isascii() or (len(key) > 1 and key[0] == "0"):
         raise ValueError(f"replicas key {key!r} is not a partition number")
     return int(key)
-
-
-def _keeping_replicas(topic: TopicRegistration, current: TopicRegistration | None) -> TopicRegistration:
-    """``topic``, with ``current``'s replicas when it has none of its own (:meth:`TopicRegistry.publish`)."""
-    if topic.replicas or current is None or not current.replicas:
-        return topic
-    if topic.partitions != current.partitions:
-        raise CoordinationError(f"topic {topic.name!r} has {current.partitions} replicated partitions; "
-                                f"{topic.partitions} partitions need a replica assignment of their own")
-    return dataclasses.replace(topic, replicas=current.replicas)
 
 
 def _typed(value: Any, kind: type) -> Any:
@@ -328,12 +331,10 @@ class TopicRegistry:
         self.paths = paths or ZkPaths()
 
     def publish(self, topic: TopicRegistration) -> bool:
-        """Create or overwrite the topic's node; False when it already held exactly this.
-
-        A registration without ``replicas`` keeps those of the node it replaces: the replica
-        assignment is written by whoever creates a replicated topic or moves its replicas, and a
-        change of settings (written by brokers that know nothing of it) must not drop it.  Such a
-        registration with another partition count than the node's assignment is CoordinationError."""
+        """Create or overwrite the topic's node; False when it already held exactly this, and
+        False (logged) when the node is a replicated topic's and ``topic`` is not: a broker's
+        unreplicated topic of the same name never takes over the cluster's replicated one (its
+        node is written only by the replicated topic's own create, alter and reassignment)."""
         client = self._session.client
         path = self.paths.topic(topic.name)
         while True:
@@ -345,18 +346,23 @@ class TopicRegistry:
             try:
                 existing, stat = client.get(path)
                 current = _decoded(lambda d: decode_topic(topic.name, d), existing, path)
-                wanted = _keeping_replicas(topic, current)
-                if current == wanted:
+                if current is not None and current.replicas and not topic.replicas:
+                    logger.warning("[zookeeper] not publishing unreplicated topic %s of broker %d: "
+                                   "the cluster has a replicated topic of that name", topic.name,
+                                   topic.created_by)
                     return False
-                client.set(path, encode_topic(wanted), version=stat.version)
+                if current == topic:
+                    return False
+                client.set(path, encode_topic(topic), version=stat.version)
                 return True
             except (NoNodeError, BadVersionError):
                 continue  # deleted or changed in between: look again
 
     def remove(self, name: str, *, created_by: int | None = None) -> bool:
         """Delete the topic's node, and with it its partitions' state nodes (one transaction);
-        with ``created_by``, only if that broker wrote it.  False when there was nothing to
-        delete."""
+        with ``created_by``, only if that broker wrote it and it is not a replicated topic's (a
+        replicated topic is deleted only by an explicit remove without ``created_by``, the
+        cluster-wide delete).  False when there was nothing to delete, or it was left."""
         client = self._session.client
         path = self.paths.topic(name)
         while True:
@@ -365,6 +371,10 @@ class TopicRegistry:
                 if created_by is not None:
                     current = _decoded(lambda d: decode_topic(name, d), data, path)
                     if current is None or current.created_by != created_by:
+                        return False
+                    if current.replicas:
+                        logger.warning("[zookeeper] not removing topic %s for broker %d: it is the "
+                                       "cluster's replicated topic", name, created_by)
                         return False
                 if stat.numChildren == 0:
                     client.delete(path, version=stat.version)

@@ -181,7 +181,8 @@ class Arbiter:
         self._store: TopicStore | None = None
         self._member: BrokerMember | None = None  # ZooKeeper membership, when configured
         self._replication: BrokerReplication | None = None  # replicated topics' ZooKeeper side
-        self._adopted_cluster: object = None  # the cluster snapshot replicated topics were last taken from
+        # the cluster snapshot replicated topics were last taken from, and the store's version then
+        self._adopted_cluster: tuple[object, int] = (None, -1)
         self._member_version = -1  # the store version last handed to the member
         self._producer_ids: ProducerIdAllocator | None = None  # hands out producer ids, once started
         self._metrics: MetricsEndpoint | None = None  # the HTTP metrics endpoint, when configured
@@ -376,9 +377,12 @@ class Arbiter:
                     frontend.cluster_request_done(event.request_id, event.error)
                 elif isinstance(event, TopicGone):
                     frontend.drop_topic(event.topic)
+            # Again whenever the store changed as well: a topic deleted and created again can be
+            # taken only once the old one's deletion has ended (Frontend.adopt_topics).
             snapshot = member.cluster.snapshot
-            if snapshot is not self._adopted_cluster:
-                self._adopted_cluster = snapshot
+            adopted = (snapshot, self._store.version)
+            if adopted[0] is not self._adopted_cluster[0] or adopted[1] != self._adopted_cluster[1]:
+                self._adopted_cluster = adopted
                 for name in frontend.adopt_topics(snapshot):
                     replication.confirm_gone(name)
             for topic in self._store.topics():

@@ -140,6 +140,9 @@ class Frontend:
         self._cluster_requests: dict[int, tuple[_Waiter | None, str, str, float]] = {}
         self._awaiting_leaders: dict[str, tuple[_Waiter | None, float]] = {}
         self._request_ids = iter(range(1, 2**63))
+        # name -> topic id of the last replicated topic of that name deleted here: a snapshot that
+        # still shows it (it lags ZooKeeper) must not have it stored again.
+        self._dropped_ids: dict[str, str] = {}
 
     def configure(self, front: zmq.Socket) -> FrontendPeers:
         """Set the front-end ROUTER's limits and start counting and capping its connections
@@ -236,6 +239,7 @@ class Frontend:
                 or request.partition >= self._config.default_partitions:
             return False
         try:
+            self._check_not_replicated_in_cluster(request.topic)
             self.admin.create(None, request.topic, self._config.default_partitions, (), self._clock())
         except HPBrokerError as e:
             logger.info("[arbiter] cannot create topic %r automatically: %s", request.topic, e.message)
@@ -248,6 +252,7 @@ class Frontend:
         try:
             replication_factor = self._replication_factor(request.replication_factor)
             if replication_factor is None:
+                self._check_not_replicated_in_cluster(request.name)
                 self.admin.create(waiter, request.name, request.partitions, request.configs, self._clock())
             else:
                 self._create_replicated(waiter, request.name, request.partitions, request.configs,
@@ -275,6 +280,16 @@ class Frontend:
                     "zookeeper setting), so it holds every partition's only replica")
             return None
         return requested
+
+    def _check_not_replicated_in_cluster(self, name: str) -> None:
+        """TopicAlreadyExistsError when the cluster has a replicated topic ``name``: an unreplicated
+        topic never takes a replicated one's name (this broker may not store the replicated one
+        yet, or only its deletion's end lies between them)."""
+        cluster = self._cluster() if self._cluster is not None else None
+        registration = cluster.topics.get(name) if cluster is not None else None
+        if registration is not None and registration.replicas:
+            raise TopicAlreadyExistsError(f"topic {name!r} already exists in the cluster, replicated "
+                                          f"(replication factor {registration.replication_factor})")
 
     def _create_replicated(self, waiter: _Waiter | None, name: str, partitions: int, configs: Any,
                            replication_factor: int) -> None:
@@ -372,16 +387,34 @@ class Frontend:
         """Bring the store in step with the replicated topics ZooKeeper holds: store new ones (this
         broker opens the replicas naming it), take changed settings.  Returns the names of
         replicated topics stored here that ``cluster`` no longer has (the caller confirms with
-        ZooKeeper before dropping them: a snapshot may lag)."""
+        ZooKeeper before dropping them: a snapshot may lag).
+
+        A stored topic whose ``topic_id`` is not the one of the cluster's node of that name (when
+        the node has one) is an older topic deleted and created again while this broker did not
+        see it: its replicas here are deleted first, and the new topic is stored once that
+        deletion has ended.  The caller therefore calls this again whenever the store changed
+        (a deletion ended), not only when ``cluster`` did."""
         now = self._clock()
         for name, registration in sorted(cluster.topics.items()):
             if not registration.replicas:
                 continue
             topic = self._store.get(name)
             try:
+                if topic is not None and topic.replicated and not topic.deleting and registration.topic_id \
+                        and topic.topic_id != registration.topic_id:
+                    logger.warning("[arbiter] topic %s stored here (topic id %s) is not the cluster's "
+                                   "topic of that name (topic id %s): it was deleted and created again; "
+                                   "deleting the old replicas before taking the new topic", name,
+                                   topic.topic_id or "none", registration.topic_id)
+                    self.drop_topic(name)
+                    topic = self._store.get(name)  # None when no worker had anything to delete
                 if topic is None:
+                    if registration.topic_id and self._dropped_ids.get(name) == registration.topic_id:
+                        continue  # deleted here; the snapshot has not seen its node go yet
                     self.admin.create(None, name, registration.partitions, dict(registration.config), now,
                                       replicas={p: tuple(r) for p, r in registration.replicas.items()})
+                    if registration.topic_id:
+                        self._store.set_topic_id(name, registration.topic_id)
                     self.leadership.mark_dirty()
                 elif not topic.replicated:
                     logger.error("[arbiter] topic %s is replicated in the cluster but stored here "
@@ -409,6 +442,8 @@ class Frontend:
             return
         if self.replication is not None:
             self.replication.unwatch_topic(name)
+        if topic.topic_id:
+            self._dropped_ids[name] = topic.topic_id
         try:
             self.admin.delete(waiter, name, self._clock())
         except HPBrokerError as e:

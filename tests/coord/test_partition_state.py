@@ -206,7 +206,7 @@ def test_undecodable_state_node_is_a_coordination_error_naming_it(zk):
 def test_removing_a_topic_removes_its_partition_states(zk):
     _topic(zk)
     create_states(zk, PATHS, "orders", {0: STATE, 1: STATE})
-    assert TopicRegistry(zk).remove("orders", created_by=1)
+    assert TopicRegistry(zk).remove("orders")
     assert zk.client.exists(PATHS.topic("orders")) is None
 
 
