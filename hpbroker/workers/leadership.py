@@ -179,7 +179,11 @@ class Leadership:
         if state is None:
             return None
         min_isr = topic.config.get("min_insync_replicas", self._config.log.min_insync_replicas)
-        replicas = topic.replicas.get(partition, ())
+        # The assignment, and while a reassignment ends the leader and in-sync replicas it dropped
+        # (they keep the partition until one of the new replicas is in sync: the controller keeps
+        # such a leader on), so that they may go on leading or following.
+        assigned = topic.replicas.get(partition, ())
+        replicas = tuple(dict.fromkeys((*assigned, *(b for b in (state.leader, *state.isr) if b >= 0))))
         lag = self._config.replica_lag_time_max_ms
         if state.leader == self._config.broker_id:
             return Role("leader", state.leader_epoch, state.leader, None, replicas, state.isr, min_isr, lag)

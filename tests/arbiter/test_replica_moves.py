@@ -46,3 +46,23 @@ def test_a_replica_moved_away_is_removed_only_once_the_state_lets_the_broker_go(
     sent.clear()
     admin.move_replicas("moving", {0: (1, 2)})  # and back: opened again
     assert [(s, op) for s, op, _ in sent] == [(slot, "open")]
+
+
+def test_a_dropped_leader_kept_on_by_the_controller_leads_with_the_new_replicas_as_followers(tmp_path):
+    """Replicas moved from [1, 2] to [3]; 3 is not in sync yet, so the controller keeps 1 leading
+    with ISR [1, 2]: broker 1's role must let it lead (and 2 follow) and count 3 as a follower."""
+    from hpbroker.broker.config import BrokerConfig
+    from hpbroker.broker.topics import Topic
+    from hpbroker.coord.cluster import ClusterSnapshot
+    from hpbroker.coord.partition_state import PartitionState
+    from hpbroker.workers.leadership import Leadership
+
+    topic = Topic("moving", 1, {}, replicas={0: (3,)})
+    cluster = ClusterSnapshot()
+    leadership = Leadership(BrokerConfig(data_dir=str(tmp_path), broker_id=1, workers=1), 1,
+                            send_control=lambda slot, op, body: True, assigned=lambda slot: set(),
+                            topic=lambda name: topic, is_serving=lambda slot: True, cluster=lambda: cluster)
+    leadership.on_state("moving", 0, PartitionState(leader=1, leader_epoch=4, isr=(1, 2), controller_epoch=1))
+    role = leadership.role(topic, 0)
+    assert (role.role, role.replicas, role.isr) == ("leader", (3, 1, 2), (1, 2))
+    assert not leadership.released("moving", 0)

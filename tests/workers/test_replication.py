@@ -183,7 +183,7 @@ def test_a_silent_follower_leaves_the_isr_and_rejoins_once_caught_up(brokers):
     assert leader.call(produce_request(TOPIC, 0, make_batch("a"), acks=-1))[0].error_code == 0
     follower.kill()
     proposal = leader.arbiter.expect_isr_change([0], timeout_s=15)
-    assert proposal == {"topic": TOPIC, "partition": 0, "leader_epoch": 1, "isr": [0]}
+    assert proposal == {"topic": TOPIC, "partition": 0, "leader_epoch": 1, "isr": [0], "from_isr": [0, 1]}
     # the arbiter wrote it: the same epoch comes back with the new ISR
     lead_ack = leader.role(TOPIC, 0, "leader", epoch=1, leader=0, leader_address=leader.address,
                            replicas=[0, 1], isr=[0], lag_time_max_ms=1000)

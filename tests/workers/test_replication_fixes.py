@@ -101,7 +101,7 @@ def test_a_role_of_the_same_epoch_changes_the_sitting_leaders_replica_lag_time_m
     assert leader.role(TOPIC, 0, "leader", **role, lag_time_max_ms=600_000)["error"] is None
     assert leader.role(TOPIC, 0, "leader", **role, lag_time_max_ms=500)["error"] is None
     proposal = leader.arbiter.expect_isr_change([0], timeout_s=15)  # not after 600 s
-    assert proposal == {"topic": TOPIC, "partition": 0, "leader_epoch": 1, "isr": [0]}
+    assert proposal == {"topic": TOPIC, "partition": 0, "leader_epoch": 1, "isr": [0], "from_isr": [0, 1]}
 
 
 # --- the high watermark checkpoint -------------------------------------------------------------
