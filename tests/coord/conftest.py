@@ -73,3 +73,25 @@ def expire_session(zookeeper):
         return old
 
     return expire
+
+
+@pytest.fixture
+def agent(sessions):
+    """``agent(broker_id)`` -> a started BrokerReplication (a broker's replication work, with its
+    controller) on a session of its own, in this test's chroot; all closed at the end."""
+    from hpbroker.coord.broker_replication import BrokerReplication
+    from hpbroker.coord.paths import ZkPaths
+
+    made = []
+
+    def start(broker_id: int) -> BrokerReplication:
+        replication = BrokerReplication(sessions(), ZkPaths(), broker_id, wake=lambda: None,
+                                        unclean_leader_election=lambda topic: False,
+                                        auto_leader_rebalance=False)
+        replication.start()
+        made.append(replication)
+        return replication
+
+    yield start
+    for replication in made:
+        replication.close()

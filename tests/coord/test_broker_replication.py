@@ -14,23 +14,6 @@ from hpbroker.coord.partition_state import PartitionState, create_states
 pytestmark = pytest.mark.zookeeper
 
 
-@pytest.fixture
-def agent(sessions):
-    made = []
-
-    def start(broker_id: int) -> BrokerReplication:
-        replication = BrokerReplication(sessions(), PATHS, broker_id, wake=lambda: None,
-                                        unclean_leader_election=lambda topic: False,
-                                        auto_leader_rebalance=False)
-        replication.start()
-        made.append(replication)
-        return replication
-
-    yield start
-    for replication in made:
-        replication.close()
-
-
 def _seen(replication: BrokerReplication, isr: tuple[int, ...]) -> list[tuple[int, ...]]:
     """Wait until the agent's watch delivered a state with ``isr`` (every write before it is
     done); the ISRs it delivered meanwhile."""

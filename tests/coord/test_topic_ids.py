@@ -97,23 +97,6 @@ def test_an_unreplicated_node_is_still_published_over_and_removed_by_its_broker(
 
 # --- creation through a broker ------------------------------------------------------------------------
 
-@pytest.fixture
-def agent(sessions):
-    made = []
-
-    def start(broker_id: int) -> BrokerReplication:
-        replication = BrokerReplication(sessions(), PATHS, broker_id, wake=lambda: None,
-                                        unclean_leader_election=lambda topic: False,
-                                        auto_leader_rebalance=False)
-        replication.start()
-        made.append(replication)
-        return replication
-
-    yield start
-    for replication in made:
-        replication.close()
-
-
 def _done(replication: BrokerReplication, request_id: int) -> Done:
     found: list[Done] = []
 

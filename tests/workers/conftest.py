@@ -43,3 +43,23 @@ def start_worker(arbiter, data_dir):
     yield start
     for worker in workers:
         worker.close()
+
+
+@pytest.fixture
+def brokers(tmp_path):
+    """``brokers(n, **config)``: n started replication test brokers 0..n-1
+    (``replication_harness.ReplicaBroker``), each serving orders-0; closed at teardown."""
+    from replication_harness import TOPIC, ReplicaBroker
+
+    made: list[ReplicaBroker] = []
+
+    def make(count: int, **config) -> list[ReplicaBroker]:
+        for broker_id in range(count):
+            broker = ReplicaBroker(broker_id, str(tmp_path), partitions=[(TOPIC, 0)], **config)
+            made.append(broker)
+            broker.start()
+        return made[-count:]
+
+    yield make
+    for broker in made:
+        broker.close()

@@ -184,3 +184,20 @@ def segment_bytes(directory: str) -> bytes:
         with open(os.path.join(directory, name), "rb") as f:
             out += f.read()
     return bytes(out)
+
+
+TOPIC = "orders"  # the partition every ReplicaBroker of the replication tests serves (orders-0)
+
+
+def lead(leader: ReplicaBroker, followers: list[ReplicaBroker], *, epoch: int = 1,
+         isr: list[int] | None = None, **options) -> None:
+    """Make ``leader`` lead orders-0 in ``epoch`` and ``followers`` follow it."""
+    replicas = [leader.broker_id] + [f.broker_id for f in followers]
+    isr = replicas if isr is None else isr
+    ack = leader.role(TOPIC, 0, "leader", epoch=epoch, leader=leader.broker_id, leader_address=leader.address,
+                      replicas=replicas, isr=isr, **options)
+    assert ack["error"] is None, ack
+    for follower in followers:
+        ack = follower.role(TOPIC, 0, "follower", epoch=epoch, leader=leader.broker_id,
+                            leader_address=leader.address, replicas=replicas, isr=isr, **options)
+        assert ack["error"] is None, ack

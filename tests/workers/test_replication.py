@@ -7,7 +7,7 @@ once the follower has the records flushed; consumers read below the replicated h
 from __future__ import annotations
 
 import pytest
-from replication_harness import ReplicaBroker, segment_bytes, wait_until
+from replication_harness import TOPIC, ReplicaBroker, lead, segment_bytes, wait_until
 from worker_harness import TcpClient, fetch_request, make_batch, produce_request, read_log_values, values_of
 
 from hpbroker import protocol
@@ -18,39 +18,6 @@ from hpbroker.errors import (
 )
 from hpbroker.protocol import ApiKey
 from hpbroker.workers.stats import read_stats
-
-TOPIC = "orders"
-
-
-@pytest.fixture
-def brokers(tmp_path):
-    """``brokers(n, **config)``: n started brokers 0..n-1, each serving orders-0; closed at teardown."""
-    made: list[ReplicaBroker] = []
-
-    def make(count: int, **config) -> list[ReplicaBroker]:
-        for broker_id in range(count):
-            broker = ReplicaBroker(broker_id, str(tmp_path), partitions=[(TOPIC, 0)], **config)
-            made.append(broker)
-            broker.start()
-        return made[-count:]
-
-    yield make
-    for broker in made:
-        broker.close()
-
-
-def lead(leader: ReplicaBroker, followers: list[ReplicaBroker], *, epoch: int = 1,
-         isr: list[int] | None = None, **options) -> None:
-    """Make ``leader`` lead orders-0 in ``epoch`` and ``followers`` follow it."""
-    replicas = [leader.broker_id] + [f.broker_id for f in followers]
-    isr = replicas if isr is None else isr
-    ack = leader.role(TOPIC, 0, "leader", epoch=epoch, leader=leader.broker_id, leader_address=leader.address,
-                      replicas=replicas, isr=isr, **options)
-    assert ack["error"] is None, ack
-    for follower in followers:
-        ack = follower.role(TOPIC, 0, "follower", epoch=epoch, leader=leader.broker_id,
-                            leader_address=leader.address, replicas=replicas, isr=isr, **options)
-        assert ack["error"] is None, ack
 
 
 def same_bytes(a: ReplicaBroker, b: ReplicaBroker) -> bool:

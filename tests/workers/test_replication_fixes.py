@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from replication_harness import ReplicaBroker, wait_until
+from replication_harness import TOPIC, ReplicaBroker, lead, wait_until
 from worker_harness import fetch_request, make_batch, produce_request, values_of
 
 from hpbroker import protocol
@@ -25,39 +25,7 @@ from hpbroker.protocol import ApiKey
 from hpbroker.workers.leadership import Leadership
 from hpbroker.workers.replication import ReplicaRole
 
-TOPIC = "orders"
 HIGH_WATERMARK_CHECKPOINT = "high-watermark-checkpoint"  # docs/FORMAT.md
-
-
-@pytest.fixture
-def brokers(tmp_path):
-    """``brokers(n, **config)``: n started brokers 0..n-1, each serving orders-0; closed at teardown."""
-    made: list[ReplicaBroker] = []
-
-    def make(count: int, **config) -> list[ReplicaBroker]:
-        for broker_id in range(count):
-            broker = ReplicaBroker(broker_id, str(tmp_path), partitions=[(TOPIC, 0)], **config)
-            made.append(broker)
-            broker.start()
-        return made[-count:]
-
-    yield make
-    for broker in made:
-        broker.close()
-
-
-def lead(leader: ReplicaBroker, followers: list[ReplicaBroker], *, epoch: int = 1,
-         isr: list[int] | None = None, **options) -> None:
-    """Make ``leader`` lead orders-0 in ``epoch`` and ``followers`` follow it."""
-    replicas = [leader.broker_id] + [f.broker_id for f in followers]
-    isr = replicas if isr is None else isr
-    ack = leader.role(TOPIC, 0, "leader", epoch=epoch, leader=leader.broker_id, leader_address=leader.address,
-                      replicas=replicas, isr=isr, **options)
-    assert ack["error"] is None, ack
-    for follower in followers:
-        ack = follower.role(TOPIC, 0, "follower", epoch=epoch, leader=leader.broker_id,
-                            leader_address=leader.address, replicas=replicas, isr=isr, **options)
-        assert ack["error"] is None, ack
 
 
 def checkpointed(broker: ReplicaBroker) -> bytes | None:
