@@ -24,18 +24,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from typing import Any
 
-from hpbroker.cli.common import reports_errors
-from hpbroker.cli.groups import DEFAULT_ZOOKEEPER, ZOOKEEPER_VARIABLE
+from hpbroker.cli.common import add_zookeeper, reports_errors
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     cluster = sub.add_parser("cluster", help="the live brokers and the controller, from ZooKeeper")
-    cluster.add_argument("--zookeeper", "-z", metavar="HOSTS",
-                         default=os.environ.get(ZOOKEEPER_VARIABLE, DEFAULT_ZOOKEEPER),
-                         help=f"ZooKeeper (default ${ZOOKEEPER_VARIABLE}, else {DEFAULT_ZOOKEEPER})")
+    add_zookeeper(cluster)
     cluster.set_defaults(run=_run)
 
 

@@ -25,6 +25,15 @@ from hpbroker.errors import HPBrokerError
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 BOOTSTRAP_VARIABLE = "HPBROKER_BOOTSTRAP"
+DEFAULT_ZOOKEEPER = "127.0.0.1:2181"  # the local stack's (hpbroker up)
+ZOOKEEPER_VARIABLE = "HPBROKER_ZOOKEEPER"
+
+
+def add_zookeeper(parser: argparse.ArgumentParser) -> None:
+    """``--zookeeper``/``-z`` HOSTS for the commands that read ZooKeeper themselves."""
+    parser.add_argument("--zookeeper", "-z", metavar="HOSTS",
+                        default=os.environ.get(ZOOKEEPER_VARIABLE, DEFAULT_ZOOKEEPER),
+                        help=f"ZooKeeper (default ${ZOOKEEPER_VARIABLE}, else {DEFAULT_ZOOKEEPER})")
 
 
 def add_bootstrap(parser: argparse.ArgumentParser) -> None:

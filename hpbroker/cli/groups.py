@@ -16,12 +16,8 @@ ZooKeeper is ``--zookeeper host:port[,...][/chroot]``, else ``$HPBROKER_ZOOKEEPE
 from __future__ import annotations
 
 import argparse
-import os
 
-from hpbroker.cli.common import add_bootstrap, reports_errors
-
-DEFAULT_ZOOKEEPER = "127.0.0.1:2181"
-ZOOKEEPER_VARIABLE = "HPBROKER_ZOOKEEPER"
+from hpbroker.cli.common import add_bootstrap, add_zookeeper, reports_errors
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,9 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="the first record at or after TIME (ms since the epoch or ISO 8601)")
     reset.add_argument("--execute", action="store_true", help="write the offsets (default: only show them)")
     for action in actions.choices.values():
-        action.add_argument("--zookeeper", "-z", metavar="HOSTS",
-                            default=os.environ.get(ZOOKEEPER_VARIABLE, DEFAULT_ZOOKEEPER),
-                            help=f"ZooKeeper (default ${ZOOKEEPER_VARIABLE}, else {DEFAULT_ZOOKEEPER})")
+        add_zookeeper(action)
         add_bootstrap(action)
     groups.set_defaults(run=_run)
 

@@ -19,10 +19,8 @@ ZooKeeper is ``--zookeeper host:port[,...][/chroot]``, else ``$HPBROKER_ZOOKEEPE
 from __future__ import annotations
 
 import argparse
-import os
 
-from hpbroker.cli.common import reports_errors
-from hpbroker.cli.groups import DEFAULT_ZOOKEEPER, ZOOKEEPER_VARIABLE
+from hpbroker.cli.common import add_zookeeper, reports_errors
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,9 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                           help="each partition's target replicas, the preferred leader first")
     reassign.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
                           help="give up (exit 1) after this long; run it again to go on (default 600)")
-    reassign.add_argument("--zookeeper", "-z", metavar="HOSTS",
-                          default=os.environ.get(ZOOKEEPER_VARIABLE, DEFAULT_ZOOKEEPER),
-                          help=f"ZooKeeper (default ${ZOOKEEPER_VARIABLE}, else {DEFAULT_ZOOKEEPER})")
+    add_zookeeper(reassign)
     reassign.set_defaults(run=_reassign)
 
 
