@@ -19,6 +19,11 @@ Modules, one responsibility each (imports point down this list):
 - ``controller`` the controller: one broker elected at a time (ephemeral node, epoch fence) that
                 creates replicated partitions' states and elects their leaders as brokers come
                 and go, on a thread of its own
+- ``broker_replication`` one broker's replication work, on a thread of its own: its controller,
+                the states of the replicated partitions followed for its loop, replicated topics
+                created, altered and deleted cluster-wide, its leaders' ISR changes written
+- ``reassignment`` moving a replicated topic's replicas to other brokers (``hpbroker partitions
+                reassign``): new replicas in sync before the old ones leave
 - ``cluster``   the cluster as the registries describe it: immutable snapshots kept by watches,
                 from which a broker answers metadata for topics other brokers store
 - ``member``    one broker's membership: its nodes kept in step with snapshots from the broker's
@@ -29,9 +34,11 @@ Modules, one responsibility each (imports point down this list):
                 replaced by conditional set; standalone, a file in the data directory)
 - ``server``    a managed ZooKeeper server process, for the local stack and the tests
 
-Used by the broker (``hpbroker.workers.arbiter``), the local stack (``hpbroker.stack``), group
-consumers (``hpbroker.client.group``, the one client module that loads kazoo) and ``hpbroker
-groups``; storage (``hpbroker.io``) never imports it (``producer_ids`` uses storage's file of the
-ids issued, ``hpbroker.io.producer_state``).  A kazoo client is not fork-safe: make it in the
+Used by the broker (``hpbroker.workers.arbiter``, ``hpbroker.workers.leadership``), the local
+stack (``hpbroker.stack``), group consumers (``hpbroker.client.group``, the one client module that
+loads kazoo) and the ``hpbroker groups``, ``cluster`` and ``partitions`` commands;
+``broker_replication`` checks topic settings with ``hpbroker.broker.topics``; storage
+(``hpbroker.io``) never imports it (``producer_ids`` uses storage's file of the ids issued,
+``hpbroker.io.producer_state``).  A kazoo client is not fork-safe: make it in the
 process that uses it, after any ``fork``.
 """

@@ -36,9 +36,11 @@ Replication (``hpbroker.workers.replication``; the state machine itself is ``hpb
                                                +-- isr_change --> arbiter 0 --> ZooKeeper (state node)
     ZooKeeper state nodes --watch--> arbiter 0, arbiter 1 --replica_role--> their workers
 
-- Each broker's arbiter follows the partition states in ZooKeeper and gives its workers a
-  ``replica_role`` per replicated partition (``hpbroker.workers.backend``).  A worker may lead
-  some partitions and follow others.
+- Each broker's arbiter follows the partition states in ZooKeeper
+  (``hpbroker.coord.broker_replication``, on its own thread) and gives its workers a
+  ``replica_role`` per replicated partition (``hpbroker.workers.leadership``, framed by
+  ``hpbroker.workers.backend``); it also answers metadata with each partition's leader, replicas
+  and ISR.  A worker may lead some partitions and follow others.
 - A **leader** stamps its epoch into every batch, tracks each follower's flushed end from its
   replica fetches, and computes the replicated high watermark (HW): consumers read below it,
   acks=-1 is answered once it passes the records, and a follower that lags longer than
