@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 from harness import wait_until
-from test_broker_replication import agent  # noqa: F401  (the fixture)
 from test_controller import PATHS, FakeBrokers, create_topic
 
 from hpbroker.coord.broker_replication import BrokerReplication, Done
