@@ -19,8 +19,10 @@ fetch the leader parks (long poll at its log end) holds back the answers to ever
 after it on the same connection, so a partition that is caught up delays the others by up to its
 ``max_wait_ms``; an owner that needs partitions independent uses one fetcher per partition.
 
-**Never blocks.**  The socket is non-blocking from its ``connect`` on (the host is resolved
-with ``getaddrinfo``: pass an address, not a name that needs DNS).  The owner polls
+**Never blocks.**  The socket is non-blocking from its ``connect`` on.  A numeric host is used as
+it is; a name is resolved (``getaddrinfo``) on a short-lived thread of its own, and the connect
+waits for the answer (:data:`RESOLVE_POLL_S` between looks), so a slow or failing resolver holds
+up this leader's fetches only, never the loop; a failed lookup counts as a failed connect.  The owner polls
 :meth:`ReplicaFetcher.fileno` for :meth:`ReplicaFetcher.events` and calls
 :meth:`ReplicaFetcher.process` when they fire, and at :meth:`ReplicaFetcher.next_deadline` (a
 reconnect due, a fetch overdue).  ``process`` reads what has arrived (at most
@@ -55,21 +57,24 @@ import itertools
 import logging
 import select
 import socket
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from hpbroker import protocol
 from hpbroker.errors import HPBrokerError, InvalidRequestError
 
-__all__ = ["BACKOFF_INITIAL_S", "BACKOFF_MAX_S", "READ_BYTES_PER_PROCESS", "ReplicaFetcher"]
+__all__ = ["BACKOFF_INITIAL_S", "BACKOFF_MAX_S", "READ_BYTES_PER_PROCESS", "RESOLVE_POLL_S", "ReplicaFetcher"]
 
 logger = logging.getLogger(__name__)
 
 BACKOFF_INITIAL_S = 0.1  # wait before the first reconnect after a failure
 BACKOFF_MAX_S = 2.0  # the backoff doubles up to this
 READ_BYTES_PER_PROCESS = 4 << 20  # at most this much is read in one process() call
+RESOLVE_POLL_S = 0.05  # while a host name is looked up, process() looks for the answer this often
 _RECV_BYTES = 256 << 10
 _CONNECTING = (errno.EINPROGRESS, errno.EALREADY, errno.EWOULDBLOCK)
 
@@ -123,6 +128,9 @@ class ReplicaFetcher:
         self._retry_at = now  # no connect before this
         self._lost: list[_Fetch] = []  # to report in the next process()
         self._closed = False
+        # getaddrinfo's first answer for a name, once its lookup thread has put it (or its error) in
+        self._lookup: list[Any] = []
+        self._looking_up = False
 
     def __repr__(self) -> str:
         return f"ReplicaFetcher(broker {self.broker_id} <- {self.host}:{self.port})"
@@ -235,13 +243,43 @@ class ReplicaFetcher:
                 self._check_overdue(now)
         self._call_back(responses)
 
+    def _resolved(self, now: float) -> tuple[Any, ...] | None:
+        """The host's address, or None while its lookup runs (then ``process`` looks again after
+        :data:`RESOLVE_POLL_S`).  Raises OSError when the lookup failed."""
+        try:
+            return socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM,
+                                      flags=socket.AI_NUMERICHOST)[0]
+        except socket.gaierror:
+            pass  # a name: looked up off the loop
+        if self._lookup:
+            found, self._lookup = self._lookup[0], []
+            self._looking_up = False
+            if isinstance(found, BaseException):
+                raise found
+            return found
+        if not self._looking_up:
+            self._looking_up = True
+            host, port, answer = self.host, self.port, self._lookup
+
+            def look_up() -> None:
+                try:
+                    answer.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0])
+                except OSError as e:
+                    answer.append(e)
+
+            threading.Thread(target=look_up, name="hpbroker-resolve", daemon=True).start()
+        self._retry_at = now + RESOLVE_POLL_S
+        return None
+
     def _connect(self, now: float) -> None:
         self._connect_started = now
         self._decoder = protocol.TcpFrameDecoder(protocol.MAX_MESSAGE_BYTES)
         sock = None
         try:
-            family, kind, proto, _name, address = socket.getaddrinfo(self.host, self.port,
-                                                                      type=socket.SOCK_STREAM)[0]
+            resolved = self._resolved(now)
+            if resolved is None:
+                return
+            family, kind, proto, _name, address = resolved
             sock = socket.socket(family, kind, proto)
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -312,3 +312,45 @@ def test_a_response_that_is_not_the_fetchs_drops_the_connection_and_loses_the_fe
             assert owner.fetcher.fileno() == -1
         finally:
             owner.close()
+
+
+def test_a_leader_named_by_a_slow_resolving_host_name_never_blocks_the_loop(broker, monkeypatch):
+    """The leader's host is a name whose lookup takes 1.5 s (a slow resolver): every call into the
+    fetcher still returns at once, and the fetch is answered once the name is resolved."""
+    _process, port = broker
+    topic, (info,) = _topic(port)
+    _produce(port, topic, 10)
+    real = socket.getaddrinfo
+
+    def slow(host, *args, **kwargs):
+        if host == "leader.example":
+            if kwargs.get("flags", 0) & socket.AI_NUMERICHOST:
+                raise socket.gaierror(socket.EAI_NONAME, "not numeric")
+            time.sleep(1.5)
+            return real(info.host, *args, **kwargs)
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    owner = Owner(info.fetch_port, host="leader.example")
+    try:
+        owner.fetch(topic, 0, 0)
+        owner.run_until(lambda: owner.answers, what="the answer once the name is resolved")
+        header, response = owner.take(topic, 0)
+        assert header.error_code == 0 and response.high_watermark == 10
+        assert owner.longest_call_s < 0.5, f"a call took {owner.longest_call_s:.2f} s"
+    finally:
+        owner.close()
+
+
+def test_a_host_name_that_cannot_be_resolved_loses_the_fetch_and_is_tried_again(monkeypatch):
+    def failing(host, *args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", failing)
+    owner = Owner(9, host="nowhere.example", resend_lost=True)
+    try:
+        owner.fetch("t", 0, 0)
+        owner.run_until(lambda: len(owner.lost) >= 2, what="the fetch lost twice")
+        assert owner.answers == []
+    finally:
+        owner.close()
