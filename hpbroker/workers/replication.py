@@ -363,6 +363,7 @@ class FollowerReplica(_Replica):
         self.retry_at = 0.0
         self.backoff_s = FETCH_BACKOFF_MIN_S
         self.on_flushed: Callable[[FollowerReplica], None] | None = None
+        self.epochs_checked = False  # a log without leader epochs was cut back to the HW (once)
 
     @property
     def high_watermark(self) -> int:
@@ -600,6 +601,15 @@ class Replication:
         if log.pending_records:
             partition.flush_now()  # its completion calls again
             return
+        if not follower.epochs_checked:
+            follower.epochs_checked = True
+            if not log.leader_epochs.entries and log.log_end_offset > log.log_start_offset:
+                # Records but no leader epoch (its file was lost): no divergence can be found by
+                # epoch, so keep only what is known committed, as Kafka does, and fetch the rest.
+                target = follower.high_watermark
+                logger.warning("[%s] holds records but no leader epoch: truncating from %d to the high "
+                               "watermark %d before fetching", follower.role.name, log.log_end_offset, target)
+                log.truncate_to(target)
         follower.fetcher.fetch(partition.topic, partition.partition, log.log_end_offset,
                                leader_epoch=follower.leader_epoch,
                                last_fetched_epoch=log.leader_epochs.latest_epoch,

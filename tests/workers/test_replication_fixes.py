@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from replication_harness import TOPIC, ReplicaBroker, lead, wait_until
+from replication_harness import TOPIC, ReplicaBroker, lead, segment_bytes, wait_until
 from worker_harness import fetch_request, make_batch, produce_request, values_of
 
 from hpbroker import protocol
@@ -236,3 +236,29 @@ def test_the_arbiter_sends_a_refused_role_again_after_a_second(tmp_path):
     leadership.acked(0, sent[1]["id"], None, 11.0)
     leadership.sync(20.0)
     assert len(sent) == 2  # taken: nothing more
+
+
+def test_a_follower_whose_leader_epochs_are_lost_keeps_only_what_is_committed_and_catches_up(brokers):
+    """Its leader-epoch file gone, a follower cannot find a divergence by epoch: it cuts its log
+    back to the high watermark it knows, then fetches, and ends byte-identical to the leader."""
+    from hpbroker.io import LogConfig, PartitionLog
+    from hpbroker.io.leader_epochs import LEADER_EPOCH_FILE_NAME
+
+    leader, follower = brokers(2)
+    lead(leader, [follower])
+    for i in range(3):
+        assert leader.call(produce_request(TOPIC, 0, make_batch(f"c{i}"), acks=-1))[0].error_code == 0
+    wait_until(lambda: (follower.partition_entry(TOPIC, 0) or {}).get("high_watermark") == 9,
+               what="the follower to hear the high watermark 9")
+    assert follower.stop() == 0
+    assert leader.call(produce_request(TOPIC, 0, make_batch("after"), acks=1))[0].error_code == 0
+    directory = follower.worker.directory(TOPIC, 0)
+    with PartitionLog(directory, LogConfig()) as log:  # records the leader never had, at 9..11
+        log.append(make_batch("stray"), leader_epoch=1)
+    os.remove(os.path.join(directory, LEADER_EPOCH_FILE_NAME))
+    follower.start()
+    ack = follower.role(TOPIC, 0, "follower", epoch=1, leader=0, leader_address=leader.address,
+                        replicas=[0, 1], isr=[0, 1])
+    assert ack["error"] is None, ack
+    wait_until(lambda: segment_bytes(follower.worker.directory(TOPIC, 0))
+               == segment_bytes(leader.worker.directory(TOPIC, 0)), what="the follower byte-identical")
