@@ -165,7 +165,11 @@ class LeaderState:
                 if now_ms - follower.last_caught_up_ms <= self.lag_time_max_ms:
                     wanted.add(replica)
             elif (follower.fetch_offset >= high_watermark
-                  and follower.fetch_offset >= self.leader_epoch_start_offset):
+                  and follower.fetch_offset >= self.leader_epoch_start_offset
+                  and now_ms - follower.last_fetch_ms <= self.lag_time_max_ms):
+                # Only a follower that is fetching: Kafka expands on a fetch.  A follower gone
+                # silent (its broker dead) whose last fetch offset happens to reach the HW must not
+                # be proposed back, or the proposal would hold the HW at that offset.
                 wanted.add(replica)
         if wanted == current:
             if self._proposed is not None and now_ms - self._proposed_ms >= ISR_CHANGE_RETRY_MS:

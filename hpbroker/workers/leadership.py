@@ -123,8 +123,14 @@ class Leadership:
         return self._states.get((topic, partition))
 
     def forget_topic(self, topic: str) -> None:
+        """The topic is gone (deleted, or to be taken again as a new topic of the same name): its
+        states, and the roles its partitions were sent, which a new incarnation must get anew."""
         for key in [k for k in self._states if k[0] == topic]:
             del self._states[key]
+        for sent in self._sent:
+            for key in [k for k in sent if k[0] == topic]:
+                del sent[key]
+        self._dirty = True
 
     def has_states(self, topic: Topic) -> bool:
         """Whether every partition of ``topic`` has a state with a leader (a new topic is ready)."""

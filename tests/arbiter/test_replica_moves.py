@@ -66,3 +66,34 @@ def test_a_dropped_leader_kept_on_by_the_controller_leads_with_the_new_replicas_
     role = leadership.role(topic, 0)
     assert (role.role, role.replicas, role.isr) == ("leader", (3, 1, 2), (1, 2))
     assert not leadership.released("moving", 0)
+
+
+def test_a_topic_taken_again_after_its_deletion_gets_its_roles_again_even_when_they_look_the_same(tmp_path):
+    """Deleted and created again with the same name: the new partitions start awaiting their role;
+    one equal to the role the old partitions were sent must still be sent."""
+    from hpbroker.broker.config import BrokerConfig
+    from hpbroker.broker.topics import Topic
+    from hpbroker.coord.cluster import ClusterSnapshot
+    from hpbroker.coord.partition_state import PartitionState
+    from hpbroker.workers.leadership import Leadership
+
+    sent: list[dict] = []
+    topic = Topic("reborn", 1, {}, replicas={0: (1, 2)})
+    cluster = ClusterSnapshot()
+
+    def send(slot, op, body):
+        sent.append(body)
+        return True
+
+    config = BrokerConfig(data_dir=str(tmp_path), broker_id=1, workers=1)
+    leadership = Leadership(config, 1, send_control=send, assigned=lambda slot: {("reborn", 0)},
+                            topic=lambda name: topic,
+                            is_serving=lambda slot: True, cluster=lambda: cluster)
+    state = PartitionState(leader=1, leader_epoch=0, isr=(1, 2), controller_epoch=1)
+    leadership.on_state("reborn", 0, state)
+    leadership.sync(0.0)
+    assert len(sent) == 1
+    leadership.forget_topic("reborn")  # deleted; then created again: epoch 0, the same leader and ISR
+    leadership.on_state("reborn", 0, state)
+    leadership.sync(1.0)
+    assert len(sent) == 2 and sent[1]["role"] == "leader"

@@ -137,6 +137,7 @@ def test_an_isr_change_is_proposed_once_until_confirmed_or_the_retry_time_passes
     state.follower_fetched(1, 10, 10, 0)
     assert state.isr_change(10, 0) == (0, 1)
     assert state.isr_change(10, ISR_CHANGE_RETRY_MS - 1) is None, "being written"
+    state.follower_fetched(1, 10, 10, ISR_CHANGE_RETRY_MS - 1)  # still fetching
     assert state.isr_change(10, ISR_CHANGE_RETRY_MS) == (0, 1), "no news: proposed again"
     state.isr_changed((0, 1))
     assert state.isr == (0, 1)
@@ -165,6 +166,25 @@ def test_a_replica_that_joined_and_stopped_fetching_holds_the_high_watermark_unt
     assert state.isr_change(10 + now_ms, now_ms) == (0, 1)
     state.isr_changed((0, 1))
     assert state.high_watermark(10 + now_ms) == 10 + now_ms
+
+
+def test_a_follower_dropped_for_silence_is_not_proposed_back_until_it_fetches_again():
+    """Its broker died with its last fetch offset at the HW: once dropped, it must not come back
+    on the strength of that old offset (the proposal would hold the HW there for good)."""
+    state = _leader(isr=(0, 1, 2))
+    state.follower_fetched(1, 10, 10, 0)
+    state.follower_fetched(2, 10, 10, 0)
+    now_ms = 0
+    for now_ms in range(100, LAG_MS + 200, 100):  # replica 1 keeps up, replica 2 is dead
+        state.follower_fetched(1, 10, 10, now_ms)
+    assert state.isr_change(10, now_ms) == (0, 1)
+    state.isr_changed((0, 1))
+    for later in (now_ms + 100, now_ms + 6000, now_ms + 20_000):  # the leader's flushed end still 10
+        state.follower_fetched(1, 10, 10, later)
+        assert state.isr_change(10, later) is None, f"replica 2 proposed back at {later} ms"
+        assert state.high_watermark(10) == 10
+    state.follower_fetched(2, 10, 10, now_ms + 20_100)  # it is back, caught up
+    assert state.isr_change(10, now_ms + 20_100) == (0, 1, 2)
 
 
 def test_the_isr_may_not_name_a_broker_that_is_no_replica():
