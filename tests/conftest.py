@@ -41,3 +41,24 @@ def zookeeper(tmp_path_factory):
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def chroot(zookeeper):
+    """A fresh chroot of the session's ZooKeeper for one test (tests never see each other's
+    nodes), removed afterwards."""
+    import uuid
+
+    from kazoo.client import KazooClient
+
+    path = f"/test-{uuid.uuid4().hex[:12]}"
+    yield path
+    admin = KazooClient(zookeeper.connect_string)
+    admin.start(timeout=10)
+    try:
+        admin.delete(path, recursive=True)
+    except Exception:
+        pass  # never created
+    finally:
+        admin.stop()
+        admin.close()

@@ -4,7 +4,6 @@ directory and ports, all registered in one real ZooKeeper (a chroot per test).""
 from __future__ import annotations
 
 import signal
-import uuid
 from pathlib import Path
 
 import pytest
@@ -12,21 +11,6 @@ from harness import BrokerProcess, Client, free_ports, start_broker, wait_until
 from kazoo.client import KazooClient
 
 from hpbroker import protocol
-
-
-@pytest.fixture
-def chroot(zookeeper):
-    path = f"/test-{uuid.uuid4().hex[:12]}"
-    yield path
-    admin = KazooClient(zookeeper.connect_string)
-    admin.start(timeout=10)
-    try:
-        admin.delete(path, recursive=True)
-    except Exception:
-        pass
-    finally:
-        admin.stop()
-        admin.close()
 
 
 class Cluster:

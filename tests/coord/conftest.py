@@ -3,29 +3,11 @@ tests/conftest.py), and a chroot per test so that tests never see each other's n
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 from harness import wait_until
 from kazoo.client import KazooClient
 
 from hpbroker.coord.session import Session, connect
-
-
-@pytest.fixture
-def chroot(zookeeper):
-    """A fresh chroot for one test, removed afterwards."""
-    path = f"/test-{uuid.uuid4().hex[:12]}"
-    yield path
-    admin = KazooClient(zookeeper.connect_string)
-    admin.start(timeout=10)
-    try:
-        admin.delete(path, recursive=True)
-    except Exception:
-        pass  # never created
-    finally:
-        admin.stop()
-        admin.close()
 
 
 @pytest.fixture
