@@ -1,4 +1,5 @@
-"""A private network of Linux network namespaces for tests that cut links between brokers.
+"""A private network of Linux network namespaces for the chaos suite and the tests that cut links
+between brokers and ZooKeeper servers.
 
 Layout (one :class:`Network`, every name carrying its random ``tag``)::
 
@@ -15,6 +16,13 @@ so nothing here is reachable from, or listens on, an external interface.
 outside its namespace (neither the bridge's address nor the other hosts), while what runs inside
 it still reaches the host's own address.  :meth:`Network.heal` brings it back.
 
+:meth:`Network.split` partitions the hosts into groups (Jepsen's majority/minority split): inside
+each host's namespace a blackhole route (``ip route add blackhole ADDR/32``) is added for the
+address of every host of another group, so no packet passes between groups in either direction,
+while every host still reaches the bridge's address and the root namespace reaches every host
+(as Jepsen's clients do).  Hosts named in no group keep full connectivity.
+:meth:`Network.join` removes every route a split made (idempotent).
+
 :func:`unavailable` says why namespaces cannot be made here (not root, no ``ip``, refused), or
 None.  :meth:`Network.close` removes every namespace, veth and bridge this network made, and
 only those, and is safe to call after a partial set-up.
@@ -28,6 +36,7 @@ import random
 import shutil
 import subprocess
 import uuid
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 __all__ = ["Host", "Network", "unavailable"]
@@ -108,6 +117,7 @@ class Network:
         addresses = list(subnet.hosts())
         self.gateway = str(addresses[0])  # the bridge's (root namespace's) address
         self._addresses = addresses
+        self._blackholes: list[tuple[str, str]] = []  # (host name, blocked address) made by split
         try:
             _ip("link", "add", self.bridge, "type", "bridge")
             self._links.append(self.bridge)
@@ -147,9 +157,49 @@ class Network:
         """Undo :meth:`cut`."""
         _ip("link", "set", self.hosts[name].veth, "up")
 
+    def split(self, groups: Sequence[Iterable[str]]) -> None:
+        """Hosts in different ``groups`` can no longer reach each other, in either direction (module
+        docstring); a split already in place is replaced.  ValueError for an unknown host or a host
+        named in two groups."""
+        members = [list(group) for group in groups]
+        group_of: dict[str, int] = {}
+        for index, group in enumerate(members):
+            for name in group:
+                if name not in self.hosts:
+                    raise ValueError(f"split: no host {name!r} in this network (hosts: {sorted(self.hosts)})")
+                if name in group_of:
+                    raise ValueError(f"split: host {name!r} is named in two groups")
+                group_of[name] = index
+        self.join()
+        for name, index in group_of.items():
+            for other, other_index in group_of.items():
+                if other_index == index:
+                    continue
+                address = self.hosts[other].address
+                _ip("route", "add", "blackhole", f"{address}/32", namespace=self.hosts[name].namespace)
+                self._blackholes.append((name, address))
+
+    def join(self) -> None:
+        """Remove every blackhole route :meth:`split` made (nothing to do without a split)."""
+        errors = []
+        while self._blackholes:
+            name, address = self._blackholes.pop()
+            result = _ip("route", "del", "blackhole", f"{address}/32", namespace=self.hosts[name].namespace,
+                         check=False)
+            if result.returncode != 0 and "No such process" not in result.stderr:
+                errors.append(result.stderr.strip())
+        if errors:
+            raise RuntimeError("removing the split's routes: " + "; ".join(errors))
+
+    @property
+    def blocked(self) -> list[tuple[str, str]]:
+        """The blackhole routes in place: (host name, address it cannot reach)."""
+        return list(self._blackholes)
+
     def close(self) -> None:
         """Remove what this network made (veths, then the bridge, then the namespaces)."""
         errors = []
+        self._blackholes.clear()  # they go with their namespaces
         for link in self._links:
             result = _ip("link", "del", link, check=False)
             if result.returncode != 0 and "Cannot find device" not in result.stderr:

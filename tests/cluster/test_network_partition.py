@@ -23,10 +23,10 @@ import sys
 import time
 from pathlib import Path
 
-import netns
 import pytest
 from harness import BROKER_TEST_ENV, BrokerProcess, Client, wait_until
 
+from chaos import netns
 from hpbroker import protocol
 from hpbroker.client import Consumer, TopicPartition
 
