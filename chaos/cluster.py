@@ -18,6 +18,11 @@ namespace (the runner's producers and consumers) reach every broker through the 
 ``faketime_broker``: that broker runs under libfaketime (Debian's ``faketime``) reading its
 offset from its ``faketime`` file at every call (``FAKETIME_NO_CACHE=1``); only the wall clock
 moves, as an NTP step moves it (``FAKETIME_DONT_FAKE_MONOTONIC=1``): :meth:`ChaosCluster.set_clock_offset`.
+libfaketime 0.9.10 (Debian 12) answers EINVAL to the absolute monotonic ``clock_nanosleep`` that
+Python's ``time.sleep`` makes once the monotonic clock is not faked (poll, select, epoll, locks
+and condition waits are unaffected), so that broker also gets ``<directory>/b<id>/site`` on its
+PYTHONPATH, whose ``sitecustomize`` makes ``time.sleep`` wait in ``select`` until its monotonic
+deadline: the broker then meets the clock jump, not a failure of the tool that makes it.
 
 Processes are signalled only by their own pid (a broker's arbiter, the pid ``ip netns exec``
 execs into, and its workers, the arbiter's children).  :meth:`ChaosCluster.close` kills every
@@ -61,6 +66,23 @@ FILLER_NAME = "chaos-filler"  # not a <topic>-<N> name: the broker's scan of its
 _FAKETIME_GLOBS = ("/usr/lib/*/faketime/libfaketime.so.1", "/usr/lib/faketime/libfaketime.so.1",
                    "/usr/local/lib/faketime/libfaketime.so.1", "/usr/lib64/faketime/libfaketime.so.1")
 _FILL_CHUNK = 1 << 20
+# The faketime broker's sitecustomize (module docstring): time.sleep without clock_nanosleep.
+_FAKETIME_SITECUSTOMIZE = '''"""Written by chaos.cluster for a broker under libfaketime: time.sleep waits in
+select() until its monotonic deadline (libfaketime 0.9.10 fails the absolute monotonic clock_nanosleep)."""
+import select as _select
+import time as _time
+
+
+def _sleep(seconds):
+    if seconds < 0:
+        raise ValueError("sleep length must be non-negative")
+    deadline = _time.monotonic() + seconds
+    while (left := deadline - _time.monotonic()) > 0:
+        _select.select([], [], [], left)
+
+
+_time.sleep = _sleep
+'''
 
 
 def faketime_available() -> str | None:
@@ -291,11 +313,7 @@ class ChaosCluster:
                                 "--host", broker.host.address, "--port", str(PORT),
                                 "--fetch-port", str(PORT + 1), "--workers", str(self.workers),
                                 "--data-dir", str(broker.data_dir), "--config", str(config))
-        env = dict(os.environ)
-        if broker_id == self.faketime_broker:
-            env.update({"LD_PRELOAD": str(self._faketime_library),
-                        "FAKETIME_TIMESTAMP_FILE": str(self.faketime_path(broker_id)),
-                        "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
+        env = self.broker_env(broker_id)
         broker.starts += 1
         broker.log_path = broker.directory / f"broker-{broker.starts}.log"
         broker.paused = []
@@ -306,6 +324,20 @@ class ChaosCluster:
                                               start_new_session=True, preexec_fn=preexec)
         logger.info("[chaos] broker %d started (pid %d) on %s, log %s", broker_id, broker.process.pid,
                     self.address(broker_id), broker.log_path)
+
+    def broker_env(self, broker_id: int) -> dict[str, str]:
+        """The environment the broker runs with: ours, plus libfaketime's settings and the
+        sitecustomize directory for the faketime broker (module docstring)."""
+        env = dict(os.environ)
+        if broker_id == self.faketime_broker:
+            site = self._brokers[broker_id].directory / "site"
+            site.mkdir(exist_ok=True)
+            (site / "sitecustomize.py").write_text(_FAKETIME_SITECUSTOMIZE)
+            env.update({"LD_PRELOAD": str(self._faketime_library),
+                        "FAKETIME_TIMESTAMP_FILE": str(self.faketime_path(broker_id)),
+                        "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+                        "PYTHONPATH": os.pathsep.join(filter(None, (str(site), env.get("PYTHONPATH"))))})
+        return env
 
     def serving(self, broker_id: int) -> bool:
         """Whether the broker's latest start logged every worker serving and each slot's latest
@@ -491,13 +523,18 @@ class ChaosCluster:
         return {p.partition: (p.leader if p.error_code == 0 else -1) for p in self.partitions(topic, via=via)}
 
     def in_sync(self, topic: str, *, via: int | None = None) -> bool:
-        """Whether every partition of ``topic`` has a leader and all its replicas in the ISR."""
-        try:
-            found = self.partitions(topic, via=via)
-        except RuntimeError:
-            return False
-        return bool(found) and all(p.error_code == 0 and p.leader >= 0 and p.replicas
-                                   and set(p.isr) == set(p.replicas) for p in found)
+        """Whether every partition of ``topic`` has a leader and all its replicas in the ISR, as
+        broker ``via`` sees it, else as every running, unpaused broker sees it (one that does not
+        answer counts as not in sync: a broker cut off still shows the state it last knew)."""
+        for broker_id in [via] if via is not None else self._answering_order():
+            try:
+                found = self.partitions(topic, via=broker_id)
+            except RuntimeError:
+                return False
+            if not found or not all(p.error_code == 0 and p.leader >= 0 and p.replicas
+                                    and set(p.isr) == set(p.replicas) for p in found):
+                return False
+        return True
 
     def wait_in_sync(self, topics: list[str], timeout_s: float = 120.0, *, via: int | None = None) -> float:
         """Until every partition of ``topics`` has a leader and a full ISR; the seconds it took
