@@ -57,6 +57,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -85,6 +86,7 @@ __all__ = ["main"]
 RESULTS = Path(__file__).resolve().parent / "results"
 BROKERS = (0, 1, 2)
 RATIO_TARGET = 0.5
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 FAILOVER_TOPIC = "failover"
 CHUNK_RECORDS = 1000
 FLUSH_TIMEOUT_S = 120.0
@@ -175,6 +177,59 @@ def produce_once(bootstrap: str, topic: str, acks: int | str, settings: Settings
             "retries": metrics.get("retries")}
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+def cpu_by_process(cluster: LocalCluster) -> dict[str, float]:
+    """CPU seconds so far of this process (the clients) and of each broker (arbiter and workers)."""
+    used = {"clients": _cpu_seconds(os.getpid())}
+    for broker_id, node in sorted(cluster.nodes.items()):
+        pids = (node.process.pid, *node.worker_pids())
+        used[f"broker {broker_id}"] = sum(_cpu_seconds(pid) for pid in pids)
+    return used
+
+
+def disk_ceiling(directory: Path, seconds: float = 2.0, chunk_bytes: int = 4 << 20) -> dict:
+    """MB/s of ``write`` + ``fdatasync`` of ``chunk_bytes`` chunks in ``directory``: one writer
+    (what an unreplicated leader needs), then three at once (what R = 3 on one machine needs).
+    With one disk for all three brokers, replicated produce cannot beat
+    ``three / 3 / one`` of unreplicated produce when unreplicated produce is disk-bound."""
+    chunk = os.urandom(chunk_bytes)
+
+    def write(index: int, results: list[float]) -> None:
+        path = directory / f"disk-probe-{index}"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            started, written = time.perf_counter(), 0
+            while time.perf_counter() - started < seconds:
+                os.write(fd, chunk)
+                os.fdatasync(fd)
+                written += chunk_bytes
+            results.append(written / (time.perf_counter() - started) / 1e6)
+        finally:
+            os.close(fd)
+            path.unlink()
+
+    figures = {}
+    for writers in (1, 3):
+        results: list[float] = []
+        threads = [threading.Thread(target=write, args=(i, results)) for i in range(writers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        figures[f"{writers}_writers_mb_per_s"] = sum(results)
+    figures["ceiling_ratio"] = figures["3_writers_mb_per_s"] / 3 / figures["1_writers_mb_per_s"]
+    return figures
+
+
 def produce_comparison(cluster: LocalCluster, settings: Settings) -> dict:
     """Both sides, interleaved over ``rounds`` rounds after an untimed warm-up of each."""
     count = iter(range(1, 1_000_000))
@@ -183,12 +238,22 @@ def produce_comparison(cluster: LocalCluster, settings: Settings) -> dict:
         options = variant.options
         topic = f"produce-{variant.slug}-{next(count)}"
         create_topic(cluster, topic, options["replication_factor"])
+        before = cpu_by_process(cluster)
         figures = produce_once(cluster.bootstrap(0, 1, 2), topic, options["acks"], settings, duration_s)
+        after = cpu_by_process(cluster)
+        millions = max(figures["records"], 1) / 1e6
+        used = {name: after[name] - before.get(name, 0.0) for name in after}
+        figures["cpu_s_per_million"] = {name: seconds / millions for name, seconds in used.items()}
+        figures["cpu_cores"] = sum(used.values()) / figures["seconds"]
+        stored = sum(path.stat().st_size for path in cluster.root.glob(f"data-*/**/{topic}-0/*.log"))
+        figures["stored_bytes_per_record"] = stored / max(figures["records"], 1)
         with Admin(cluster.bootstrap(0)) as admin:
             admin.delete_topic(topic)
         _note(f"produce {variant.label}", figures)
         return figures
 
+    disk = disk_ceiling(cluster.root)
+    _note("disk", disk)
     for variant in (UNREPLICATED, REPLICATED):
         measure(variant, min(2.0, settings.duration_s))
     results = interleave((UNREPLICATED, REPLICATED), settings.rounds, measure)
@@ -198,7 +263,7 @@ def produce_comparison(cluster: LocalCluster, settings: Settings) -> dict:
     ratio = statistics.median(replicated) / statistics.median(plain)
     return {"variants": results, "ratio_of_medians": ratio,
             "ratio_per_round": [r / p for r, p in zip(replicated, plain, strict=True)],
-            "percent_change": change, "target": RATIO_TARGET, "met": ratio >= RATIO_TARGET}
+            "percent_change": change, "target": RATIO_TARGET, "met": ratio >= RATIO_TARGET, "disk": disk}
 
 
 # --- failover ------------------------------------------------------------------------------------
@@ -398,7 +463,7 @@ def run_cluster(root: Path, zookeeper: ZooKeeperServer, session_ms: int, *, prod
         result: dict = {"zookeeper_session_timeout_ms": session_ms}
         if produce is not None:
             result["produce"] = produce_comparison(cluster, produce)
-        result["failovers"] = failovers(cluster, client, events, repeat)
+        result["failovers"] = failovers(cluster, client, events, repeat) if repeat else {}
         return result
     finally:
         client.stop()
@@ -425,6 +490,29 @@ def _median_range(values: list[float], fmt: str) -> str:
     return f"{format(median, fmt)} ({format(low, fmt)}–{format(high, fmt)})"
 
 
+def _where_the_time_goes(produce: dict) -> list[str]:
+    """CPU per million records of each process, and the disk's fdatasync ceiling."""
+    lines = ["CPU seconds per million records acknowledged (median over the rounds), CPU cores busy, "
+             "and bytes stored per record (all replicas together):", "",
+             "| what | clients | broker 0 | broker 1 | broker 2 | cores busy (of 2) | bytes stored per "
+             "record |",
+             "|---|---|---|---|---|---|---|"]
+    for label, runs in produce["variants"].items():
+        names = ("clients", "broker 0", "broker 1", "broker 2")
+        cells = [f"{statistics.median(r['cpu_s_per_million'].get(n, 0.0) for r in runs):.3f}" for n in names]
+        cores = statistics.median(r["cpu_cores"] for r in runs)
+        stored = statistics.median(r["stored_bytes_per_record"] for r in runs)
+        lines.append(f"| {label} | {' | '.join(cells)} | {cores:.2f} | {stored:.0f} |")
+    disk = produce.get("disk")
+    if disk:
+        lines += ["", f"Disk (write + fdatasync of 4 MiB chunks, in the brokers' directory): one writer "
+                      f"{disk['1_writers_mb_per_s']:,.0f} MB/s, three at once "
+                      f"{disk['3_writers_mb_per_s']:,.0f} MB/s in all: R = 3 on this one disk reaches"
+                      f" at most {disk['ceiling_ratio']:.2f} of a "
+                      f"disk-bound unreplicated produce."]
+    return [*lines, ""]
+
+
 def table(clusters: list[dict], settings: Settings) -> str:
     lines = []
     produce = next((c["produce"] for c in clusters if "produce" in c), None)
@@ -443,6 +531,9 @@ def table(clusters: list[dict], settings: Settings) -> str:
                   f"| ratio replicated / unreplicated (target ≥ {RATIO_TARGET}) | "
                   f"{produce['ratio_of_medians']:.2f} of medians, per round {min(per_round):.2f}–"
                   f"{max(per_round):.2f}: {'met' if produce['met'] else 'MISSED'} | |", ""]
+        lines += _where_the_time_goes(produce)
+    if not any(c["failovers"] for c in clusters):
+        return "\n".join(lines)
     lines += [f"Failover, one partition, R = 3, min_insync_replicas 2, acks=all; {settings.repeat} "
               "repetitions each, median (max), from the leader gone (the signal sent):", "",
               "| event | zookeeper_session_timeout_ms | new leader elected | first acks=all write "
@@ -470,15 +561,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per produce run (default 5)")
     parser.add_argument("--max-records", type=int, default=50_000_000, help="records per produce run at most")
     parser.add_argument("--value-bytes", type=int, default=100)
-    parser.add_argument("--repeat", type=int, default=3, help="failovers per event (default 3)")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="failovers per event (default 3; 0: the produce comparison only)")
     parser.add_argument("--kill-sessions", default="6000,2000",
                         help="zookeeper_session_timeout_ms of each cluster, comma-separated; the first "
                              "cluster also runs the produce comparison and the SIGTERM failovers")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     sessions = tuple(int(s) for s in args.kill_sessions.split(",") if s.strip())
-    if not sessions or args.rounds < 1 or args.repeat < 1 or args.duration <= 0:
-        parser.error("need at least one session timeout, one round, one repetition and a duration > 0")
+    if not sessions or args.rounds < 1 or args.repeat < 0 or args.duration <= 0:
+        parser.error("need at least one session timeout, one round, repetitions >= 0 and a duration > 0")
+    if args.repeat == 0:
+        sessions = sessions[:1]
     settings = Settings(args.rounds, args.duration, args.max_records, args.value_bytes, args.repeat, sessions)
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.time()

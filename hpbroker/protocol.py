@@ -369,7 +369,12 @@ class FetchRequest(Message):
     >= 0), ``current_leader_epoch`` (the leader epoch the follower believes current; the leader
     answers FencedLeaderEpochError when it is older than its own, NotLeaderOrFollowerError when
     it does not lead; -1 = no check) and ``last_fetched_epoch`` (the leader epoch of the last
-    batch in the follower's log, which the leader checks for divergence; -1 = none)."""
+    batch in the follower's log, which the leader checks for divergence; -1 = none).
+
+    Version 2 adds ``durable_offset``: a replica fetch's flushed end, when the follower fetches
+    from ``offset`` (its log end) while its last records are still being flushed; the leader
+    counts only ``durable_offset`` toward the high watermark.  -1 (and every older version):
+    ``offset`` is the flushed end.  Never above ``offset``."""
 
     topic: str
     partition: int
@@ -380,12 +385,14 @@ class FetchRequest(Message):
     replica_id: int = CONSUMER_REPLICA_ID
     current_leader_epoch: int = NO_LEADER_EPOCH
     last_fetched_epoch: int = NO_LEADER_EPOCH
+    durable_offset: int = -1
     payload: bytes | memoryview = b""
     API_KEY: ClassVar = ApiKey.FETCH
-    VERSION: ClassVar = 1
+    VERSION: ClassVar = 2
     SCHEMA: ClassVar = (("topic", STRING), ("partition", U32), ("offset", I64), ("max_bytes", U32),
                         ("max_wait_ms", U32), ("min_bytes", U32), ("replica_id", I32, 1),
-                        ("current_leader_epoch", I32, 1), ("last_fetched_epoch", I32, 1))
+                        ("current_leader_epoch", I32, 1), ("last_fetched_epoch", I32, 1),
+                        ("durable_offset", I64, 2))
 
 
 @dataclass(slots=True)
@@ -401,7 +408,7 @@ class FetchResponse(Message):
     when a replica fetch's ``last_fetched_epoch`` ends earlier at the leader than the follower's
     ``offset`` or is unknown there: the follower truncates its log to at most
     ``diverging_end_offset`` and fetches again; -1 = no divergence) and ``leader_epoch`` (the
-    leader's current epoch; -1 = unreplicated or unknown)."""
+    leader's current epoch; -1 = unreplicated or unknown).  Version 2: the same body as 1."""
 
     high_watermark: int = -1
     log_start_offset: int = -1
@@ -410,7 +417,7 @@ class FetchResponse(Message):
     leader_epoch: int = NO_LEADER_EPOCH
     payload: bytes | memoryview = b""
     API_KEY: ClassVar = ApiKey.FETCH
-    VERSION: ClassVar = 1
+    VERSION: ClassVar = 2
     SCHEMA: ClassVar = (("high_watermark", I64), ("log_start_offset", I64), ("diverging_epoch", I32, 1),
                         ("diverging_end_offset", I64, 1), ("leader_epoch", I32, 1))
 

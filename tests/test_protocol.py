@@ -154,7 +154,7 @@ def test_a_version_not_served_is_refused_when_encoding_and_decoding():
 
 def test_the_response_version_is_the_requests_or_the_nearest_served():
     assert [p.response_version(p.ApiKey.PRODUCE, v) for v in (0, 1, 2, 0xFFFF)] == [0, 1, 1, 1]
-    assert [p.response_version(p.ApiKey.FETCH, v) for v in (0, 1, 3)] == [0, 1, 1]
+    assert [p.response_version(p.ApiKey.FETCH, v) for v in (0, 1, 2, 3)] == [0, 1, 2, 2]
     assert p.response_version(p.ApiKey.LIST_OFFSETS, 3) == 0
     assert p.response_version(99, 3) == 0
 

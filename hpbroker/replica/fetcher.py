@@ -91,6 +91,7 @@ class _Fetch:
     offset: int
     correlation_id: int
     limit_s: float  # how long it may go unanswered once sent: max_wait_ms + request_timeout_ms
+    version: int  # the FetchRequest version sent, which its response comes in
     sent_at: float = -1.0  # when its request was queued on a live connection; -1 while waiting for one
 
 
@@ -186,10 +187,14 @@ class ReplicaFetcher:
     # --- fetching ---------------------------------------------------------------------------------
 
     def fetch(self, topic: str, partition: int, offset: int, *, leader_epoch: int, last_fetched_epoch: int,
-              max_bytes: int, max_wait_ms: int, min_bytes: int = 1) -> None:
-        """Send a replica fetch of ``topic``-``partition`` from ``offset`` (the follower's flushed
+              max_bytes: int, max_wait_ms: int, min_bytes: int = 1,
+              durable_offset: int | None = None) -> None:
+        """Send a replica fetch of ``topic``-``partition`` from ``offset`` (the follower's log
         end) in ``leader_epoch`` (the epoch the follower believes current), its log's last batch
-        being of ``last_fetched_epoch`` (-1: none).  Queued and sent without waiting; connects
+        being of ``last_fetched_epoch`` (-1: none).  ``durable_offset``: the follower's flushed
+        end when it is below ``offset`` (its last records are being flushed), sent in
+        FetchRequest version 2; None (or ``offset``): ``offset`` is the flushed end, and the
+        fetch goes in version 1, which every leader serves.  Queued and sent without waiting; connects
         first if needed (a non-blocking connect; during a backoff, :meth:`process` connects once
         it is over).  RuntimeError when that partition already has a
         fetch in flight, or the fetcher is closed; InvalidRequestError for a field out of range."""
@@ -198,13 +203,17 @@ class ReplicaFetcher:
         key = (topic, partition)
         if key in self._partitions:
             raise RuntimeError(f"{self!r}: a fetch of {topic}-{partition} is already in flight")
+        pipelined = durable_offset is not None and durable_offset != offset
         request = protocol.FetchRequest(topic, partition, offset, max_bytes, max_wait_ms, min_bytes,
                                         replica_id=self.broker_id, current_leader_epoch=leader_epoch,
-                                        last_fetched_epoch=last_fetched_epoch)
+                                        last_fetched_epoch=last_fetched_epoch,
+                                        durable_offset=durable_offset if pipelined else -1)
+        version = 2 if pipelined else 1
         correlation_id = next(self._correlation_ids) & 0xFFFFFFFF
         frames = protocol.frame_tcp(protocol.encode_request(request, correlation_id, self._client_id,
-                                                            version=1))
-        fetch = _Fetch(topic, partition, offset, correlation_id, max_wait_ms / 1000 + self._request_timeout_s)
+                                                            version=version))
+        fetch = _Fetch(topic, partition, offset, correlation_id, max_wait_ms / 1000 + self._request_timeout_s,
+                       version)
         self._fetches.append(fetch)
         self._partitions.add(key)
         if self._sock is not None:
@@ -372,7 +381,9 @@ class ReplicaFetcher:
         if not self._fetches:
             raise InvalidRequestError("a response arrived with no fetch in flight")
         fetch = self._fetches[0]
-        header, response = protocol.decode_response(protocol.ApiKey.FETCH, frames, version=1)
+        header, response = protocol.decode_response(protocol.ApiKey.FETCH, frames,
+                                                    version=protocol.response_version(protocol.ApiKey.FETCH,
+                                                                                      fetch.version))
         if header.correlation_id != fetch.correlation_id:
             raise InvalidRequestError(
                 f"response with correlation id {header.correlation_id} where the fetch of "

@@ -8,8 +8,12 @@ replica fetch (:meth:`LeaderState.follower_fetched`), asks it for the high water
 ``updateFollowerFetchState``, ``maybeExpandIsr``, ``maybeShrinkIsr``,
 ``maybeIncrementLeaderHW``).  Times are milliseconds of one monotonic clock, the caller's.
 
-**Follower progress.**  A follower fetches only after it has flushed what it fetched before, so
-the ``fetch_offset`` of its fetch is its *flushed end*: every record below it is durable there.
+**Follower progress.**  Each replica fetch says where the follower reads from (its
+``fetch_offset``, its log end) and its *durable offset*, its flushed end: every record below it
+is durable there.  A follower that fetches only once its last response is flushed sends the two
+equal (FetchRequest versions 0 and 1); one that fetches the next range while its flush runs
+(version 2) sends a durable offset below its fetch offset.  **Only durable offsets count toward
+the HW and toward joining the ISR**; the fetch offset says how far it keeps up.
 A follower is *caught up* at a fetch when its fetch offset reaches the leader's flushed end at
 that moment (``last_caught_up_ms`` = the fetch's time); or, as Kafka does, when it reaches the
 leader's flushed end at its *previous* fetch (then it was caught up as of that previous fetch):
@@ -54,10 +58,12 @@ _UNKNOWN_OFFSET = -1
 class _Follower:
     """One follower as the leader sees it, within the current leader epoch."""
 
-    __slots__ = ("fetch_offset", "last_caught_up_ms", "last_fetch_leader_end", "last_fetch_ms")
+    __slots__ = ("durable_offset", "fetch_offset", "last_caught_up_ms", "last_fetch_leader_end",
+                 "last_fetch_ms")
 
     def __init__(self, last_caught_up_ms: int) -> None:
-        self.fetch_offset = _UNKNOWN_OFFSET  # its flushed end as of its last fetch
+        self.fetch_offset = _UNKNOWN_OFFSET  # its log end as of its last fetch
+        self.durable_offset = _UNKNOWN_OFFSET  # its flushed end as of its last fetch
         self.last_caught_up_ms = last_caught_up_ms
         self.last_fetch_leader_end = _UNKNOWN_OFFSET  # the leader's flushed end at its last fetch
         self.last_fetch_ms = 0
@@ -102,19 +108,27 @@ class LeaderState:
 
     # --- followers -------------------------------------------------------------------------------
 
-    def follower_fetched(self, replica_id: int, fetch_offset: int, leader_log_end: int, now_ms: int) -> bool:
-        """A replica fetch of this leader epoch from ``fetch_offset`` (the follower's flushed end)
-        arrived at ``now_ms``, the leader's flushed end being ``leader_log_end``.  False (nothing
+    def follower_fetched(self, replica_id: int, fetch_offset: int, leader_log_end: int, now_ms: int,
+                         durable_offset: int | None = None) -> bool:
+        """A replica fetch of this leader epoch from ``fetch_offset`` (the follower's log end)
+        arrived at ``now_ms``, the leader's flushed end being ``leader_log_end``;
+        ``durable_offset``: the follower's flushed end (None: ``fetch_offset``).  False (nothing
         recorded) when ``replica_id`` is not a follower of this partition: the caller refuses
-        the fetch."""
+        the fetch.  ValueError when ``durable_offset`` is past ``fetch_offset``."""
         follower = self._followers.get(replica_id)
         if follower is None:
             return False
+        if durable_offset is None:
+            durable_offset = fetch_offset
+        if durable_offset > fetch_offset:
+            raise ValueError(f"broker {replica_id}: durable offset {durable_offset} past its fetch offset "
+                             f"{fetch_offset}")
         if fetch_offset >= leader_log_end:
             follower.last_caught_up_ms = max(follower.last_caught_up_ms, now_ms)
         elif follower.last_fetch_leader_end >= 0 and fetch_offset >= follower.last_fetch_leader_end:
             follower.last_caught_up_ms = max(follower.last_caught_up_ms, follower.last_fetch_ms)
         follower.fetch_offset = fetch_offset
+        follower.durable_offset = durable_offset
         follower.last_fetch_leader_end = leader_log_end
         follower.last_fetch_ms = now_ms
         return True
@@ -132,13 +146,13 @@ class LeaderState:
         return self._high_watermark
 
     def high_watermark(self, leader_flushed_end: int) -> int:
-        """The HW now: the smallest flushed end over the maximal ISR (module docstring), never
-        below the last one."""
+        """The HW now: the smallest flushed end (durable offset) over the maximal ISR (module
+        docstring), never below the last one."""
         candidate = leader_flushed_end
         for replica in self._maximal_isr():
             follower = self._followers.get(replica)
             if follower is not None:
-                candidate = min(candidate, follower.fetch_offset)
+                candidate = min(candidate, follower.durable_offset)
         self._high_watermark = max(self._high_watermark, candidate)
         return self._high_watermark
 
@@ -164,8 +178,8 @@ class LeaderState:
             if replica in current:
                 if now_ms - follower.last_caught_up_ms <= self.lag_time_max_ms:
                     wanted.add(replica)
-            elif (follower.fetch_offset >= high_watermark
-                  and follower.fetch_offset >= self.leader_epoch_start_offset
+            elif (follower.durable_offset >= high_watermark
+                  and follower.durable_offset >= self.leader_epoch_start_offset
                   and now_ms - follower.last_fetch_ms <= self.lag_time_max_ms):
                 # Only a follower that is fetching: Kafka expands on a fetch.  A follower gone
                 # silent (its broker dead) whose last fetch offset happens to reach the HW must not

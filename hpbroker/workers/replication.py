@@ -21,14 +21,18 @@ into a :class:`ReplicaRole`, and are applied by :class:`Replication` to the part
   ``leader_port``).  The partition fetches from the leader's data port
   with a :class:`~hpbroker.replica.fetcher.ReplicaFetcher` of its own (a connection per followed
   partition: the data port answers a connection's requests in order, so a fetch parked at a
-  caught-up partition's end would hold back the others' answers), from its log end (= its
-  flushed end: the next fetch is sent only once the previous response's records are flushed),
+  caught-up partition's end would hold back the others' answers), from its log end,
   and appends the leader's very bytes
   (``PartitionLog.append_replicated``), flushing them at once, one group commit per response
-  (fdatasync'd as the topic's ``flush_fsync`` says).  A response naming a diverging epoch
-  truncates the log first (``hpbroker.replica.divergence``), an offset out of range below the
-  leader's log start empties it and starts it there (``truncate_fully_and_start_at``); any
-  other error, or a lost connection, is retried after a backoff until a new role arrives.
+  (fdatasync'd as the topic's ``flush_fsync`` says).  While that flush runs it fetches the next
+  range without waiting at the leader (FetchRequest version 2: ``durable_offset`` its flushed
+  end, which alone counts toward the leader's HW); after an empty answer, or with both flushes
+  of the partition in flight, it waits for a flush to complete, and a fetch sent with nothing
+  being flushed says its offset is durable (version 1) and may wait at the leader.  A response
+  naming a diverging epoch truncates the log first (``hpbroker.replica.divergence``), an offset
+  out of range below the leader's log start empties it and starts it there
+  (``truncate_fully_and_start_at``); any other error, or a lost connection, is retried after a
+  backoff until a new role arrives.
 - A role ``none``: the broker holds the partition but is no replica of it in this epoch (it is
   being moved away): every request is refused like a follower's; nothing is fetched.
 
@@ -73,10 +77,12 @@ from hpbroker import protocol
 from hpbroker.errors import (
     FencedLeaderEpochError,
     HPBrokerError,
+    InvalidRequestError,
     NotEnoughReplicasError,
     NotLeaderOrFollowerError,
     OffsetOutOfRangeError,
     StorageError,
+    UnsupportedVersionError,
 )
 from hpbroker.io.checkpoint import OffsetCheckpointFile
 from hpbroker.replica.divergence import diverging_epoch, truncation_offset
@@ -364,6 +370,9 @@ class FollowerReplica(_Replica):
         self.backoff_s = FETCH_BACKOFF_MIN_S
         self.on_flushed: Callable[[FollowerReplica], None] | None = None
         self.epochs_checked = False  # a log without leader epochs was cut back to the HW (once)
+        self.pipelining = True  # False once the leader refused FetchRequest version 2
+        self.fetch_pipelined = False  # the fetch in flight was sent while a flush ran
+        self.pipelining_paused = False  # the last answer was empty: the next fetch waits for the flush
 
     @property
     def high_watermark(self) -> int:
@@ -562,9 +571,14 @@ class Replication:
                                          None, version=waiter.version, leader_epoch=epoch,
                                          diverging_epoch=epoch_found, diverging_end_offset=end_offset))
             return
+        durable = request.offset if request.durable_offset < 0 else request.durable_offset
+        if durable > request.offset:
+            raise InvalidRequestError(f"{leader.role.name}: broker {request.replica_id} fetches from offset "
+                                      f"{request.offset} with durable offset {durable} past it")
         if log.log_start_offset <= request.offset <= log.log_end_offset:
             flushed_end = log.high_watermark
-            leader.state.follower_fetched(request.replica_id, request.offset, flushed_end, self._now_ms())
+            leader.state.follower_fetched(request.replica_id, request.offset, flushed_end, self._now_ms(),
+                                          durable_offset=durable)
             self._high_watermark_checked(partition, leader)
             self._propose_isr(leader)
         partition.fetch(waiter, deadline)
@@ -596,10 +610,19 @@ class Replication:
                 or partition.replica is not follower):
             return
         log = partition.log
-        if partition.flushes or not log.writable:
-            return  # the flush's completion calls again
-        if log.pending_records:
-            partition.flush_now()  # its completion calls again
+        if not log.writable:
+            return
+        if _not_in_a_flush(log):
+            partition.flush_now()
+            if _not_in_a_flush(log):
+                return  # no flush could begin: a completion calls again
+        if partition.flushes:
+            # Flushing: fetch the next range meanwhile, saying what is durable (the leader counts
+            # only that), and with no wait at the leader, so that the next fetch, which says the
+            # flush is done, follows soon.  Not after an empty answer: then the flush's
+            # completion calls again, for a fetch that may wait at the leader.
+            if follower.pipelining and follower.epochs_checked and not follower.pipelining_paused:
+                self._send_fetch(follower, durable_offset=log.high_watermark, max_wait_ms=0)
             return
         if not follower.epochs_checked:
             follower.epochs_checked = True
@@ -610,11 +633,19 @@ class Replication:
                 logger.warning("[%s] holds records but no leader epoch: truncating from %d to the high "
                                "watermark %d before fetching", follower.role.name, log.log_end_offset, target)
                 log.truncate_to(target)
+        self._send_fetch(follower, durable_offset=None, max_wait_ms=self._fetch_wait_max_ms)
+
+    def _send_fetch(self, follower: FollowerReplica, *, durable_offset: int | None, max_wait_ms: int) -> None:
+        partition = follower.partition
+        log = partition.log
+        assert follower.fetcher is not None
         follower.fetcher.fetch(partition.topic, partition.partition, log.log_end_offset,
                                leader_epoch=follower.leader_epoch,
                                last_fetched_epoch=log.leader_epochs.latest_epoch,
-                               max_bytes=self._fetch_max_bytes, max_wait_ms=self._fetch_wait_max_ms)
+                               max_bytes=self._fetch_max_bytes, max_wait_ms=max_wait_ms,
+                               durable_offset=durable_offset)
         follower.in_flight = True
+        follower.fetch_pipelined = durable_offset is not None
 
     def _follower(self, topic: str, partition_id: int) -> tuple[Partition, FollowerReplica] | None:
         try:
@@ -666,6 +697,17 @@ class Replication:
         """Apply one fetch response; True when the next fetch may go at once (else a flush or a
         backoff comes first)."""
         log, role = partition.log, follower.role
+        pipelined, follower.fetch_pipelined = follower.fetch_pipelined, False
+        if header.error_code == UnsupportedVersionError.code and pipelined:
+            logger.warning("[%s] broker %d does not serve FetchRequest version 2: fetching only once "
+                           "flushed", role.name, role.leader)
+            follower.pipelining = False
+            return True
+        if pipelined and log.pending_records and (
+                header.error_code == OffsetOutOfRangeError.code or response.diverging_epoch >= 0
+                or response.diverging_end_offset >= 0):
+            follower.pipelining_paused = True  # truncating waits for the flushes: the next fetch,
+            return True  # sent once they are done, asks again
         if header.error_code == OffsetOutOfRangeError.code:
             return self._out_of_range(partition, follower, response, now)
         if header.error_code:
@@ -692,9 +734,11 @@ class Replication:
                 return False
             return True
         if not len(response.payload):
+            follower.pipelining_paused = True
             return True
+        follower.pipelining_paused = False
         log.append_replicated(response.payload, immutable=isinstance(response.payload, bytes))
-        partition.flush_now()  # the next fetch goes once this flush is applied (FollowerReplica.flushed)
+        partition.flush_now()  # the next fetch says it durable once this flush is applied
         return True
 
     def _out_of_range(self, partition: Partition, follower: FollowerReplica, response: protocol.FetchResponse,
@@ -795,6 +839,11 @@ class Replication:
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
+
+
+def _not_in_a_flush(log: Any) -> bool:
+    """Whether the log holds appended records that no flush has begun to write."""
+    return log.pending_records > sum(job.records for job in log.flushes_in_flight)
 
 
 def _bytes_after(log: Any, offset: int) -> int:

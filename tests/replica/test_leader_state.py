@@ -210,3 +210,22 @@ def test_acks_all_is_refused_while_the_isr_is_below_min_insync_replicas(isr, min
     assert str(raised.value) == (f"orders-0: {len(isr)} in-sync replicas {list(isr)}, "
                                  f"min_insync_replicas is {min_isr}")
     assert raised.value.retriable and raised.value.code == 24
+
+
+def test_only_a_followers_durable_offset_counts_toward_the_high_watermark():
+    state = _leader(isr=(0, 1))
+    state.follower_fetched(1, 10, 10, 100, durable_offset=4)  # fetched to 10, flushed to 4
+    assert state.high_watermark(10) == 4
+    assert state.follower_progress()[1] == (10, 100)  # keeping up is its fetch offset's
+    state.follower_fetched(1, 12, 12, 200)  # version 1: its fetch offset is durable
+    assert state.high_watermark(12) == 12
+    with pytest.raises(ValueError, match="durable offset 13 past its fetch offset 12"):
+        state.follower_fetched(1, 12, 12, 300, durable_offset=13)
+
+
+def test_a_replica_joins_the_isr_only_once_its_durable_offset_reaches_the_high_watermark():
+    state = _leader(isr=(0,), high_watermark=10)
+    state.follower_fetched(1, 10, 10, 100, durable_offset=9)
+    assert state.isr_change(10, 100) is None
+    state.follower_fetched(1, 10, 10, 200, durable_offset=10)
+    assert state.isr_change(10, 200) == (0, 1)

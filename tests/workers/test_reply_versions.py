@@ -84,4 +84,4 @@ def test_a_data_port_refuses_a_version_it_does_not_serve_with_error_9(start_work
     head[2:4] = (3).to_bytes(2, "little")
     header, _ = protocol.decode_response(ApiKey.FETCH, _ask(worker.port, bytes(head)))
     assert (header.correlation_id, header.error_code) == (6, 9)
-    assert "FetchRequest version 3 is not served; versions 0..1" in header.error_message
+    assert "FetchRequest version 3 is not served; versions 0..2" in header.error_message
