@@ -137,6 +137,9 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "hpbroker_under_min_isr_partitions": (
         GAUGE, (), "Partitions this broker leads whose ISR is smaller than min_insync_replicas: "
                    "acks=all produce is refused."),
+    "hpbroker_replica_fetch_failed_partitions": (
+        GAUGE, (), "Partitions this broker follows whose leader could not give a range intact (its bytes "
+                   "failed this replica's checks, or it answered a storage error): retried with backoff."),
     "hpbroker_isr_shrinks_total": (
         COUNTER, ("worker",), "ISR shrinks (a follower dropped) of the partitions the worker leads."),
     "hpbroker_isr_expands_total": (
@@ -311,7 +314,8 @@ class MetricsEndpoint:
                 logger.warning("[arbiter] metrics: ignoring the stats of worker slot %d: %r", view.index, e)
         for name, value in (("hpbroker_leader_partitions", replicas.leaders),
                             ("hpbroker_under_replicated_partitions", replicas.under_replicated),
-                            ("hpbroker_under_min_isr_partitions", replicas.under_min_isr)):
+                            ("hpbroker_under_min_isr_partitions", replicas.under_min_isr),
+                            ("hpbroker_replica_fetch_failed_partitions", replicas.fetch_failed)):
             families[name].add((), value)
         self._add_controller(families)
         self._add_groups(families, replicas.high_watermarks, now)
@@ -358,6 +362,7 @@ class _Replicas:
         self.seen: set[tuple[str, int]] = set()  # partitions already counted (by one slot only)
         self.high_watermarks: dict[tuple[str, int], int] = {}  # those led here: where consumers read to
         self.leaders = self.under_replicated = self.under_min_isr = 0
+        self.fetch_failed = 0  # partitions followed here whose leader's range failed
 
 
 def _add_worker(families: dict[str, MetricFamily], slot: int, stats: dict[str, Any], now: float,
@@ -395,6 +400,7 @@ def _add_worker(families: dict[str, MetricFamily], slot: int, stats: dict[str, A
         replicas.seen.add(key)
         values, role = partitions[key]
         series.extend((family, key, values[field]) for field, family in _PARTITION_FIELDS)
+        replicas.fetch_failed += role.fetch_failed
         if role.leading:
             replicas.leaders += 1
             replicas.under_replicated += role.under_replicated
@@ -417,6 +423,7 @@ class _Role:
     under_replicated: int
     under_min_isr: int
     followers: tuple[tuple[int, int, int], ...]  # (broker, lag in records, lag in bytes), on the leader
+    fetch_failed: int = 0  # on a follower: 1 while its leader's range failed
 
     @classmethod
     def parse(cls, entry: Mapping[str, Any]) -> _Role:
@@ -424,7 +431,7 @@ class _Role:
         if role is None:
             return cls(True, None, 0, 0, ())
         if role != "leader":
-            return cls(False, None, 0, 0, ())
+            return cls(False, None, 0, 0, (), int(entry.get("fetch_failed", 0)))
         followers = tuple((int(f["broker"]), int(f["lag_records"]), int(f["lag_bytes"]))
                           for f in entry.get("followers", ()))
         return cls(True, int(entry["replicated_high_watermark"]), int(entry.get("under_replicated", 0)),

@@ -31,8 +31,11 @@ into a :class:`ReplicaRole`, and are applied by :class:`Replication` to the part
   being flushed says its offset is durable (version 1) and may wait at the leader.  A response
   naming a diverging epoch truncates the log first (``hpbroker.replica.divergence``), an offset
   out of range below the leader's log start empties it and starts it there
-  (``truncate_fully_and_start_at``); any other error, or a lost connection, is retried after a
-  backoff until a new role arrives.
+  (``truncate_fully_and_start_at``); a range the leader cannot give intact (its bytes fail
+  this replica's checks, or it answers error 2, 7 or 18) is logged once, counted failed
+  (``fetch_failed`` in the stats) and fetched again after a backoff doubling up to
+  FAILED_FETCH_BACKOFF_MAX_S, and at once on a new leader or epoch; any other error, or a lost
+  connection, is retried after a backoff until a new role arrives.
 - A role ``none``: the broker holds the partition but is no replica of it in this epoch (it is
   being moved away): every request is refused like a follower's; nothing is fetched.
 
@@ -75,6 +78,8 @@ from typing import TYPE_CHECKING, Any
 
 from hpbroker import protocol
 from hpbroker.errors import (
+    CorruptRecordError,
+    DamagedRangeError,
     FencedLeaderEpochError,
     HPBrokerError,
     InvalidRequestError,
@@ -94,6 +99,7 @@ if TYPE_CHECKING:
     from hpbroker.workers.partitions import FetchWaiter, Partition, PartitionSet
 
 __all__ = [
+    "FAILED_FETCH_BACKOFF_MAX_S",
     "FETCH_BACKOFF_MAX_S",
     "FETCH_BACKOFF_MIN_S",
     "HIGH_WATERMARK_CHECKPOINT_FILE_NAME",
@@ -112,6 +118,11 @@ ROLE_LEADER, ROLE_FOLLOWER, ROLE_NONE = "leader", "follower", "none"
 # How soon a follower fetches again after an error, first and at most (seconds).
 FETCH_BACKOFF_MIN_S = 0.1
 FETCH_BACKOFF_MAX_S = 2.0
+# How long a follower waits, at most, before fetching again a range its leader could not give
+# intact (bytes failing the follower's checks; error 2, 7 or 18 from the leader): Kafka marks such
+# a partition failed; here it stays counted failed and is retried, at once on a new role.
+FAILED_FETCH_BACKOFF_MAX_S = 30.0
+_DAMAGED_AT_THE_LEADER = frozenset({CorruptRecordError.code, StorageError.code, DamagedRangeError.code})
 # How often a leader checks its followers' lag without a fetch to trigger it, at most (seconds).
 ISR_CHECK_MAX_INTERVAL_S = 1.0
 # The replicated high watermark kept in the partition directory (docs/FORMAT.md), and how often
@@ -373,6 +384,10 @@ class FollowerReplica(_Replica):
         self.pipelining = True  # False once the leader refused FetchRequest version 2
         self.fetch_pipelined = False  # the fetch in flight was sent while a flush ran
         self.pipelining_paused = False  # the last answer was empty: the next fetch waits for the flush
+        # The offset from which the leader could not give its range intact (its bytes failed this
+        # replica's checks, or it answered a storage error there), until a fetch gets past it.
+        self.failed_offset: int | None = None
+        self.failed_backoff_s = FETCH_BACKOFF_MIN_S
 
     @property
     def high_watermark(self) -> int:
@@ -387,6 +402,31 @@ class FollowerReplica(_Replica):
         """Fetch again after the backoff, which doubles up to FETCH_BACKOFF_MAX_S."""
         self.retry_at = now + self.backoff_s
         self.backoff_s = min(2 * self.backoff_s, FETCH_BACKOFF_MAX_S)
+
+    def range_failed(self, offset: int, now: float) -> bool:
+        """The range from ``offset`` could not be fetched intact: fetch it again after a backoff
+        doubling up to FAILED_FETCH_BACKOFF_MAX_S.  True when this is news (another offset)."""
+        news = self.failed_offset != offset
+        if news:
+            self.failed_backoff_s = FETCH_BACKOFF_MIN_S
+        self.failed_offset = offset
+        self.retry_at = now + self.failed_backoff_s
+        self.failed_backoff_s = min(2 * self.failed_backoff_s, FAILED_FETCH_BACKOFF_MAX_S)
+        return news
+
+    def carry_failure(self, previous: _Replica | None) -> None:
+        """A role of the same leader and epoch as ``previous`` (an ISR change only): keep its
+        failed range and backoff; a new leader or epoch starts afresh, fetching at once."""
+        if (isinstance(previous, FollowerReplica) and previous.failed_offset is not None
+                and (previous.role.leader, previous.leader_epoch) == (self.role.leader, self.leader_epoch)):
+            self.failed_offset = previous.failed_offset
+            self.failed_backoff_s = previous.failed_backoff_s
+            self.retry_at = previous.retry_at
+
+    def stats(self) -> dict[str, Any]:
+        """For ``hpbroker.workers.stats``: ``fetch_failed`` 1 while the leader's range from
+        ``failed_offset`` could not be fetched intact."""
+        return {"fetch_failed": int(self.failed_offset is not None), "failed_offset": self.failed_offset}
 
 
 class NoReplica(_Replica):
@@ -497,6 +537,7 @@ class Replication:
                                      on_response=self._on_response, on_lost=self._on_lost, now=self._clock())
         checkpoint, known = self._known_high_watermark(partition)
         follower = FollowerReplica(partition, role, checkpoint, fetcher, known)
+        follower.carry_failure(current)
         follower.on_flushed = self._maybe_fetch
         if fetcher is not None:
             follower.in_flight = fetcher.in_flight(partition.topic, partition.partition)
@@ -683,6 +724,9 @@ class Replication:
             partition.storage_error(e)
             follower.failed(now)
             return
+        except CorruptRecordError as e:  # the leader's bytes failed this replica's checks
+            self._range_failed(follower, str(e), now)
+            return
         except HPBrokerError as e:
             logger.error("[%s] replicating from broker %d failed: %s; retrying", follower.role.name,
                          follower.role.leader, e)
@@ -710,6 +754,10 @@ class Replication:
             return True  # sent once they are done, asks again
         if header.error_code == OffsetOutOfRangeError.code:
             return self._out_of_range(partition, follower, response, now)
+        if header.error_code in _DAMAGED_AT_THE_LEADER:
+            why = f"the leader answers error {header.error_code}: {header.error_message}"
+            self._range_failed(follower, why, now)
+            return False
         if header.error_code:
             if follower.backoff_s == FETCH_BACKOFF_MIN_S:
                 logger.warning("[%s] fetching from broker %d: error %d: %s; retrying", role.name, role.leader,
@@ -738,8 +786,27 @@ class Replication:
             return True
         follower.pipelining_paused = False
         log.append_replicated(response.payload, immutable=isinstance(response.payload, bytes))
+        if follower.failed_offset is not None:
+            logger.info("[%s] replicating from broker %d again: offset %d came intact (log end now %d)",
+                        role.name, role.leader, follower.failed_offset, log.log_end_offset)
+            follower.failed_offset = None
         partition.flush_now()  # the next fetch says it durable once this flush is applied
         return True
+
+    def _range_failed(self, follower: FollowerReplica, why: str, now: float) -> None:
+        """The leader could not give the range from the follower's log end intact: one error
+        in the log per offset and leader epoch, the partition counted as failed, and the next
+        fetch after a backoff doubling up to FAILED_FETCH_BACKOFF_MAX_S (a new role retries
+        at once)."""
+        role, offset = follower.role, follower.partition.log.log_end_offset
+        if follower.range_failed(offset, now):
+            logger.error("[%s] cannot replicate offset %d from its leader, broker %d (leader epoch %d): "
+                         "%s; the partition stays under-replicated; fetching it again with backoff up to "
+                         "%.0f s, and at once on a new leader or epoch", role.name, offset, role.leader,
+                         role.leader_epoch, why, FAILED_FETCH_BACKOFF_MAX_S)
+        else:
+            logger.debug("[%s] offset %d from broker %d still fails: %s; next try in %.1f s", role.name,
+                         offset, role.leader, why, follower.retry_at - now)
 
     def _out_of_range(self, partition: Partition, follower: FollowerReplica, response: protocol.FetchResponse,
                       now: float) -> bool:

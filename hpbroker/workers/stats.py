@@ -50,7 +50,9 @@ while the ISR is smaller than the replicas), ``under_min_isr`` (1 while the ISR 
 changes taken since leadership began) and ``followers``: ``[{"broker": 1, "fetch_offset": 51200,
 "in_sync": true, "lag_records": 34, "lag_bytes": 4096, "last_caught_up_ms": ...}, ...]`` (lag
 behind the leader's flushed end, as of each follower's last fetch; ``fetch_offset`` -1 before
-its first fetch in this leader epoch).
+its first fetch in this leader epoch); on a follower ``fetch_failed`` (1 while its leader could
+not give the range from ``failed_offset`` intact, ``hpbroker.workers.replication``) and
+``failed_offset`` (null when none).
 
 The worker-wide ``isr_shrinks`` and ``isr_expands`` (top level) count the ISR changes its
 leaders took since the worker started: a partition's own counts start again with each
