@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -248,8 +248,8 @@ def _check_topic(th: TopicHistory, history: History, acks: str,
     events["verified"] = first_ack[verified_values]
 
     _lost_and_unseen(r, events, th, ap, ao, av, pp, po, read_mask, first_ack)
-    _positions(r, events, th, pair_pos, pair_v, pos_p, pos_o, n_pos, nv, first_ack, first_read,
-               _first_time(pos_id, obs_t, n_pos))
+    seen = _Seen(pair_pos, pair_v, pos_p, pos_o, _first_time(pos_id, obs_t, n_pos))
+    _positions(r, events, th, history, seen, first_ack, first_read)
     _polls(r, events, th, history, pos_p, pos_o)
     phantom = np.flatnonzero(read_mask & ((flags & INVOKED) == 0))
     examples = [f"{th.values[v]!r} read at {th.topic}/{_where(th, v)}, never invoked"
@@ -304,25 +304,62 @@ def _highest_read(pp: np.ndarray, po: np.ndarray, ap: np.ndarray) -> np.ndarray:
     return np.where(parts[idx] == ap, highs[idx], -1)
 
 
-def _positions(r: TopicResult, events: _Events, th: TopicHistory, pair_pos: np.ndarray, pair_v: np.ndarray,
-               pos_p: np.ndarray, pos_o: np.ndarray, n_pos: int, nv: int, first_ack: np.ndarray,
-               first_read: np.ndarray, pos_first_time: np.ndarray) -> None:
+class _Seen(NamedTuple):
+    """The distinct observations of a topic: ``pair_pos[i]``, ``pair_v[i]`` the position id and
+    value id of distinct pair i; position id q is (``pos_p[q]``, ``pos_o[q]``), ids in sorted
+    order, first observed at ``pos_first_time[q]``."""
+
+    pair_pos: np.ndarray
+    pair_v: np.ndarray
+    pos_p: np.ndarray
+    pos_o: np.ndarray
+    pos_first_time: np.ndarray
+
+
+def _positions(r: TopicResult, events: _Events, th: TopicHistory, history: History, seen: _Seen,
+               first_ack: np.ndarray, first_read: np.ndarray) -> None:
     """duplicate (a value at several positions) and inconsistent-offsets (a position, several values)."""
+    pair_pos, pair_v, pos_p, pos_o, pos_first_time = seen
+    nv, n_pos = len(first_ack), len(pos_p)
     per_value = np.bincount(pair_v, minlength=nv) if nv else np.zeros(0, dtype=np.int64)
     dup = np.flatnonzero(per_value > 1)
-    examples = []
-    for v in dup[:MAX_EXAMPLES]:
-        where = [f"{pos_p[q]}@{pos_o[q]}" for q in pair_pos[pair_v == v][:5]]
-        examples.append(f"{th.values[v]!r} at {len(where)} positions of {th.topic}: {', '.join(where)}")
-    _record(r, events, "duplicate", np.where(np.isfinite(first_ack[dup]), first_ack[dup], first_read[dup]),
-            examples, len(dup))
+    times = np.where(np.isfinite(first_ack[dup]), first_ack[dup], first_read[dup])
+    examples = [f"{th.values[v]!r} at {per_value[v]} positions of {th.topic} (first t={t:.3f}): "
+                f"{_value_sides(th, int(v))}" for v, t in zip(dup[:MAX_EXAMPLES], times, strict=False)]
+    _record(r, events, "duplicate", times, examples, len(dup))
     per_pos = np.bincount(pair_pos, minlength=n_pos) if n_pos else np.zeros(0, dtype=np.int64)
     bad = np.flatnonzero(per_pos > 1)
-    examples = []
-    for q in bad[:MAX_EXAMPLES]:
-        values = [repr(th.values[v]) for v in pair_v[pair_pos == q][:5]]
-        examples.append(f"{th.topic}/{pos_p[q]}@{pos_o[q]} holds {len(values)} values: {', '.join(values)}")
+    examples = [f"{th.topic}/{pos_p[q]}@{pos_o[q]} holds {per_pos[q]} values "
+                f"(first t={pos_first_time[q]:.3f}): "
+                f"{_position_sides(th, history, int(pos_p[q]), int(pos_o[q]))}" for q in bad[:MAX_EXAMPLES]]
     _record(r, events, "inconsistent-offsets", pos_first_time[bad], examples, len(bad))
+
+
+def _value_sides(th: TopicHistory, vid: int) -> str:
+    """Where one value was acknowledged and where read (for examples)."""
+    rows = np.flatnonzero(_col(th.ack_value, np.int64) == vid)
+    acked = sorted({(th.ack_partition[i], th.ack_offset[i]) for i in rows})
+    rows = np.flatnonzero(_col(th.poll_value, np.int64) == vid)
+    read = sorted({(th.poll_partition[i], th.poll_offset[i]) for i in rows})
+    text = "; ".join(f"{what} at {', '.join(f'{p}@{o}' for p, o in where[:5])}"
+                     for what, where in (("acknowledged", acked), ("read", read)) if where)
+    return text or "never acknowledged nor read"
+
+
+def _position_sides(th: TopicHistory, history: History, partition: int, offset: int) -> str:
+    """Which value each side saw at one position (for examples)."""
+    seen: dict[str, list[str]] = {}
+    rows = np.flatnonzero((_col(th.ack_partition, np.int64) == partition)
+                          & (_col(th.ack_offset, np.int64) == offset))
+    for i in rows:
+        seen.setdefault(th.values[th.ack_value[i]], []).append("acknowledged")
+    rows = np.flatnonzero((_col(th.poll_partition, np.int64) == partition)
+                          & (_col(th.poll_offset, np.int64) == offset))
+    for i in rows:
+        seen.setdefault(th.values[th.poll_value[i]], []).append(
+            f"read by {history.streams[th.poll_stream[i]]}")
+    return ", ".join(f"{value!r} ({', '.join(sorted(set(sides)))})"
+                     for value, sides in list(seen.items())[:5])
 
 
 def _polls(r: TopicResult, events: _Events, th: TopicHistory, history: History, pos_p: np.ndarray,

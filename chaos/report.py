@@ -1,9 +1,10 @@
 """The report of a campaign: ``report.md`` for people, ``report.json`` for machines, ``throughput.svg``.
 
 ``report.md``: the verdict (``Result.ok("all")``), the command and seed that replay the run, the
-totals per topic, then a table per nemesis (faults injected; records acknowledged and verified,
-anomalies by kind and unavailability p50/max per topic, attributed as ``chaos.checker`` says), the
-anomalies per acks level with their examples, and every fault.  ``report.json``:
+totals per topic, an overview with one row per nemesis, then a table per nemesis (faults
+injected; records acknowledged and verified, anomalies by kind and unavailability p50/max per
+topic, attributed as ``chaos.checker`` says), the anomalies per acks level with their examples,
+and every fault.  ``report.json``:
 ``{"ok": {"all": bool, "1": bool}, "meta": meta, "result": Result.to_json()}``.
 ``throughput.svg``: acknowledged records per second per topic in 1 s buckets over the run, each
 fault's interval shaded and labelled with its nemesis; written by hand, no plotting library.
@@ -112,6 +113,7 @@ def _markdown(result: Result, faults: list[Any], meta: dict) -> str:
             "Records and anomalies belong to the fault that started last before them (`none`: before "
             "the first fault). Unavailability: per fault and partition, the longest gap between "
             "acknowledged writes overlapping the fault; p50 and max over them.", ""]
+    out += _overview(result)
     for n in result.nemeses.values():
         out += [f"### {n.nemesis}", "", f"Faults injected: {n.faults}", ""]
         out += _table(["topic", "acks", "acknowledged", "verified", *ANOMALY_KINDS,
@@ -135,6 +137,23 @@ def _markdown(result: Result, faults: list[Any], meta: dict) -> str:
     out += _faults_section(result, faults)
     out += ["## Throughput", "", "![acknowledged records per second](throughput.svg)", ""]
     return "\n".join(out)
+
+
+def _overview(result: Result) -> list[str]:
+    """One row per nemesis: faults, acknowledged/verified and unavailability per topic, anomalies."""
+    topics = list(result.topics)
+    rows = []
+    for n in result.nemeses.values():
+        found = "; ".join(f"{topic} {kind} {count}" for topic in topics
+                          for kind, count in n.anomalies.get(topic, {}).items() if count) or "none"
+        rows.append([n.nemesis, n.faults,
+                     *(f"{n.acknowledged.get(t, 0)} / {n.verified.get(t, 0)}" for t in topics), found,
+                     *(f"{_seconds(n.unavailability_p50_s.get(t))} / "
+                       f"{_seconds(n.unavailability_max_s.get(t))}" for t in topics)])
+    if not rows:
+        return []
+    return _table(["nemesis", "faults", *(f"{t} acknowledged / verified" for t in topics), "anomalies",
+                   *(f"{t} unavailability p50 / max s" for t in topics)], rows)
 
 
 def _faults_section(result: Result, faults: list[Any]) -> list[str]:

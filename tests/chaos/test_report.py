@@ -78,6 +78,8 @@ def test_markdown_has_a_table_per_nemesis_and_the_anomalies_with_examples(tmp_pa
     assert "`python -m chaos --seed 42 --duration 30`" in text
     for section in ("### kill", "### split", "### none", "### acks=all", "### acks=1"):
         assert section in text
+    overview = next(line for line in text.splitlines() if line.startswith("| kill |"))
+    assert [c.strip() for c in overview.strip("|").split("|")][:4] == ["kill", "1", "70 / 70", "100 / 99"]
     kill = text.split("### kill")[1].split("###")[0]
     assert "Faults injected: 1" in kill
     header = next(line for line in kill.splitlines() if line.startswith("| topic"))
