@@ -25,7 +25,8 @@ other malformed line with the file and line number.
 :class:`HistoryWriter` is shared by a client's threads (send callbacks run on the producer's I/O
 thread).  :func:`read_histories` reads a whole directory into a :class:`History` whose events are
 kept per topic in typed arrays, values interned to dense ids, so that the checker can hand them
-to numpy without copying: tens of millions of lines fit in a few hundred MB.
+to numpy without copying: about 75 bytes a line (a value's string and its index weigh most; four
+lines a record), so a 30-minute campaign's ten million lines take well under 1 GB.
 """
 
 from __future__ import annotations

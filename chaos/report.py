@@ -37,6 +37,9 @@ def _seconds(value: float | None) -> str:
 
 
 def _command(meta: dict) -> str:
+    """``meta["replay"]`` (the command that replays the schedule), else ``meta["argv"]``."""
+    if meta.get("replay"):
+        return str(meta["replay"])
     argv = meta.get("argv")
     if isinstance(argv, (list, tuple)):
         return shlex.join(str(a) for a in argv)
@@ -96,7 +99,7 @@ def _markdown(result: Result, faults: list[Any], meta: dict) -> str:
            f"**acks=all: {_verdict(result, 'all')}** (zero lost-write, unseen, inconsistent-offsets and "
            "poll-skip required; acks=1 anomalies are reported below, never hidden)", "",
            f"Replay: `{_command(meta)}`", ""]
-    facts = [("seed", meta.get("seed")), ("duration s", meta.get("duration")),
+    facts = [("seed", meta.get("seed")), ("duration s", meta.get("duration_s", meta.get("duration"))),
              ("brokers", meta.get("brokers")), ("nemeses", meta.get("nemeses")),
              ("faults injected", len(result.faults)),
              ("history", f"{result.history.get('files', 0)} files, {result.history.get('lines', 0)} lines, "

@@ -12,8 +12,8 @@ from chaos.report import render_svg, summary, write_report
 
 SVG = "{http://www.w3.org/2000/svg}"
 TOPICS = {"chaos-all": {"acks": "all", "partitions": 2}, "chaos-one": {"acks": "1", "partitions": 2}}
-META = {"seed": 42, "duration": 30, "argv": ["python", "-m", "chaos", "--seed", "42", "--duration", "30"],
-        "topics": TOPICS, "brokers": 3, "nemeses": ["kill", "split"]}
+META = {"seed": 42, "duration_s": 30, "argv": ["--duration", "30"], "topics": TOPICS, "brokers": 3,
+        "nemeses": ["kill", "split"], "replay": "python -m chaos --seed 42 --duration 30"}
 
 
 @dataclass
@@ -75,7 +75,7 @@ def test_markdown_has_a_table_per_nemesis_and_the_anomalies_with_examples(tmp_pa
     write_report(result, faults, META, tmp_path)
     text = (tmp_path / "report.md").read_text()
     assert "**acks=all: OK**" in text
-    assert "`python -m chaos --seed 42 --duration 30`" in text
+    assert "Replay: `python -m chaos --seed 42 --duration 30`" in text and "| duration s | 30 |" in text
     for section in ("### kill", "### split", "### none", "### acks=all", "### acks=1"):
         assert section in text
     overview = next(line for line in text.splitlines() if line.startswith("| kill |"))
@@ -120,8 +120,9 @@ def test_svg_of_an_empty_run_is_still_a_document(tmp_path):
     result = check(read_histories(tmp_path / "history"), TOPICS, [])
     root = ET.fromstring(render_svg(result, []))
     assert "no acknowledged writes" in {t.text for t in root.iter(f"{SVG}text")}
-    write_report(result, [], {}, tmp_path / "out")
-    assert "# Chaos campaign, seed ?" in (tmp_path / "out" / "report.md").read_text()
+    write_report(result, [], {"argv": ["python", "-m", "chaos", "--short"]}, tmp_path / "out")
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "# Chaos campaign, seed ?" in text and "Replay: `python -m chaos --short`" in text
 
 
 def test_faults_given_as_dicts_and_one_not_healed(tmp_path):
