@@ -264,7 +264,7 @@ class Partition:
                 info = self.log.append(payload, immutable=immutable,
                                        leader_epoch=max(0, self.log.leader_epochs.latest_epoch))
             else:
-                replica.check_produce(acks)
+                acks = replica.check_produce(acks)
                 info = self.log.append(payload, immutable=immutable, leader_epoch=replica.leader_epoch)
         except HPBrokerError as e:
             if isinstance(e, StorageError):

@@ -108,6 +108,7 @@ __all__ = [
     "HighWatermarkCheckpoint",
     "LeaderReplica",
     "NoReplica",
+    "UNSAFE_ACK_BEFORE_REPLICATION_ENV",
     "ReplicaRole",
     "Replication",
 ]
@@ -129,6 +130,9 @@ ISR_CHECK_MAX_INTERVAL_S = 1.0
 # it is written where it moved (Kafka's replica.high.watermark.checkpoint.interval.ms).
 HIGH_WATERMARK_CHECKPOINT_FILE_NAME = "high-watermark-checkpoint"
 HIGH_WATERMARK_CHECKPOINT_INTERVAL_S = 5.0
+# Test only, a planted bug for the chaos suite's checker: set to "1" in a broker's environment,
+# its leaders answer acks=all at their own flush, breaking the acks=all promise (docs/REPLICATION.md).
+UNSAFE_ACK_BEFORE_REPLICATION_ENV = "HPBROKER_UNSAFE_ACK_BEFORE_REPLICATION"
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,8 +257,10 @@ class _Replica:
         return NotLeaderOrFollowerError(f"broker {broker_id} does not lead {self.role.name}: "
                                         f"{self.role.leader_text()}")
 
-    def check_produce(self, acks: int) -> None:
-        """Raise when a produce must be refused before anything is appended."""
+    def check_produce(self, acks: int) -> int:
+        """Raise when a produce must be refused before anything is appended; else the acks
+        level to answer it at (``acks`` itself but under UNSAFE_ACK_BEFORE_REPLICATION_ENV)."""
+        return acks
 
     def flushed(self) -> None:
         """A group commit of the partition's log was applied."""
@@ -290,6 +296,7 @@ class LeaderReplica(_Replica):
         super().__init__(partition, role, checkpoint)
         self.state = state
         self.isr_shrinks = self.isr_expands = 0
+        self.unsafe_ack_before_replication = False  # UNSAFE_ACK_BEFORE_REPLICATION_ENV (tests only)
 
     @property
     def high_watermark(self) -> int:
@@ -303,9 +310,12 @@ class LeaderReplica(_Replica):
     def flushed(self) -> None:
         self.update_high_watermark()  # the partition settles its produces and wakes its fetches next
 
-    def check_produce(self, acks: int) -> None:
+    def check_produce(self, acks: int) -> int:
         if acks == protocol.ACKS_ALL:
+            if self.unsafe_ack_before_replication:
+                return 1  # the planted bug: acks=all answered at this leader's own flush
             self.state.check_min_isr(self.role.name)
+        return acks
 
     def settle_error(self) -> HPBrokerError | None:
         """Kafka's NOT_ENOUGH_REPLICAS_AFTER_APPEND, sent as error 24: the records were appended
@@ -461,6 +471,13 @@ class Replication:
         self._leaders: set[Partition] = set()
         self._next_isr_check = 0.0
         self._next_high_watermark_checkpoint = clock() + HIGH_WATERMARK_CHECKPOINT_INTERVAL_S
+        self.unsafe_ack_before_replication = os.environ.get(UNSAFE_ACK_BEFORE_REPLICATION_ENV) == "1"
+        if self.unsafe_ack_before_replication:
+            logger.warning("%s=1: acks=all produce requests are answered at this leader's own flush, "
+                           "without waiting for the in-sync replicas and without the min_insync_replicas "
+                           "check: acknowledged records can be lost when the leader changes.  A test-only "
+                           "switch (it proves the chaos checker finds lost writes); never set it in "
+                           "production", UNSAFE_ACK_BEFORE_REPLICATION_ENV)
 
     # --- roles -----------------------------------------------------------------------------------
 
@@ -519,6 +536,7 @@ class Replication:
                             min_insync_replicas=role.min_insync_replicas, now_ms=self._now_ms(),
                             leader_epoch_start_offset=start, high_watermark=known)
         leader = LeaderReplica(partition, role, checkpoint, state)
+        leader.unsafe_ack_before_replication = self.unsafe_ack_before_replication
         self._leave(partition, leader)
         self._leaders.add(partition)
         logger.info("[%s] leader in epoch %d from offset %d, replicas %s, ISR %s, high watermark %d",
