@@ -32,6 +32,11 @@ def test_the_replication_bench_measures_produce_and_failovers(tmp_path):
     assert produce["ratio_of_medians"] > 0
     for runs in produce["variants"].values():
         assert [run["records"] for run in runs] and all(run["records"] > 0 for run in runs)
+        for run in runs:  # where the time goes: CPU per million records of each process, bytes stored
+            assert set(run["cpu_s_per_million"]) == {"clients", "broker 0", "broker 1", "broker 2"}
+            assert run["cpu_cores"] > 0 and run["stored_bytes_per_record"] > 0
+    assert produce["disk"]["1_writers_mb_per_s"] > 0 and produce["disk"]["3_writers_mb_per_s"] > 0
+    assert produce["disk_ceiling"]["ratio"] > 0
     assert set(cluster["failovers"]) == {"sigterm", "kill"}
     for event, (run,) in cluster["failovers"].items():
         assert run["new_leader"] != run["old_leader"], event
@@ -40,10 +45,14 @@ def test_the_replication_bench_measures_produce_and_failovers(tmp_path):
         assert not run["writer_errors"], (event, run)
     table = (tmp_path / "replication.md").read_text()
     assert "ratio replicated / unreplicated" in table and "kill -9" in table and "SIGTERM" in table
+    assert "CPU seconds per million records" in table and "three at once" in table
     assert table in result.stdout
 
 
 def test_bad_arguments_are_refused(capsys):
     with pytest.raises(SystemExit):
-        main(["--repeat", "0"])
-    assert "at least one" in capsys.readouterr().err
+        main(["--repeat", "-1"])
+    assert "repetitions >= 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--kill-sessions", ""])
+    assert "at least one session timeout" in capsys.readouterr().err
