@@ -765,7 +765,7 @@ class Replication:
                            "flushed", role.name, role.leader)
             follower.pipelining = False
             return True
-        if pipelined and log.pending_records and (
+        if log.pending_records and (
                 header.error_code == OffsetOutOfRangeError.code or response.diverging_epoch >= 0
                 or response.diverging_end_offset >= 0):
             follower.pipelining_paused = True  # truncating waits for the flushes: the next fetch,
