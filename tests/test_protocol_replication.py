@@ -4,6 +4,8 @@ replication error codes, and the document's replica fetch example."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import doc_tables
 import pytest
 
@@ -73,7 +75,18 @@ def test_a_version_1_fetch_appends_the_replica_fields_to_the_version_0_body():
     assert (header.api_version, request.replica_id, request.current_leader_epoch,
             request.last_fetched_epoch) == (1, 2, 4, 3)
     assert p.encode_request(p.FetchRequest("t", 0, 0), 1) == p.encode_request(p.FetchRequest("t", 0, 0), 1,
-                                                                                version=1)
+                                                                                version=2)
+
+
+def test_a_version_2_fetch_appends_the_durable_offset_to_the_version_1_body():
+    v1 = bytes(p.encode_request(_replica_fetch(), 9, "c", version=1)[0])
+    pipelined = dataclasses.replace(_replica_fetch(), durable_offset=1100)
+    v2 = bytes(p.encode_request(pipelined, 9, "c", version=2)[0])
+    assert v2[2:4] == b"\x02\x00" and v2[4:-4 - 8] == v1[4:-4]
+    assert v2[-12:-4] == (1100).to_bytes(8, "little")
+    header, request = p.decode_request([v2])
+    assert (header.api_version, request.offset, request.durable_offset) == (2, 1200, 1100)
+    assert p.decode_request([v1])[1].durable_offset == -1  # older versions: the offset is durable
 
 
 def test_a_version_1_fetch_response_carries_the_divergence_and_the_leader_epoch():
@@ -144,8 +157,9 @@ def test_create_topic_version_1_carries_the_replication_factor():
 
 
 def test_the_broker_answers_a_version_0_client_in_version_0():
-    for key in (p.ApiKey.FETCH, p.ApiKey.METADATA, p.ApiKey.CREATE_TOPIC):
+    for key in (p.ApiKey.METADATA, p.ApiKey.CREATE_TOPIC):
         assert [p.response_version(key, version) for version in (0, 1, 9)] == [0, 1, 1]
+    assert [p.response_version(p.ApiKey.FETCH, version) for version in (0, 1, 2, 9)] == [0, 1, 2, 2]
 
 
 def test_the_document_marks_nested_fields_of_version_1():
@@ -197,8 +211,8 @@ def test_the_documents_replica_fetch_example_decodes_to_what_it_says():
     assert (request.topic, request.partition, request.offset, request.max_bytes, request.max_wait_ms,
             request.min_bytes) == ("orders", 3, 1200, 1 << 20, 500, 1)
     assert (request.replica_id, request.current_leader_epoch, request.last_fetched_epoch) == (2, 4, 3)
-    assert bytes(p.encode_request(_replica_fetch(), 9, "broker-2")[0]) == request_head
-    frames = p.encode_request(_replica_fetch(), 9, "broker-2")
+    assert bytes(p.encode_request(_replica_fetch(), 9, "broker-2", version=1)[0]) == request_head
+    frames = p.encode_request(_replica_fetch(), 9, "broker-2", version=1)
     assert "`" + bytes(p.frame_tcp(frames)[0]).hex(" ") + "`" in doc_tables.section("PROTOCOL.md", heading)
     header, body = p.decode_response(p.ApiKey.FETCH, [response], version=1)
     assert (header.correlation_id, header.error_code) == (9, 0)
