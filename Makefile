@@ -12,16 +12,18 @@ EXT_SOURCES := setup.py $(wildcard hpbroker/*.pyx hpbroker/*.pxd hpbroker/*/*.py
 	$(wildcard hpbroker/_csrc/*.c hpbroker/_csrc/*.h)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages the project needs at run time: ZooKeeper (its jars) and a Java runtime for it and
-# for Spark (hpbroker.spark needs Java 17 or later: Debian 12's default-jre-headless is 17).
-DEBIAN_PACKAGES := zookeeper default-jre-headless
+# for Spark (hpbroker.spark needs Java 17 or later: Debian 12's default-jre-headless is 17); faketime
+# (libfaketime) for the chaos suite's clock jumps.
+DEBIAN_PACKAGES := zookeeper default-jre-headless faketime
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps build test bench bench-long bench-replication bench-audit run demo lint clean install
+.PHONY: setup system-deps build test bench bench-long bench-replication bench-audit chaos run demo lint clean install
 
 setup: system-deps $(INSTALLED) $(EXT)
 
 system-deps:
-	@if ! command -v java >/dev/null 2>&1 || [ ! -f /usr/share/java/zookeeper.jar ]; then \
+	@if ! command -v java >/dev/null 2>&1 || [ ! -f /usr/share/java/zookeeper.jar ] || \
+	    ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; then \
 	  echo "Installing Debian packages: $(DEBIAN_PACKAGES)"; \
 	  $(SUDO) apt-get update -qq && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(DEBIAN_PACKAGES); \
@@ -74,6 +76,17 @@ bench-audit: setup
 	mkdir -p bench/results
 	$(PY) -m bench.audit $(AUDIT_ARGS)
 
+# chaos: the chaos campaign (chaos/, docs/CHAOS.md), as root: a ZooKeeper ensemble of three and three
+# brokers, each in a network namespace of its own, producers (acks=all and acks=1) and a consumer group,
+# 30 minutes of faults on a seeded schedule (kill -9, SIGSTOP, partitions, ZooKeeper kills, worker
+# kills, clock jumps, a full disk), then every acknowledged record checked; results in
+# chaos-results/<UTC time>/ (report.md, report.json, throughput.svg).  The seed and the command that
+# replays it are printed first.  CHAOS_ARGS adds flags, e.g. CHAOS_ARGS="--seed 7 --brokers 5" or
+# "--short" (about 3 minutes, as in make test).
+CHAOS_ARGS ?=
+chaos: setup
+	$(PY) -m chaos $(CHAOS_ARGS)
+
 # The main job: the local stack (a ZooKeeper of its own and a broker registered in it, data under
 # ./data) until Ctrl-C.  RUN_ARGS adds flags of `hpbroker up`, e.g. RUN_ARGS="--workers 4".
 RUN_ARGS ?=
@@ -99,7 +112,7 @@ install:
 	$(SUDO) env $(INSTALL_ENV) deploy/install.sh
 
 lint: setup
-	$(PY) -m ruff check hpbroker loadgen tests bench spark examples
+	$(PY) -m ruff check hpbroker loadgen chaos tests bench spark examples
 
 clean:
 	rm -rf build $(VENV) .pytest_cache .benchmarks bench/results demo-output

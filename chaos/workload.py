@@ -353,26 +353,33 @@ def _text(value: bytes | None) -> str:
 
 def drain(bootstrap: str, topics: dict[str, dict[str, Any]], history_dir: Path, *,
           timeout_s: float = 120.0) -> dict[str, int]:
-    """Read every partition of ``topics`` from its log start up to its end offset as of the start,
-    writing the ``drain`` history; returns ``{"<topic>-<p>": records read}``.  Bounded by
-    ``timeout_s``: a partition not read to its end by then is logged and left short (the
-    checker then sees its acknowledged records as unseen)."""
+    """Read every partition of ``topics`` from its log start up to its end offset (its high
+    watermark, asked once the partition answers), writing the ``drain`` history; returns
+    ``{"<topic>-<p>": records read}``.  Never raises for a partition that does not answer: it
+    is retried until ``timeout_s``, then logged and left short (the checker then sees its
+    acknowledged records as unseen, which is what a reader would have seen)."""
     from hpbroker.client import Consumer, TopicPartition
 
     history_dir.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + timeout_s
     tps = [TopicPartition(topic, p) for topic, spec in topics.items() for p in range(int(spec["partitions"]))]
     counts = {str(tp): 0 for tp in tps}
+    ends: dict[Any, int | None] = dict.fromkeys(tps)
+    left = set(tps)
     writer = HistoryWriter(history_dir / "drain.history")
     try:
-        with Consumer(bootstrap, client_id="drain", auto_offset_reset="earliest",
-                      reconnect_timeout_ms=int(timeout_s * 1000), request_timeout_ms=5000) as consumer:
+        with Consumer(bootstrap, client_id="drain", auto_offset_reset="earliest", reconnect_timeout_ms=10_000,
+                      request_timeout_ms=5000) as consumer:
             consumer.assign(tps)
-            consumer.seek_to_beginning(*tps)
-            ends = consumer.end_offsets(tps)
+            for tp in tps:
+                consumer.seek(tp, 0)  # below the log start: auto_offset_reset moves it there
             writer.assign("drain", tps)
-            left = {tp for tp in tps if consumer.position(tp) < ends[tp]}
+            asked_at = -1e9
             while left and time.monotonic() < deadline:
+                if time.monotonic() - asked_at > 5.0:  # high watermarks not known yet, at most every 5 s
+                    asked_at = time.monotonic()
+                    _ask_ends(consumer, ends, left)
+                    left -= {tp for tp in left if ends[tp] is not None and ends[tp] == 0}
                 try:
                     batches = consumer.poll(500)
                 except Exception as e:  # a partition still moving: try again until the deadline
@@ -383,11 +390,24 @@ def drain(bootstrap: str, topics: dict[str, dict[str, Any]], history_dir: Path, 
                     for record in records:
                         writer.poll("drain", tp.topic, tp.partition, record.offset, _text(record.value))
                     counts[str(tp)] += len(records)
-                    if records and records[-1].offset + 1 >= ends[tp]:
+                    end = ends.get(tp)
+                    if records and end is not None and records[-1].offset + 1 >= end:
                         left.discard(tp)
-            if left:
-                logger.warning("drain: %d partitions not read to their end within %.0f s: %s", len(left),
-                               timeout_s, ", ".join(sorted(map(str, left))))
+    except Exception:  # the consumer itself failed: what was read is in the history
+        logger.exception("drain: the consumer failed")
     finally:
         writer.close()
+    if left:
+        logger.warning("drain: %d partitions not read to their end within %.0f s: %s", len(left), timeout_s,
+                       ", ".join(f"{tp} (end {ends[tp]})" for tp in sorted(left)))
     return counts
+
+
+def _ask_ends(consumer: Any, ends: dict[Any, int | None], left: set[Any]) -> None:
+    """Fill in the end offsets of the partitions in ``left`` not known yet, one partition at a
+    time (one that does not answer costs its own timeout, not the others' ends)."""
+    for tp in sorted(tp for tp in left if ends[tp] is None):
+        try:
+            ends[tp] = consumer.end_offsets([tp])[tp]
+        except Exception as e:  # asked again later
+            logger.warning("drain: end offset of %s: %r", tp, e)
