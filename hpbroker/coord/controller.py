@@ -39,6 +39,9 @@ below change, so a missed or merged event is repaired by the next pass):
   is no longer a replica leaves the ISR only when a replica stays in it: the ISR never loses the
   only brokers that hold the committed records;
 - a follower gone: the ISR loses it, leader and leader epoch unchanged;
+- a broker that reports its replica of a partition offline (``offline_partitions`` in its
+  registration: its worker slot crash-loops) counts as gone for that partition alone, and as
+  back once the report is withdrawn;
 - a broker that re-registered with a new session (a restart faster than ZooKeeper noticed, seen
   by the creation zxid of its node) is treated as gone and back, once per topic, and never by an
   unclean election: with the ISR holding just it, the partition goes offline for a moment and it
@@ -71,7 +74,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,7 +90,7 @@ from hpbroker.coord.partition_state import (
     update_state,
 )
 from hpbroker.coord.paths import ZkPaths, check_broker_id
-from hpbroker.coord.registry import TopicRegistration, decode_topic
+from hpbroker.coord.registry import TopicRegistration, decode_broker, decode_topic
 from hpbroker.coord.session import Session
 from hpbroker.coord.watches import Watch, watch_data
 from hpbroker.errors import CoordinationError, HPBrokerError, InvalidConfigError
@@ -300,6 +303,8 @@ class Controller:
         self._held: _Held | None = None  # set and cleared by the controller's thread only
         self._czxids: dict[int, int] = {}  # live broker -> creation zxid of its node, last pass
         self._bounces: dict[int, set[str]] = {}  # bounced broker -> topics not yet handled for it
+        # live broker -> the partitions its registration reports offline, last pass
+        self._offline: dict[int, Mapping[str, tuple[int, ...]]] = {}
         self._awaiting: dict[tuple[str, int], tuple[Any, ...]] = {}  # warned of (_note_awaiting)
         # state() is read from other threads (the metrics endpoint's): the counters change under
         # _state_lock; a snapshot is a new dict swapped in whole, never changed once published.
@@ -381,8 +386,9 @@ class Controller:
             self._wake.notify()
 
     def _on_watch(self, event: Any) -> None:
-        """A one-shot watch on the brokers, the topics or a topic node fired."""
-        self._hand_over(_BROKERS if event.path == self.paths.broker_ids else _TOPICS)
+        """A one-shot watch on the brokers, a broker's node, the topics or a topic node fired."""
+        brokers = event.path == self.paths.broker_ids or event.path.startswith(self.paths.broker_ids + "/")
+        self._hand_over(_BROKERS if brokers else _TOPICS)
 
     def _on_state(self, state: str) -> None:
         """kazoo's listener (its connection thread)."""
@@ -610,19 +616,23 @@ class Controller:
         bounced = {b for b, pending in self._bounces.items() if name in pending}
         for partition, (state, version) in sorted(self._states(held, topic, live).items()):
             replicas = topic.replicas[partition]
+            # a broker that reports its replica offline counts as gone for this partition
+            offline = {b for b in live if self._offline.get(b, {}).get(name) and
+                       partition in self._offline[b][name]}
+            here = live - offline
             # never unclean: a bounced broker back at once is still in sync (it may lead again)
-            rules = ([self._failover_rule(name, live - bounced, clean_only=True)]
+            rules = ([self._failover_rule(name, here - bounced, clean_only=True, offline=offline)]
                      if bounced & set(replicas) else [])
-            rules.append(self._failover_rule(name, live))
+            rules.append(self._failover_rule(name, here, offline=offline))
             if rebalance:
-                rules.append(lambda r, s: preferred_state(r, s, live, controller_epoch=held.epoch))
+                rules.append(lambda r, s, here=here: preferred_state(r, s, here, controller_epoch=held.epoch))
             for rule in rules:
                 settled = self._settle(held, name, partition, replicas, state, version, rule)
                 if settled is None:
                     break  # the state node is gone: the topic was deleted meanwhile
                 state, version = settled
             else:
-                self._note_awaiting(name, partition, replicas, state, live)
+                self._note_awaiting(name, partition, replicas, state, here)
                 counts["partitions"] += 1
                 counts["offline_partitions"] += state.leader == NO_LEADER
                 counts["preferred_replica_imbalance"] += state.leader != replicas[0]
@@ -645,12 +655,18 @@ class Controller:
                            state.leader_epoch, list(replicas), list(state.isr))
 
     def _failover_rule(self, topic: str, live: set[int], *, clean_only: bool = False,
+                       offline: Collection[int] = (),
                        ) -> Callable[[Sequence[int], PartitionState], tuple[PartitionState, str] | None]:
         held = self._held
         assert held is not None
         unclean = (lambda: False) if clean_only else (lambda: self._unclean_for(topic))
-        return lambda replicas, state: failover_state(replicas, state, live, controller_epoch=held.epoch,
-                                                      unclean=unclean)
+
+        def rule(replicas: Sequence[int], state: PartitionState) -> tuple[PartitionState, str] | None:
+            change = failover_state(replicas, state, live, controller_epoch=held.epoch, unclean=unclean)
+            if change is None or not offline:
+                return change
+            return change[0], f"{change[1]}; broker(s) {sorted(offline)} report their replica offline"
+        return rule
 
     def _unclean_for(self, topic: str) -> bool:
         try:
@@ -713,12 +729,28 @@ class Controller:
                 ids.append(self.paths.broker_id_of(child))
             except InvalidConfigError as e:
                 logger.warning("[controller] ignoring %s/%s: %s", self.paths.broker_ids, child, e)
-        pending = {b: client.exists_async(self.paths.broker(b)) for b in ids}
-        live = {}
+        # each node's data too (watched): the partitions a broker reports offline
+        pending = {b: client.get_async(self.paths.broker(b), watch=self._watcher) for b in ids}
+        live: dict[int, int] = {}
+        offline: dict[int, Mapping[str, tuple[int, ...]]] = {}
         for broker_id, answer in pending.items():
-            stat = answer.get()
-            if stat is not None:
-                live[broker_id] = stat.czxid
+            try:
+                data, stat = answer.get()
+            except NoNodeError:
+                continue
+            live[broker_id] = stat.czxid
+            try:
+                reported = decode_broker(data).offline_partitions
+            except CoordinationError as e:
+                logger.warning("[controller] broker %d's registration: %s; taken as all online", broker_id,
+                               e.message)
+                continue
+            if reported:
+                offline[broker_id] = reported
+        if offline != self._offline:
+            logger.info("[controller] replicas reported offline: %s",
+                        {b: dict(topics) for b, topics in sorted(offline.items())} or "none")
+        self._offline = offline
         return live
 
     def _replicated_topics(self) -> dict[str, TopicRegistration]:

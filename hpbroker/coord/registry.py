@@ -80,7 +80,10 @@ FORMAT_VERSION = 1  # the "version" field of every node written here
 @dataclass(frozen=True, slots=True)
 class BrokerRegistration:
     """One live broker, as its ephemeral node describes it.  ``timestamp_ms`` (when it was
-    written) does not take part in comparisons."""
+    written) does not take part in comparisons.  ``offline_partitions``: the replicated
+    partitions whose replica on this broker cannot serve now (their worker slot is
+    crash-looping), topic -> partitions, sorted; the controller treats the broker as gone for
+    them (as Kafka does for a replica on a failed log directory, KIP-112)."""
 
     broker_id: int
     host: str
@@ -88,6 +91,11 @@ class BrokerRegistration:
     data_ports: tuple[int, ...]
     topics: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     timestamp_ms: int = field(default=0, compare=False)
+    offline_partitions: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def offline(self, topic: str, partition: int) -> bool:
+        """Whether this broker reported its replica of ``topic``-``partition`` offline."""
+        return partition in self.offline_partitions.get(topic, ())
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,10 +175,18 @@ def _load(data: bytes, what: str) -> dict[str, Any]:
 
 
 def encode_broker(registration: BrokerRegistration) -> bytes:
+    """``offline_partitions`` is written only when there are some: a broker whose replicas all
+    serve keeps the bytes it always had."""
     topics = {name: list(partitions) for name, partitions in sorted(registration.topics.items())}
-    return _dump({"broker_id": registration.broker_id, "host": registration.host, "port": registration.port,
-                  "data_ports": list(registration.data_ports), "topics": topics,
-                  "timestamp_ms": registration.timestamp_ms or int(time.time() * 1000)})
+    document: dict[str, Any] = {
+        "broker_id": registration.broker_id, "host": registration.host, "port": registration.port,
+        "data_ports": list(registration.data_ports), "topics": topics,
+        "timestamp_ms": registration.timestamp_ms or int(time.time() * 1000)}
+    offline = {name: sorted(partitions)
+               for name, partitions in sorted(registration.offline_partitions.items()) if partitions}
+    if offline:
+        document["offline_partitions"] = offline
+    return _dump(document)
 
 
 def decode_broker(data: bytes) -> BrokerRegistration:
@@ -178,15 +194,19 @@ def decode_broker(data: bytes) -> BrokerRegistration:
     document = _load(data, "broker registration")
     try:
         topics = document.get("topics", {})
-        if not isinstance(topics, dict):
-            raise TypeError("topics is not an object")
+        offline = document.get("offline_partitions", {})
+        if not isinstance(topics, dict) or not isinstance(offline, dict):
+            raise TypeError("topics or offline_partitions is not an object")
         return BrokerRegistration(
             broker_id=check_broker_id(document["broker_id"]), host=_typed(document["host"], str),
             port=_typed(document["port"], int),
             data_ports=tuple(_typed(p, int) for p in document["data_ports"]),
             topics={check_topic(name): tuple(_typed(p, int) for p in partitions)
                     for name, partitions in topics.items()},
-            timestamp_ms=_typed(document.get("timestamp_ms", 0), int))
+            timestamp_ms=_typed(document.get("timestamp_ms", 0), int),
+            offline_partitions={check_topic(name): tuple(sorted(_typed(p, int)
+                                                                for p in _typed(partitions, list)))
+                                for name, partitions in offline.items()})
     except (KeyError, TypeError, ValueError) as e:
         raise CoordinationError(f"broker registration {data[:200]!r}: {e!r}") from None
 

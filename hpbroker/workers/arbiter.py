@@ -49,7 +49,10 @@ is retried, metadata gives them error 15, and every other slot keeps serving.  T
 ``hpbroker_worker_backoffs_total``, ``/healthz`` 503) and the systemd status.  A retried worker
 that reports ready serves at once; the backoff is forgotten once it has served 60 s without
 dying.  Even when every slot crash-loops the broker stays up: it answers metadata (every
-partition with error 15), reports itself unavailable, and keeps retrying.
+partition with error 15), reports itself unavailable, and keeps retrying.  With ZooKeeper, the
+replicated partitions of a crash-looping slot are reported offline in the broker's registration
+(``offline_partitions``) so that the controller moves their leadership and ISR membership to the
+other replicas, and reported back once the slot serves again (docs/COORDINATION.md).
 
 **ZooKeeper.**  With ``config.zookeeper`` set, the arbiter joins ZooKeeper once its first
 workers are forked and its sockets bound: a :class:`~hpbroker.coord.member.BrokerMember`
@@ -125,6 +128,7 @@ from hpbroker.workers.exporter import MetricsEndpoint, SlotView
 from hpbroker.workers.frontend import Frontend
 from hpbroker.workers.heartbeat import heartbeat_path
 from hpbroker.workers.notify import ServiceNotifier
+from hpbroker.workers.ownership import owner_slot
 from hpbroker.workers.slots import (
     BACKOFF_MAX_S,
     BACKOFF_RESET_S,
@@ -184,6 +188,7 @@ class Arbiter:
         # the cluster snapshot replicated topics were last taken from, and the store's version then
         self._adopted_cluster: tuple[object, int] = (None, -1)
         self._member_version = -1  # the store version last handed to the member
+        self._member_offline: dict[str, tuple[int, ...]] = {}  # the offline partitions last handed to it
         self._producer_ids: ProducerIdAllocator | None = None  # hands out producer ids, once started
         self._metrics: MetricsEndpoint | None = None  # the HTTP metrics endpoint, when configured
         self._metrics_version = -1  # the store version last handed to it
@@ -426,11 +431,43 @@ class Arbiter:
                   for t in topics}
         broker = BrokerRegistration(config.broker_id, config.host, config.port,
                                     tuple(range(config.fetch_port, config.fetch_port + config.workers)),
-                                    {name: partitions for name, partitions in stored.items() if partitions})
+                                    {name: partitions for name, partitions in stored.items() if partitions},
+                                    offline_partitions=self._offline_partitions())
         # A replicated topic's node is the cluster's (written when it is created or altered, through
         # hpbroker.coord.broker_replication), never published from a broker's store.
         return broker, {t.name: TopicRegistration(t.name, t.partitions, dict(t.config), config.broker_id)
                         for t in topics if not t.replicated}
+
+    def _offline_partitions(self) -> dict[str, tuple[int, ...]]:
+        """The replicated partitions stored here whose worker slot is crash-looping: reported
+        offline in the broker's registration, so that the controller moves their leadership
+        and ISR membership to the other replicas (docs/COORDINATION.md), and back in once the
+        slot serves again (they then rejoin as followers)."""
+        looping = {slot.index for slot in self._slots if slot.crash_looping}
+        if not looping or self._store is None:
+            return {}
+        broker_id, workers = self.config.broker_id, len(self._slots)
+        offline = {}
+        for topic in self._store.topics():
+            if topic.replicated:
+                partitions = tuple(p for p in range(topic.partitions) if topic.hosts(p, broker_id)
+                                   and owner_slot(topic.name, p, workers) in looping)
+                if partitions:
+                    offline[topic.name] = partitions
+        return offline
+
+    @staticmethod
+    def _log_offline(before: dict[str, tuple[int, ...]], now: dict[str, tuple[int, ...]]) -> None:
+        gone = {t: [p for p in ps if p not in before.get(t, ())] for t, ps in now.items()}
+        back = {t: [p for p in ps if p not in now.get(t, ())] for t, ps in before.items()}
+        gone = {t: ps for t, ps in gone.items() if ps}
+        back = {t: ps for t, ps in back.items() if ps}
+        if gone:
+            logger.error("[arbiter] reporting replicas offline in ZooKeeper (their worker slot is "
+                         "crash-looping): %s; the controller moves their leadership away", gone)
+        if back:
+            logger.warning("[arbiter] reporting replicas online again (their worker slot serves): %s; "
+                           "they rejoin as followers", back)
 
     def _start_metrics(self) -> None:
         """Serve the metrics endpoint from its thread, which must see none of the loop's signals."""
@@ -917,9 +954,13 @@ class Arbiter:
         assert self._frontend is not None and self._store is not None
         self._frontend.admin.expire(now)
         self._replication_turn()
-        if self._member is not None and self._store.version != self._member_version:
-            self._member_version = self._store.version
-            self._member.update(*self._cluster_snapshot())
+        if self._member is not None:
+            offline = self._offline_partitions()
+            if self._store.version != self._member_version or offline != self._member_offline:
+                if offline != self._member_offline:
+                    self._log_offline(self._member_offline, offline)
+                self._member_version, self._member_offline = self._store.version, offline
+                self._member.update(*self._cluster_snapshot())
         if self._metrics is not None and self._store.version != self._metrics_version:
             self._metrics_version = self._store.version
             self._metrics.set_topics(self._topic_names())
