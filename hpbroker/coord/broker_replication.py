@@ -171,11 +171,13 @@ class BrokerReplication:
         self._jobs.put(lambda: self._done(request_id, lambda: self._delete(name)))
 
     def propose_isr(self, topic: str, partition: int, leader_epoch: int, isr: tuple[int, ...],
-                    from_isr: tuple[int, ...] | None = None) -> None:
+                    from_isr: tuple[int, ...] | None = None, *, topic_id: str = "") -> None:
         """``from_isr``: the ISR the leader computed the proposal from; the proposal is written only
         while ZooKeeper still holds that ISR (a change since, say the controller dropping a dead
-        broker, makes the leader decide again from the new one)."""
-        self._jobs.put(lambda: self._write_isr(topic, partition, leader_epoch, isr, from_isr))
+        broker, makes the leader decide again from the new one).  ``topic_id``: the id of the
+        topic the leader holds ("" unknown); a state of another topic id (the topic was deleted
+        and created again) is never changed."""
+        self._jobs.put(lambda: self._write_isr(topic, partition, leader_epoch, isr, from_isr, topic_id))
 
     # --- the thread ------------------------------------------------------------------------------
 
@@ -274,11 +276,15 @@ class BrokerReplication:
         logger.info("[replication] deleted topic %s from the cluster", name)
 
     def _write_isr(self, topic: str, partition: int, leader_epoch: int, isr: tuple[int, ...],
-                   from_isr: tuple[int, ...] | None) -> None:
+                   from_isr: tuple[int, ...] | None, topic_id: str = "") -> None:
         found = read_state(self._session, self.paths, topic, partition)
         if found is None:
             return
         state, version = found
+        if state.of_other_topic(topic_id):
+            logger.info("[replication] dropped the ISR change of %s-%d to %s: it was made for topic id %s, "
+                        "the state is of topic id %s", topic, partition, list(isr), topic_id, state.topic_id)
+            return
         if state.leader != self.broker_id or state.leader_epoch != leader_epoch:
             logger.info("[replication] dropped the ISR change of %s-%d to %s: the state says leader %d, "
                         "epoch %d", topic, partition, list(isr), state.leader, state.leader_epoch)
@@ -299,7 +305,7 @@ class BrokerReplication:
                         topic, partition, dropped)
         if self.broker_id not in isr or state.isr == isr:
             return
-        new = PartitionState(self.broker_id, leader_epoch, isr, state.controller_epoch)
+        new = PartitionState(self.broker_id, leader_epoch, isr, state.controller_epoch, state.topic_id)
         if update_state(self._session, self.paths, topic, partition, new, expected_version=version) is None:
             logger.info("[replication] the ISR change of %s-%d to %s lost a race; the leader proposes "
                         "again if it still holds", topic, partition, list(isr))

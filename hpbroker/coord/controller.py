@@ -127,11 +127,12 @@ Unclean = Callable[[str], bool]  # topic -> whether an out-of-sync replica may b
 # --- the rules, pure ----------------------------------------------------------------------------
 
 
-def initial_state(replicas: Sequence[int], live: Collection[int], *, controller_epoch: int) -> PartitionState:
+def initial_state(replicas: Sequence[int], live: Collection[int], *, controller_epoch: int,
+                  topic_id: str = "") -> PartitionState:
     """A new partition's state: its live replicas in assignment order, the first of them leader
-    (leader -1 and an empty ISR when none is alive), leader epoch 0."""
+    (leader -1 and an empty ISR when none is alive), leader epoch 0, the topic's id."""
     isr = tuple(r for r in replicas if r in live)
-    return PartitionState(isr[0] if isr else NO_LEADER, 0, isr, controller_epoch)
+    return PartitionState(isr[0] if isr else NO_LEADER, 0, isr, controller_epoch, topic_id)
 
 
 def failover_state(replicas: Sequence[int], state: PartitionState, live: Collection[int], *,
@@ -149,27 +150,30 @@ def failover_state(replicas: Sequence[int], state: PartitionState, live: Collect
     if not state.isr:  # never had a leader: it holds no record anywhere
         if not alive:
             return None
-        return (PartitionState(alive[0], state.leader_epoch + 1, tuple(alive), controller_epoch),
+        return (PartitionState(alive[0], state.leader_epoch + 1, tuple(alive), controller_epoch,
+                               state.topic_id),
                 "its first live replica")
     live_isr = _live_isr(replicas, state.isr, live)
     if state.leader != NO_LEADER and state.leader in live and (state.leader in replicas
                                                                or state.leader in live_isr):
         if live_isr == state.isr:
             return None
-        return (PartitionState(state.leader, state.leader_epoch, live_isr, controller_epoch),
+        return (PartitionState(state.leader, state.leader_epoch, live_isr, controller_epoch, state.topic_id),
                 _gone([b for b in state.isr if b not in live_isr], replicas))
     why = "it had no leader" if state.leader == NO_LEADER else _gone([state.leader], replicas)
     # the first in-sync replica in assignment order; none: an in-sync former replica (it holds
     # every committed record) until a replica of the new list is in sync
     candidates = [r for r in replicas if r in live_isr] or list(live_isr)
     if candidates:
-        return PartitionState(candidates[0], state.leader_epoch + 1, live_isr, controller_epoch), why
+        return (PartitionState(candidates[0], state.leader_epoch + 1, live_isr, controller_epoch,
+                                state.topic_id), why)
     if alive and unclean():
-        return (PartitionState(alive[0], state.leader_epoch + 1, (alive[0],), controller_epoch),
+        return (PartitionState(alive[0], state.leader_epoch + 1, (alive[0],), controller_epoch,
+                               state.topic_id),
                 f"{why}; no in-sync replica alive: unclean leader election")
     if state.leader == NO_LEADER:
         return None
-    return (PartitionState(NO_LEADER, state.leader_epoch + 1, state.isr, controller_epoch),
+    return (PartitionState(NO_LEADER, state.leader_epoch + 1, state.isr, controller_epoch, state.topic_id),
             f"{why}; no in-sync replica alive and unclean leader election off")
 
 
@@ -194,7 +198,7 @@ def preferred_state(replicas: Sequence[int], state: PartitionState, live: Collec
     preferred = replicas[0]
     if state.leader in (preferred, NO_LEADER) or preferred not in live or preferred not in state.isr:
         return None
-    return (PartitionState(preferred, state.leader_epoch + 1, state.isr, controller_epoch),
+    return (PartitionState(preferred, state.leader_epoch + 1, state.isr, controller_epoch, state.topic_id),
             f"preferred replica; broker {state.leader} led")
 
 
@@ -789,7 +793,8 @@ class Controller:
         out: the controller does not overwrite what it cannot read."""
         found, missing = self._read_states(topic)
         if missing:
-            states = {p: initial_state(topic.replicas[p], live, controller_epoch=held.epoch) for p in missing}
+            states = {p: initial_state(topic.replicas[p], live, controller_epoch=held.epoch,
+                                    topic_id=topic.topic_id) for p in missing}
             if not create_states(self._client, self.paths, topic.name, states,
                                  controller_epoch_version=held.epoch_version):
                 self._check_still_controller(held)

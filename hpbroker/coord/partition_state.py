@@ -4,7 +4,8 @@ One persistent node per partition of a replicated topic (a topic node with ``rep
 ``hpbroker.coord.registry``)::
 
     brokers/topics/<topic>/partitions/<p>/state
-        {"version": 1, "leader": 1, "leader_epoch": 3, "isr": [1, 2, 0], "controller_epoch": 7}
+        {"version": 1, "leader": 1, "leader_epoch": 3, "isr": [1, 2, 0], "controller_epoch": 7,
+         "topic_id": "9b2f6c1e0d4a4e8f8c3b5a7d6e1f2a3b"}
 
 - ``leader``: the broker that leads the partition; ``-1``: none (no ISR member alive, unclean
   leader election off);
@@ -13,7 +14,13 @@ One persistent node per partition of a replicated topic (a topic node with ``rep
 - ``isr``: the in-sync replicas, the leader included while there is one; with ``leader`` -1, the
   last members (the first of them to return becomes leader);
 - ``controller_epoch``: the epoch of the controller that wrote the node last (an ISR change by a
-  leader keeps it).
+  leader keeps it);
+- ``topic_id``: the topic id (KIP-516) of the topic whose partition this is, as its topic node
+  holds it; absent (``""`` here) in nodes written before topic ids, and for topics without one:
+  unknown.  A topic deleted and created again under the same name keeps the same path, so a
+  broker still holding the old topic may see the new topic's state before it has seen the new
+  topic: it ignores a state whose topic id differs from the topic it holds (both known).  Every
+  writer keeps the id of the state it replaces.
 
 **Who writes it.**  The controller creates the nodes when a replicated topic appears
 (:func:`create_states`) and replaces them when a leader must change (:func:`update_state` with
@@ -89,8 +96,11 @@ class PartitionState:
     leader_epoch: int
     isr: tuple[int, ...]
     controller_epoch: int
+    topic_id: str = ""  # "" unknown (module docstring)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.topic_id, str):
+            raise ValueError(f"topic_id must be a string, got {self.topic_id!r}")
         leader = _int(self.leader, "leader")
         if leader != NO_LEADER:
             _broker(leader, "leader")
@@ -109,6 +119,11 @@ class PartitionState:
     def has_leader(self) -> bool:
         return self.leader != NO_LEADER
 
+    def of_other_topic(self, topic_id: str) -> bool:
+        """Whether this state belongs to another topic than the one with ``topic_id`` (False when
+        either id is unknown)."""
+        return bool(self.topic_id and topic_id and self.topic_id != topic_id)
+
 
 def _int(value: object, what: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
@@ -124,8 +139,12 @@ def _broker(value: object, what: str) -> int:
 
 
 def encode_state(state: PartitionState) -> bytes:
-    return _dump({"leader": state.leader, "leader_epoch": state.leader_epoch, "isr": list(state.isr),
-                  "controller_epoch": state.controller_epoch})
+    """``topic_id`` is written only when known: a state without one keeps its old bytes."""
+    document: dict[str, Any] = {"leader": state.leader, "leader_epoch": state.leader_epoch,
+                                "isr": list(state.isr), "controller_epoch": state.controller_epoch}
+    if state.topic_id:
+        document["topic_id"] = state.topic_id
+    return _dump(document)
 
 
 def decode_state(data: bytes) -> PartitionState:
@@ -135,7 +154,8 @@ def decode_state(data: bytes) -> PartitionState:
         return PartitionState(leader=_typed(document["leader"], int),
                               leader_epoch=_typed(document["leader_epoch"], int),
                               isr=tuple(_typed(document["isr"], list)),
-                              controller_epoch=_typed(document["controller_epoch"], int))
+                              controller_epoch=_typed(document["controller_epoch"], int),
+                              topic_id=_typed(document.get("topic_id", ""), str))
     except (KeyError, TypeError, ValueError) as e:
         raise CoordinationError(f"partition state {data[:200]!r}: {e!r}") from None
 

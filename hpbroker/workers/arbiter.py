@@ -923,8 +923,10 @@ class Arbiter:
             logger.warning("[arbiter] slot %d proposed ISR %s for %s-%d without ZooKeeper; ignored",
                            slot.index, isr, topic, partition)
             return
+        stored = self._store.get(topic) if self._store is not None else None
         self._replication.propose_isr(topic, partition, epoch, tuple(isr),
-                                      tuple(from_isr) if from_isr is not None else None)
+                                      tuple(from_isr) if from_isr is not None else None,
+                                      topic_id=stored.topic_id if stored is not None else "")
 
     def _tick(self) -> None:
         """Reap, check liveness and deadlines.  At most every few ms: it stats heartbeat files."""

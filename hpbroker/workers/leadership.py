@@ -110,7 +110,17 @@ class Leadership:
     # --- states ------------------------------------------------------------------------------
 
     def on_state(self, topic: str, partition: int, state: PartitionState | None) -> None:
+        """A partition state as ZooKeeper holds it now (None: no state node).  A state naming a
+        topic id other than the one of the topic stored here under that name is ignored: it is
+        a new topic of the same name, deleted and created again, that this broker has not taken
+        yet (it drops the old topic, then watches the new one's states afresh)."""
         key = (topic, partition)
+        held = self._topic(topic) if state is not None else None
+        if state is not None and held is not None and state.of_other_topic(held.topic_id):
+            logger.info("[arbiter] ignored the state of %s-%d (leader %d, leader epoch %d): it is of topic "
+                        "id %s, the topic stored here has topic id %s", topic, partition, state.leader,
+                        state.leader_epoch, state.topic_id, held.topic_id)
+            return
         if state is None:
             self._states.pop(key, None)
         elif self._states.get(key) != state:
