@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpbroker.coord.assignment import check_replica_assignment
 from hpbroker.errors import (
     InvalidConfigError,
     InvalidPartitionsError,
@@ -172,21 +173,6 @@ def config_to_strings(config: Mapping[str, Any]) -> list[tuple[str, str]]:
     return [(key, _format_value(value)) for key, value in sorted(config.items())]
 
 
-def _check_replicas(partitions: int, replicas: Mapping[int, Sequence[int]]) -> dict[int, tuple[int, ...]]:
-    """A replica assignment as :attr:`Topic.replicas` holds it (empty, or every partition with
-    distinct broker ids: as many for each, except while a reassignment moves some);
-    InvalidPartitionsError otherwise."""
-    if not replicas:
-        return {}
-    assignment = {p: tuple(r) for p, r in replicas.items()}
-    distinct = all(r and len(set(r)) == len(r) and all(isinstance(b, int) and b >= 0 for b in r)
-                   for r in assignment.values())
-    if sorted(assignment) != list(range(partitions)) or not distinct:
-        raise InvalidPartitionsError(f"a replica assignment must give each of partitions 0..{partitions - 1} "
-                                     f"distinct broker ids, got {dict(replicas)!r}")
-    return assignment
-
-
 def _pair(entry: Any) -> tuple[str, Any]:
     if hasattr(entry, "key") and hasattr(entry, "value"):
         return entry.key, entry.value
@@ -248,7 +234,7 @@ class TopicStore:
         check_topic_name(name)
         check_partitions(partitions)
         config = parse_topic_config(configs)
-        assignment = _check_replicas(partitions, replicas or {})
+        assignment = check_replica_assignment(partitions, replicas or {})
         existing = self._topics.get(name)
         if existing is not None:
             being = " and is still being deleted" if existing.deleting else ""
@@ -278,7 +264,7 @@ class TopicStore:
         topic = self._topics.get(name)
         if topic is None or topic.deleting or not topic.replicated:
             raise UnknownTopicOrPartitionError(f"replicated topic {name!r} does not exist")
-        assignment = _check_replicas(topic.partitions, replicas)
+        assignment = check_replica_assignment(topic.partitions, replicas)
         if assignment != topic.replicas:
             topic = dataclasses.replace(topic, replicas=assignment)
             self._save({**self._topics, name: topic})
@@ -357,7 +343,7 @@ class TopicStore:
             raw = entry.get("replicas", {})
             if not isinstance(raw, dict):
                 raise ValueError(f"replicas is not an object: {raw!r}")
-            replicas = _check_replicas(partitions, {int(p, 10): r for p, r in raw.items()})
+            replicas = check_replica_assignment(partitions, {int(p, 10): r for p, r in raw.items()})
             topic_id = entry.get("topic_id", "")
             if not isinstance(topic_id, str):
                 raise ValueError(f"topic_id is not a string: {topic_id!r}")

@@ -19,17 +19,55 @@ on the lowest broker; a given ``start`` makes the result deterministic (tests, t
 
 Pure computation: no ZooKeeper.  The controller calls it with the brokers alive when a topic is
 created, and writes the result as the topic node's ``replicas`` (``hpbroker.coord.registry``).
+
+:func:`check_replica_assignment` is the one rule for what a replica assignment may be, used by
+the topic node's reader (``hpbroker.coord.registry``) and by the broker's topic store
+(``hpbroker.broker.topics``).  This module imports no kazoo (only ``paths`` and the errors), so
+the broker's kazoo-free side may import it.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from hpbroker.coord.paths import check_broker_id
-from hpbroker.errors import InvalidPartitionsError, InvalidReplicationFactorError
+from hpbroker.errors import HPBrokerError, InvalidPartitionsError, InvalidReplicationFactorError
 
-__all__ = ["assign_replicas"]
+__all__ = ["assign_replicas", "check_replica_assignment"]
+
+
+def check_replica_assignment(partitions: int, replicas: Mapping[int, Any]) -> dict[int, tuple[int, ...]]:
+    """``replicas`` as a replicated topic holds it: ``{partition: (broker id, ...)}`` for exactly
+    the partitions ``0 .. partitions-1``, each a non-empty list of distinct broker ids (the
+    preferred leader first).  Partitions may have different numbers of replicas (a reassignment
+    moving some).  An empty mapping is an unreplicated topic's and comes back empty.
+
+    Raises InvalidPartitionsError naming what is wrong (the partition, the value found)."""
+    if not isinstance(replicas, Mapping):
+        raise InvalidPartitionsError(f"a replica assignment maps partitions to broker ids, "
+                                     f"got {replicas!r:.200}")
+    if not replicas:
+        return {}
+    if sorted(replicas) != list(range(partitions)):
+        raise InvalidPartitionsError(f"a replica assignment must list partitions 0..{partitions - 1}, "
+                                     f"got {sorted(replicas)!r:.200}")
+    checked = {}
+    for partition in range(partitions):
+        brokers = replicas[partition]
+        if not isinstance(brokers, (list, tuple)) or not brokers:
+            raise InvalidPartitionsError(f"the replicas of partition {partition} must be a non-empty list "
+                                         f"of broker ids, got {brokers!r:.200}")
+        try:
+            ids = tuple(check_broker_id(b) for b in brokers)
+        except HPBrokerError as e:
+            raise InvalidPartitionsError(f"the replicas of partition {partition}: {e.message}") from None
+        if len(set(ids)) != len(ids):
+            raise InvalidPartitionsError(f"the replicas of partition {partition} name a broker twice: "
+                                         f"{list(ids)}")
+        checked[partition] = ids
+    return checked
 
 
 def assign_replicas(partitions: int, replication_factor: int, brokers: Sequence[int], *,

@@ -55,10 +55,11 @@ from typing import Any
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
 
+from hpbroker.coord.assignment import check_replica_assignment
 from hpbroker.coord.paths import ZkPaths, check_broker_id, check_topic
 from hpbroker.coord.session import Session
 from hpbroker.coord.watches import Watch, watch_children, watch_data
-from hpbroker.errors import CoordinationError, InvalidConfigError
+from hpbroker.errors import CoordinationError, HPBrokerError, InvalidConfigError
 
 __all__ = [
     "FORMAT_VERSION",
@@ -133,27 +134,11 @@ class TopicRegistration:
 
 
 def _checked_replicas(partitions: int, replicas: Mapping[int, Any]) -> dict[int, tuple[int, ...]]:
-    if not isinstance(replicas, Mapping):
-        raise ValueError(f"replicas must map partitions to broker ids, got {replicas!r:.200}")
-    if sorted(replicas) != list(range(partitions)):
-        raise ValueError(f"replicas must list partitions 0..{partitions - 1}, got {sorted(replicas)!r:.200}")
-    checked = {}
-    for partition in range(partitions):
-        brokers = replicas[partition]
-        if not isinstance(brokers, (list, tuple)) or not brokers:
-            raise ValueError(f"replicas of partition {partition} must be a non-empty list, got {brokers!r}")
-        ids = tuple(_replica_id(b, partition) for b in brokers)
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"replicas of partition {partition} name a broker twice: {list(ids)}")
-        checked[partition] = ids
-    return checked
-
-
-def _replica_id(value: Any, partition: int) -> int:
+    """The assignment rule (``hpbroker.coord.assignment``), its refusal as ValueError."""
     try:
-        return check_broker_id(value)
-    except InvalidConfigError as e:
-        raise ValueError(f"replicas of partition {partition}: {e.message}") from None
+        return check_replica_assignment(partitions, replicas)
+    except HPBrokerError as e:
+        raise ValueError(e.message) from None
 
 
 def _dump(document: dict[str, Any]) -> bytes:
