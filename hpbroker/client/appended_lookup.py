@@ -5,7 +5,8 @@ A request whose answer never came (a lost connection, a timeout, errors 7, 12 or
 not be in the partition.  Before it is resent, :meth:`AppendedLookup._look_if_uncertain` looks for
 its first batch in the log, by producer name, ``base_sequence`` and CRC: fetching from the end
 of the producer's previous acknowledged request to the partition (``_known_end``), or, with
-none, from ``ListOffsets`` of the request's oldest record timestamp.  It sees flushed records
+none, from ``ListOffsets`` of the request's oldest record timestamp (FetchRequest version 0, as
+a consumer's: ``hpbroker.client.fetcher.FETCH_VERSION``).  It sees flushed records
 only: an append still waiting for its flush is not found, and resending it stores it twice (the
 idempotent producer, ``hpbroker.client.idempotent_sending``, never looks: the broker
 deduplicates).
@@ -24,6 +25,7 @@ import logging
 from typing import Any
 
 from hpbroker import protocol
+from hpbroker.client.fetcher import FETCH_VERSION
 from hpbroker.client.produce_request import GiveUp
 from hpbroker.errors import HPBrokerError, OffsetOutOfRangeError, UnknownServerError
 from hpbroker.records import read_header, scan_batches
@@ -105,7 +107,7 @@ class AppendedLookup:
         while start is not None and scanned < _VERIFY_MAX_BYTES:
             try:
                 fetched = call(protocol.FetchRequest(topic, partition, start, max_bytes=_VERIFY_FETCH_BYTES,
-                                                     max_wait_ms=0), timeout_s)
+                                                     max_wait_ms=0), timeout_s, version=FETCH_VERSION)
             except OffsetOutOfRangeError:  # the log no longer has our last acknowledged offset
                 start = None if by_time else self._first_offset_since(request)
                 by_time = True

@@ -17,6 +17,13 @@ the application works through those records, the broker is already writing the n
 into this socket's kernel buffer.  The consumer reads a fetcher again only once the application
 has taken its records, so a partition holds at most one decoded response and one on the wire.
 
+**Version.**  Fetches go in FetchRequest version 0 (:data:`FETCH_VERSION`), the lowest that
+carries what a consumer uses, and their answers are decoded in it: the fields later versions
+add (``replica_id``, ``current_leader_epoch``, ``last_fetched_epoch``, ``durable_offset``; the
+answer's diverging epoch and leader epoch) are a follower's, which a consumer never sends
+(``replica_id`` -1 is version 0's meaning), so a client newer than a broker still reads from it.
+Kafka's clients likewise send no field they do not use.
+
 **Wire** (docs/PROTOCOL.md, "Two transports"), in each direction::
 
     head_length     u32
@@ -74,12 +81,14 @@ from hpbroker.errors import (
 )
 from hpbroker.records import Record, decode_records, read_header, scan_batches
 
-__all__ = ["CompletedFetch", "FetchConfig", "ListedOffset", "PartitionFetcher"]
+__all__ = ["FETCH_VERSION", "CompletedFetch", "FetchConfig", "ListedOffset", "PartitionFetcher"]
 
 # The TCP framing's prefix: head_length u32, payload_length u32.
 _TCP_PREFIX = struct.Struct("<II")
 # Room in the receive buffer beyond max_bytes for the prefix and the head.
 _HEAD_ROOM_BYTES = 64 << 10
+# The FetchRequest version a consumer sends (module docstring, "Version"): every broker serves it.
+FETCH_VERSION = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +213,7 @@ class PartitionFetcher:
                                         config.fetch_max_wait_ms, config.fetch_min_bytes)
         if len(self._buffer) < config.max_partition_fetch_bytes + _HEAD_ROOM_BYTES:
             self._grow(config.max_partition_fetch_bytes)
-        self._send(request, (config.fetch_max_wait_ms + config.request_timeout_ms) / 1000)
+        self._send(request, (config.fetch_max_wait_ms + config.request_timeout_ms) / 1000, FETCH_VERSION)
         self._fetch_offset = offset
 
     def list_offsets(self, timestamp: int) -> None:
@@ -215,11 +224,13 @@ class PartitionFetcher:
         self._send(request, self._config.request_timeout_ms / 1000)
         self._listing = timestamp
 
-    def _send(self, request: protocol.Message, limit_s: float) -> None:
+    def _send(self, request: protocol.Message, limit_s: float, version: int | None = None) -> None:
+        """Send ``request`` in ``version`` (None: the newest its type has); its answer is
+        decoded in the same version."""
         if self.in_flight:
             raise RuntimeError(f"{self!r}: {self.waiting_for()} is already in flight")
         frames = protocol.frame_tcp(protocol.encode_request(request, next(self._correlation_ids) & 0xFFFFFFFF,
-                                                            self._client_id))
+                                                            self._client_id, version))
         try:
             if self._sock is None:
                 self._connect()
@@ -259,7 +270,8 @@ class PartitionFetcher:
             if not self._read():
                 return None
             header, response = self._decode_head(protocol.ApiKey.FETCH if timestamp is None
-                                                 else protocol.ApiKey.LIST_OFFSETS)
+                                                 else protocol.ApiKey.LIST_OFFSETS,
+                                                 FETCH_VERSION if timestamp is None else None)
         except (OSError, HPBrokerError):
             self.disconnect()
             raise
@@ -319,13 +331,14 @@ class PartitionFetcher:
         self._buffer = bigger
         self._view = memoryview(bigger)
 
-    def _decode_head(self, api_key: int) -> tuple[protocol.ResponseHeader, protocol.Message]:
+    def _decode_head(self, api_key: int,
+                     version: int | None) -> tuple[protocol.ResponseHeader, protocol.Message]:
         head_length = _TCP_PREFIX.unpack_from(self._buffer, 0)[0]
         head_end = _TCP_PREFIX.size + head_length
         frames = [self._view[_TCP_PREFIX.size:head_end]]
         if self._total > head_end:
             frames.append(self._view[head_end:self._total])
-        return protocol.decode_response(api_key, frames)
+        return protocol.decode_response(api_key, frames, version)
 
     def _complete(self, fetch_offset: int, response: protocol.FetchResponse) -> CompletedFetch:
         """Check the payload, send the next fetch, then decode (see the module docstring)."""

@@ -45,3 +45,17 @@ def connection(broker):
 def bootstrap(broker):
     """The module's broker as a client's ``bootstrap`` string."""
     return f"127.0.0.1:{broker[1]}"
+
+
+@pytest.fixture
+def stand_ins():
+    """``make(kind, handler)``: a stand-in broker (``standins``) closed after the test."""
+    made = []
+
+    def make(kind, handler):
+        made.append(kind(handler))
+        return made[-1]
+
+    yield make
+    for stand_in in made:
+        stand_in.close()

@@ -15,7 +15,7 @@ from hpbroker import protocol
 from hpbroker.client import columns as columns_module
 from hpbroker.client.columns import COLUMNS, RecordColumns
 from hpbroker.client.connection import BrokerAddress, BrokerConnection
-from hpbroker.client.fetcher import FetchConfig, ListedOffset, PartitionFetcher
+from hpbroker.client.fetcher import FETCH_VERSION, FetchConfig, ListedOffset, PartitionFetcher
 from hpbroker.client.metadata import ClusterMetadata
 from hpbroker.errors import (
     CorruptRecordError,
@@ -233,7 +233,8 @@ def _offsets_and_values(records) -> list[tuple[int, bytes | None]]:
 
 def _fetch_response(payload: bytes, correlation_id: int = 1) -> bytes:
     frames = protocol.encode_response(protocol.FetchResponse(high_watermark=99, log_start_offset=0,
-                                                             payload=payload), correlation_id)
+                                                             payload=payload), correlation_id,
+                                      version=FETCH_VERSION)  # the version the fetcher asks in
     return b"".join(bytes(f) for f in protocol.frame_tcp(frames))
 
 

@@ -92,19 +92,6 @@ def old_broker(header, request):
     raise AssertionError(f"unexpected {request}")
 
 
-@pytest.fixture
-def stand_ins():
-    made = []
-
-    def make(kind, handler):
-        made.append(kind(handler))
-        return made[-1]
-
-    yield make
-    for stand_in in made:
-        stand_in.close()
-
-
 def test_a_version_0_broker_is_asked_again_in_version_0_and_from_then_on(stand_ins):
     front = stand_ins(StandInFrontEnd, old_broker)
     connection = BrokerConnection(BrokerAddress("127.0.0.1", front.port))
