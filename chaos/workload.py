@@ -206,7 +206,8 @@ def _produce(config: WorkloadConfig, client: str, topic: str, stop: Any) -> None
     settings = {"acks": acks, "name": client, "linger_ms": 5, "request_timeout_ms": 3000,
                 "delivery_timeout_ms": config.delivery_timeout_ms, "audit_topic": None,
                 "max_block_ms": 10_000, **config.producer_settings}
-    producer = _retrying(lambda: Producer(config.bootstrap, **settings), stop, f"{client}: producer")
+    producer = _retrying(lambda bootstrap: Producer(bootstrap, **settings), config.bootstrap, stop,
+                         f"{client}: producer")
     try:
         if producer is not None:
             _send_paced(config, producer, writer, client, topic, partitions, unsettled, lock, stop)
@@ -266,14 +267,20 @@ def _send_paced(config: WorkloadConfig, producer: Any, writer: HistoryWriter, cl
         seq += 1
 
 
-def _retrying(make: Any, stop: Any, what: str) -> Any:
-    """``make()`` until it succeeds or ``stop`` is set (a cluster mid-fault may refuse a client)."""
+def _retrying(make: Any, bootstrap: str, stop: Any, what: str) -> Any:
+    """``make(bootstrap)`` until it succeeds or ``stop`` is set (a cluster mid-fault may refuse a
+    client).  Each try puts the next broker first: a new client asks its first bootstrap broker
+    for metadata, and that one may be the broker a fault took away."""
+    brokers = [b for b in bootstrap.split(",") if b]
+    attempt = 0
     while not stop.is_set():
+        turn = attempt % len(brokers)
         try:
-            return make()
+            return make(",".join(brokers[turn:] + brokers[:turn]))
         except Exception as e:
             logger.warning("%s could not start: %r; trying again", what, e)
             stop.wait(1.0)
+        attempt += 1
     return None
 
 
@@ -290,11 +297,12 @@ def _consume(config: WorkloadConfig, client: str, topic: str, stop: Any) -> None
     started = time.monotonic()
     settings = {"group": f"chaos-{topic}", "topics": [topic], "zookeeper": config.zookeeper,
                 "consumer_id": client, "session_timeout_ms": config.session_timeout_ms,
-                "auto_offset_reset": "earliest", "reconnect_timeout_ms": 600_000,
+                "auto_offset_reset": "earliest", "reconnect_timeout_ms": 60_000,
                 "request_timeout_ms": 5000, "client_id": client, "auto_commit_interval_ms": 2000}
     try:
         while not stop.is_set() and time.monotonic() - started < config.max_duration_s:
-            consumer = _retrying(lambda: Consumer(config.bootstrap, **settings), stop, f"{client}: consumer")
+            consumer = _retrying(lambda bootstrap: Consumer(bootstrap, **settings), config.bootstrap, stop,
+                                 f"{client}: consumer")
             if consumer is None:
                 break
             try:

@@ -38,8 +38,9 @@ __all__ = ["BrokerConfig"]
 
 _ENV_PREFIX = "HPBROKER_"
 _LOG_ENV_PREFIX = "HPBROKER_LOG_"  # then a LogConfig field
-# HPBROKER_ variables of the other hpbroker commands, which the broker leaves alone.
-_NOT_BROKER_VARIABLES = frozenset({"HPBROKER_BOOTSTRAP"})
+# HPBROKER_ variables of the other hpbroker commands, which the broker leaves alone; and the
+# test-only planted bug, read by the workers themselves (hpbroker.workers.replication), never a setting.
+_NOT_BROKER_VARIABLES = frozenset({"HPBROKER_BOOTSTRAP", "HPBROKER_UNSAFE_ACK_BEFORE_REPLICATION"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,8 +6,10 @@ lost-write; without it, the same scenario loses nothing.
 The scenario, on a ChaosCluster of three brokers (one partition, R = 3, min_insync_replicas 2):
 
 1. 100 records acknowledged with every replica in sync;
-2. the partition's two followers SIGSTOPped; 100 more records sent with acks=all (with the bug
-   they are acknowledged by the leader alone; without it they wait);
+2. the partition's two followers SIGSTOPped; once the fetches they had parked at the leader have
+   been answered (empty: after ``replica_fetch_wait_max_ms``, so no answer can carry the next
+   records into a stopped follower's socket buffer), 100 more records sent with acks=all (with
+   the bug they are acknowledged by the leader alone; without it they wait);
 3. the leader killed (kill -9), the followers continued: one of them, from the ISR, leads;
 4. 150 records from a second producer land at the offsets the lost records had, and beyond;
 5. the old leader started again (it truncates to the new leader's log), everything drained.
@@ -32,6 +34,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.zookeeper]
 ENV = "HPBROKER_UNSAFE_ACK_BEFORE_REPLICATION"
 TOPIC = "planted"
 TOPICS = {TOPIC: {"acks": "all", "partitions": 1}}
+FETCH_WAIT_MS = 200
 
 
 class _Recorder:
@@ -81,9 +84,11 @@ def chaos_cluster(tmp_path):
     reason = ChaosCluster.unavailable()
     if reason is not None:
         pytest.skip(reason)
-    # a long replica lag: the paused followers stay in the ISR, so one of them may lead after the kill
+    # a long replica lag: the paused followers stay in the ISR, so one of them may lead after the
+    # kill; a short fetch wait: a fetch parked at the leader is answered soon after its follower stops
     cluster = ChaosCluster(tmp_path / "cluster", brokers=3, session_timeout_ms=6000,
-                           broker_settings={"replica_lag_time_max_ms": 30_000})
+                           broker_settings={"replica_lag_time_max_ms": 30_000,
+                                            "replica_fetch_wait_max_ms": FETCH_WAIT_MS})
     try:
         yield cluster
     finally:
@@ -112,6 +117,7 @@ def test_the_checker_reports_lost_writes_exactly_when_the_planted_bug_acknowledg
         followers = [b for b in cluster.broker_ids if b != leader]
         for follower in followers:
             cluster.pause(follower)
+        time.sleep(5 * FETCH_WAIT_MS / 1000)  # the followers' parked fetches answered, empty
         first.send(100)
         if planted:
             wait_until(lambda: first.acked == 200, 30, interval_s=0.02,
@@ -125,7 +131,8 @@ def test_the_checker_reports_lost_writes_exactly_when_the_planted_bug_acknowledg
         wait_until(lambda: cluster.leaders(TOPIC).get(0) in followers, 90, interval_s=0.2,
                    what="a follower from the ISR leading")
 
-        second = _Recorder(cluster.bootstrap(), "p-all-1", history_dir)
+        # a new client asks its first bootstrap broker for metadata: one that is alive
+        second = _Recorder(",".join(cluster.address(b) for b in followers), "p-all-1", history_dir)
         second.send(150)
         wait_until(lambda: first.settled() == 200 and second.settled() == 150, 150, interval_s=0.2,
                    what="every record sent acknowledged or failed")
