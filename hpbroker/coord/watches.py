@@ -208,7 +208,7 @@ class _Rearm:
         while True:
             with cls._registry_lock:
                 rearm = cls._by_client.get(id(client))
-                fresh = rearm is None
+                fresh = rearm is None or rearm.client is not client  # an id reused by a new client
                 if fresh:
                     rearm = cls._by_client[id(client)] = _Rearm(client)
             with rearm._cond:
