@@ -7,7 +7,8 @@
 4 s ZooKeeper session timeout; options given with it override its values.  Exit status: 0 when
 the acks=all topics show no lost-write, unseen, inconsistent-offsets or poll-skip; 1 when they
 do (the report says which records); 2 for bad usage or a machine that cannot run the campaign
-(the message says why: not root, no ``ip netns``, no Java or ZooKeeper, no libfaketime).
+(the message says why: not root, no ``ip netns``, no Java or ZooKeeper, no libfaketime); 130
+when interrupted (Ctrl-C or SIGTERM), once everything it started is stopped.
 """
 
 from __future__ import annotations
@@ -82,4 +83,9 @@ def parse_args(argv: Sequence[str]) -> CampaignOptions:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_campaign(parse_args(sys.argv[1:] if argv is None else argv))
+    options = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return run_campaign(options)
+    except KeyboardInterrupt:  # the runner has stopped everything by then
+        print(f"chaos: interrupted; everything stopped; the files so far: {options.out}", file=sys.stderr)
+        return 130
