@@ -12,7 +12,31 @@ File ``leader-epoch-checkpoint``, ASCII (Kafka's format)::
     0 0           epoch start_offset, one entry a line, both strictly increasing
     3 1042
 
-Replaced atomically and durably on every change (``hpbroker.io.files.replace_atomically``).
+Replaced atomically and durably on every change (``hpbroker.io.files.replace_atomically``:
+``.tmp`` written and fsynced, renamed over the file, the directory fsynced), with one exception:
+an entry assigned with ``durable=False`` (a new leader's own epoch,
+``PartitionLog.begin_leader_epoch``) changes only the entries in memory and marks the cache
+:attr:`~LeaderEpochCache.dirty`; the file is written, the same durable way, by
+:meth:`~LeaderEpochCache.flush` or by the next change.  The log flushes the cache before it
+writes any record (its flush, ``PartitionLog._take_pending``), so the file never lags behind
+the records on disk: **an epoch holding a record on disk is in the file**, whatever crashes.
+
+Why an entry not yet written may be lost (a crash before the flush).  Until the flush the
+epoch holds no record on disk here, and so none anywhere: followers fetch only what the leader
+has written, and learn epochs only from the batches they append (``append_replicated``, from
+the leader epoch in each batch header), never from a role.  Nothing was acknowledged in the
+epoch either (an acknowledgement follows the flush).  An epoch without records is no evidence
+of what a log holds (KIP-101: the cache answers "where does the log that epoch E wrote end",
+and an empty epoch wrote nothing), and the entry written durably would not have outlived the
+crash either: the open drops the entries that start at or past the log end
+(:meth:`~LeaderEpochCache.truncate_from_end`), and an epoch holding no record starts there.
+So after the crash the log is exactly what it would have been, one that never led in that
+epoch, which the rules of KIP-101 already cover (``end_offset_for`` answers for an unknown
+epoch with the newest one below it, ending where the next known one starts).
+The file is never torn by this: it is replaced whole, so a crash leaves the old file or the
+new one.  (Kafka writes the entry of ``assign`` synchronously and rebuilds entries from the
+batches during recovery; this log rebuilds none, hence the rule above.)
+
 The cache is derived data: a missing file reads as empty; a malformed one is logged, and the
 cache starts empty (and is rewritten so): the epochs of the records appended from then on are
 recorded again.  A log whose cache lost its entries answers end-offset questions with
@@ -51,7 +75,8 @@ class LeaderEpochCache:
 
     Every method that changes the entries writes the file before it returns (raising OSError
     when that fails: the entries in memory have changed all the same, and the next change, or
-    the next open's check against the log, puts the file right).
+    the next open's check against the log, puts the file right), except :meth:`assign` with
+    ``durable=False``, which leaves it to :meth:`flush` (module docstring).
     """
 
     def __init__(self, directory: str, *, name: str = "") -> None:
@@ -61,6 +86,7 @@ class LeaderEpochCache:
         self._name = name or os.path.basename(os.path.normpath(directory))
         self._epochs: list[int] = []
         self._start_offsets: list[int] = []
+        self._dirty = False  # the file lags the entries in memory (assign with durable=False)
         self._load()
 
     def __repr__(self) -> str:
@@ -72,12 +98,28 @@ class LeaderEpochCache:
         return list(zip(self._epochs, self._start_offsets, strict=True))
 
     @property
+    def dirty(self) -> bool:
+        """Whether the file lags the entries in memory (an ``assign(durable=False)`` not yet
+        flushed, or a write that failed)."""
+        return self._dirty
+
+    def flush(self) -> bool:
+        """Write the file, durably, if it lags the entries in memory; True if it wrote.
+        Raises OSError (the cache stays dirty)."""
+        if not self._dirty:
+            return False
+        self._write()
+        return True
+
+    @property
     def latest_epoch(self) -> int:
         """The newest epoch, or UNDEFINED_EPOCH (-1) when there is none."""
         return self._epochs[-1] if self._epochs else UNDEFINED_EPOCH
 
-    def assign(self, epoch: int, start_offset: int) -> bool:
+    def assign(self, epoch: int, start_offset: int, *, durable: bool = True) -> bool:
         """Record that ``epoch`` began at ``start_offset``; True when the entries changed.
+        The file is written before this returns, unless ``durable`` is False: then the cache is
+        :attr:`dirty` until :meth:`flush` (module docstring says when that is safe).
 
         As Kafka does (since 2.1, KAFKA-7415): the same epoch as the latest at the same or a
         later offset changes nothing (the epoch began earlier); anything else is the newest
@@ -98,7 +140,10 @@ class LeaderEpochCache:
                            self._name, epoch, start_offset, removed[::-1])
         self._epochs.append(epoch)
         self._start_offsets.append(start_offset)
-        self._write()
+        if durable:
+            self._write()
+        else:
+            self._dirty = True
         return True
 
     def end_offset_for(self, epoch: int, log_end_offset: int) -> tuple[int, int]:
@@ -147,7 +192,9 @@ class LeaderEpochCache:
     def _write(self) -> None:
         lines = [f"{LEADER_EPOCH_VERSION}\n{len(self._epochs)}\n"]
         lines += [f"{epoch} {offset}\n" for epoch, offset in self.entries]
+        self._dirty = True  # until the new file is in place
         replace_atomically(self.path, "".join(lines).encode("ascii"))
+        self._dirty = False
 
     def _load(self) -> None:
         try:

@@ -9,7 +9,8 @@ and ``leader-epoch-checkpoint`` (``hpbroker.io.leader_epochs``).
 What a replica needs, and nothing of replication itself (the replica state machine lives above
 storage): :meth:`PartitionLog.append_replicated` appends a leader's batches as they are (base
 offsets, leader epochs and bytes kept, so a follower's segments hold the leader's very bytes),
-:meth:`PartitionLog.begin_leader_epoch` records where a new leader's epoch begins, and
+:meth:`PartitionLog.begin_leader_epoch` records where a new leader's epoch begins (in the
+``leader-epoch-checkpoint`` file before any record of the epoch is written), and
 ``truncate_to`` / ``truncate_fully_and_start_at`` (hpbroker.io.truncation) cut the log back, to
 an offset or to nothing.
 The first record of a partition has offset 0; offsets are contiguous from ``log_start_offset``
@@ -624,19 +625,35 @@ class PartitionLog:
         return found
 
     @_write_operation
-    def begin_leader_epoch(self, epoch: int) -> None:
+    def begin_leader_epoch(self, epoch: int, *, durable: bool = True) -> None:
         """Record that leader epoch ``epoch`` begins at :attr:`log_end_offset` (a broker that
-        becomes the partition's leader, before its first append in that epoch); the
-        ``leader-epoch-checkpoint`` file is written before this returns.  The latest epoch
-        again changes nothing; an older one is ValueError.  Refused while writes are failed."""
+        becomes the partition's leader, before its first append in that epoch).  The latest
+        epoch again changes nothing; an older one is ValueError.  Refused while writes are failed.
+
+        The ``leader-epoch-checkpoint`` file is written (two fsyncs) before this returns, unless
+        ``durable`` is False: then only the entries in memory change, and the file is written
+        before the first flush that writes a record (:meth:`_take_pending`), by
+        :meth:`flush_leader_epochs`, at :meth:`checkpoint` or :meth:`close`, whichever comes
+        first.  A crash before then loses the entry, never a record of its epoch or the older
+        entries (hpbroker.io.leader_epochs says why that is safe): so an owner making many
+        partitions leader at once (a broker died) need not stop for 2 fsyncs per partition."""
         self._check_writable()
         latest = self._leader_epochs.latest_epoch
         if not isinstance(epoch, int) or epoch < latest:
             raise ValueError(f"[{self._name}] leader epoch {epoch!r} is older than the log's latest, "
                              f"{latest}")
         if epoch > latest:
-            self._leader_epochs.assign(epoch, self._log_end_offset)
+            self._leader_epochs.assign(epoch, self._log_end_offset, durable=durable)
             logger.info("[%s] leader epoch %d begins at offset %d", self._name, epoch, self._log_end_offset)
+
+    @_write_operation
+    def flush_leader_epochs(self) -> bool:
+        """Write the ``leader-epoch-checkpoint`` file, durably, if it lags the entries in memory
+        (:meth:`begin_leader_epoch` with ``durable=False``); True if it wrote.  Nothing while
+        writes are failed (the first flush after :meth:`resume_writes` writes it)."""
+        if self._write_failure is not None:
+            return False
+        return self._leader_epochs.flush()
 
     def _make_room(self, request_bytes: int, last_offset: int, max_timestamp: int, first_timestamp: int,
                    now_ms: int) -> None:
@@ -742,6 +759,11 @@ class PartitionLog:
         return job
 
     def _take_pending(self, fsync: bool, previous: FlushJob | None) -> FlushJob:
+        """The pending batches as a flush job (not yet run).  The leader-epoch file is written
+        first if it lags (an epoch begun with ``durable=False``): no record reaches the segment
+        before the entry of its epoch is durable, so the file never misses an epoch that holds
+        a record on disk.  Raises OSError (nothing taken) when that write fails."""
+        self._leader_epochs.flush()
         job = FlushJob(self._segments[-1], self._pending, fsync, self._pending_records, self._pending_bytes,
                        previous)
         self._pending = []
@@ -1123,6 +1145,7 @@ class PartitionLog:
         Refused while writes are failed."""
         self._check_writable()
         self._synced(self._segments[-1].sync())
+        self._leader_epochs.flush()
         self._recovery_point = self.high_watermark
         self._checkpoint.write(self._recovery_point)
 
@@ -1146,6 +1169,7 @@ class PartitionLog:
                     self._flush_pending(fsync=True)
                     for segment in self._segments:
                         self._synced(segment.sync())
+                    self._leader_epochs.flush()
                     self._producers.take_snapshot(self.high_watermark)  # best effort: else the open replays
                     self._recovery_point = self.high_watermark
                     self._checkpoint.write(self._recovery_point)

@@ -5,7 +5,12 @@ into a :class:`ReplicaRole`, and are applied by :class:`Replication` to the part
 :class:`~hpbroker.workers.partitions.Partition` as its ``replica``:
 
 - :class:`LeaderReplica`: this broker leads the partition in ``leader_epoch``.  The log records
-  the epoch (``PartitionLog.begin_leader_epoch``) and every produce is stamped with it.  A
+  the epoch (``PartitionLog.begin_leader_epoch``) and every produce is stamped with it.  The
+  epoch is recorded in memory only (``durable=False``): its ``leader-epoch-checkpoint`` file is
+  written by the log before the first record of the epoch is flushed, and otherwise by
+  :meth:`Replication.tick`, EPOCH_FILES_PER_TURN partitions per loop turn, so that many
+  partitions made leader at once (a broker died) cost the loop no fsync per partition
+  (``hpbroker.io.leader_epochs`` says why an entry lost to a crash before then is harmless).  A
   :class:`~hpbroker.replica.leader.LeaderState` tracks each follower's flushed end (from its
   replica fetches) and computes the replicated high watermark (HW): consumers read below it,
   ListOffsets LATEST answers it, an acks=-1 produce is answered once it passes the request's
@@ -99,6 +104,7 @@ if TYPE_CHECKING:
     from hpbroker.workers.partitions import FetchWaiter, Partition, PartitionSet
 
 __all__ = [
+    "EPOCH_FILES_PER_TURN",
     "FAILED_FETCH_BACKOFF_MAX_S",
     "FETCH_BACKOFF_MAX_S",
     "FETCH_BACKOFF_MIN_S",
@@ -124,6 +130,9 @@ FETCH_BACKOFF_MAX_S = 2.0
 # a partition failed; here it stays counted failed and is retried, at once on a new role.
 FAILED_FETCH_BACKOFF_MAX_S = 30.0
 _DAMAGED_AT_THE_LEADER = frozenset({CorruptRecordError.code, StorageError.code, DamagedRangeError.code})
+# How many leader-epoch files a loop turn writes, at most, of those a new leader left to write
+# (each costs two fsyncs; the log writes a partition's file itself before its first flush).
+EPOCH_FILES_PER_TURN = 4
 # How often a leader checks its followers' lag without a fetch to trigger it, at most (seconds).
 ISR_CHECK_MAX_INTERVAL_S = 1.0
 # The replicated high watermark kept in the partition directory (docs/FORMAT.md), and how often
@@ -469,6 +478,9 @@ class Replication:
         self._clock = clock
         self._followers: set[Partition] = set()
         self._leaders: set[Partition] = set()
+        # Partitions whose leader-epoch file lags their log's entries (begun with durable=False),
+        # in the order they became leader; written by tick, a few per turn.
+        self._epoch_files: dict[Partition, None] = {}
         self._next_isr_check = 0.0
         self._next_high_watermark_checkpoint = clock() + HIGH_WATERMARK_CHECKPOINT_INTERVAL_S
         self.unsafe_ack_before_replication = os.environ.get(UNSAFE_ACK_BEFORE_REPLICATION_ENV) == "1"
@@ -529,7 +541,10 @@ class Replication:
     def _become_leader(self, partition: Partition, role: ReplicaRole) -> None:
         log = partition.log
         checkpoint, known = self._known_high_watermark(partition)
-        log.begin_leader_epoch(role.leader_epoch)  # ValueError (older) or StorageError: refused
+        # ValueError (older) or StorageError: refused.  The file is written later (module docstring).
+        log.begin_leader_epoch(role.leader_epoch, durable=False)
+        if log.leader_epochs.dirty:
+            self._epoch_files[partition] = None
         start = dict(log.leader_epochs.entries).get(role.leader_epoch, log.log_end_offset)
         state = LeaderState(self.broker_id, role.leader_epoch, role.replicas, role.isr,
                             lag_time_max_ms=role.lag_time_max_ms,
@@ -586,6 +601,7 @@ class Replication:
         """The partition is closed (its topic deleted): nothing more to fetch for it."""
         self._leaders.discard(partition)
         self._followers.discard(partition)
+        self._epoch_files.pop(partition, None)
         replica = partition.replica
         if isinstance(replica, FollowerReplica):
             replica.on_flushed = None
@@ -870,7 +886,10 @@ class Replication:
         fetcher.process(0, self._clock())
 
     def tick(self, now: float) -> None:
-        """Timers: fetchers' reconnects and overdue fetches, follower retries, the leaders' ISR checks."""
+        """Timers: fetchers' reconnects and overdue fetches, follower retries, the leaders' ISR
+        checks, the leader-epoch files left to write."""
+        if self._epoch_files:
+            self._write_epoch_files()
         for partition in list(self._followers):
             follower = partition.replica
             if not isinstance(follower, FollowerReplica):
@@ -895,6 +914,25 @@ class Replication:
                 if partition.replica is not None:
                     partition.replica.checkpoint_high_watermark()
 
+    def _write_epoch_files(self) -> None:
+        """Write the leader-epoch files of up to EPOCH_FILES_PER_TURN partitions, oldest leader
+        first.  One whose log's writes failed goes last in line and is tried again (its first
+        flush once writes resume writes the file anyway); a log closed or offline meanwhile is
+        dropped; a disk error is the partition's, as any of its log's."""
+        for partition in list(self._epoch_files)[:EPOCH_FILES_PER_TURN]:
+            del self._epoch_files[partition]
+            log = partition.log
+            if log.closed or log.offline or not log.leader_epochs.dirty:
+                continue
+            try:
+                log.flush_leader_epochs()
+            except StorageError as e:
+                logger.error("[%s-%d] writing the leader-epoch file failed: %s", partition.topic,
+                             partition.partition, e)
+                partition.storage_error(e)
+            if not log.offline and log.leader_epochs.dirty:
+                self._epoch_files[partition] = None
+
     def _isr_check_interval_s(self) -> float:
         lags = [p.replica.role.lag_time_max_ms for p in self._leaders if p.replica is not None]
         return min([ISR_CHECK_MAX_INTERVAL_S, *(lag / 4000 for lag in lags)])
@@ -902,6 +940,8 @@ class Replication:
     def next_deadline(self) -> float | None:
         """When :meth:`tick` must run next (``time.monotonic()`` seconds), None for never."""
         deadlines = []
+        if self._epoch_files and any(p.log.write_failure is None for p in self._epoch_files):
+            return 0.0  # leader-epoch files to write: at once, a few per turn
         if self._leaders:
             deadlines.append(self._next_isr_check)
         if self._leaders or self._followers:

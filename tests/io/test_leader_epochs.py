@@ -120,3 +120,35 @@ def test_a_malformed_file_is_logged_and_the_cache_starts_empty(tmp_path, caplog,
     assert file_of(tmp_path) == "0\n0\n"
     cache.assign(1, 4)
     assert LeaderEpochCache(str(tmp_path)).entries == [(1, 4)]
+
+
+def test_an_entry_assigned_without_durable_is_written_by_flush_or_the_next_change(tmp_path):
+    cache = LeaderEpochCache(str(tmp_path))
+    cache.assign(0, 0)
+    assert not cache.dirty and not cache.flush()
+    assert cache.assign(2, 10, durable=False)
+    assert cache.entries == [(0, 0), (2, 10)] and cache.dirty
+    assert file_of(tmp_path) == "0\n1\n0 0\n", "the file as it was, whole"
+    assert LeaderEpochCache(str(tmp_path)).entries == [(0, 0)], "what a crash now leaves"
+    assert cache.flush() and not cache.dirty and not cache.flush()
+    assert file_of(tmp_path) == "0\n2\n0 0\n2 10\n"
+    cache.assign(4, 20, durable=False)
+    cache.truncate_from_start(5)  # any durable change writes every entry
+    assert not cache.dirty and file_of(tmp_path) == "0\n3\n0 5\n2 10\n4 20\n"
+
+
+def test_a_failed_write_leaves_the_cache_dirty_and_flush_tries_again(tmp_path, monkeypatch):
+    from hpbroker.io import leader_epochs
+
+    cache = LeaderEpochCache(str(tmp_path))
+    cache.assign(1, 0, durable=False)
+
+    def full_disk(path, data, **_kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(leader_epochs, "replace_atomically", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        cache.flush()
+    assert cache.dirty
+    monkeypatch.undo()
+    assert cache.flush() and file_of(tmp_path) == "0\n1\n1 0\n"

@@ -121,3 +121,37 @@ def test_segments_are_synced_before_the_checkpoint_or_the_clean_shutdown_marker_
             assert not [p for p in unsynced if _segment_base(p) is not None or p == checkpoint]
     rolls = len([n for n in os.listdir(log_dir) if n.endswith(".log")]) - 1
     assert rolls >= 3 and checkpoints >= rolls + 2, "every roll, the checkpoint() call and close checkpoint"
+
+
+@pytest.mark.parametrize("pipelined", [False, True], ids=["synchronous", "pipelined"])
+def test_a_leader_epoch_begun_lazily_is_durable_before_the_first_record_of_it_is_written(
+        log_dir, clock, disk_events, pipelined):
+    """begin_leader_epoch(durable=False) touches no file; the flush that writes the epoch's first
+    record first replaces the leader-epoch file whole and durably (.tmp fsynced, renamed, the
+    directory fsynced), so a crash leaves the old file or the new one, and never a record on
+    disk whose epoch the file lacks."""
+    log = _open(log_dir, clock, pipelined, segment_bytes=1 << 20)
+    log.append(make_batch(2))
+    _flush(log, pipelined)
+    epochs_file = os.path.join(log_dir, "leader-epoch-checkpoint")
+    disk_events.events.clear()
+    log.begin_leader_epoch(5, durable=False)
+    assert disk_events.events == [], "no disk call"
+    assert log.leader_epochs.entries == [(0, 0), (5, 2)] and log.leader_epochs.dirty
+    with open(epochs_file) as f:
+        assert f.read() == "0\n1\n0 0\n", "the old file, whole"
+    log.append(make_batch(1, tag=1), leader_epoch=5)
+    assert disk_events.of(*WRITES, *SYNCS, "replace") == [], "pending: nothing written yet"
+    _flush(log, pipelined)
+    ops = [(op, path) for op, path, _ in disk_events.of(*WRITES, *SYNCS, "replace")]
+    first_record = next(i for i, (op, path) in enumerate(ops) if op in WRITES and path.endswith(".log"))
+    assert ops[:first_record] == [("write", epochs_file + ".tmp"), ("fsync", epochs_file + ".tmp"),
+                                  ("replace", epochs_file), ("fsync", log_dir)]
+    assert not log.leader_epochs.dirty
+    with open(epochs_file) as f:
+        assert f.read() == "0\n2\n0 0\n5 2\n"
+    disk_events.events.clear()
+    log.append(make_batch(1, tag=2), leader_epoch=5)
+    _flush(log, pipelined)
+    assert not [path for _op, path, _ in disk_events.events if path.startswith(epochs_file)], "once only"
+    log.close()

@@ -403,3 +403,71 @@ def test_a_disk_error_while_emptying_takes_the_log_offline_and_the_reopen_finds_
         assert log.damaged_ranges == []
         assert read_all(log) == [(offset, batch) for offset, batch in everything if offset >= bases[2]]
         assert log.leader_epochs.entries[0][1] == bases[2] and log.leader_epochs.entries[-1] == entries[-1]
+
+
+def test_an_epoch_begun_lazily_lost_in_a_crash_leaves_the_log_as_a_durable_entry_would(tmp_path, clock):
+    """begin_leader_epoch(durable=False), then a crash before any record of the epoch was
+    flushed: the reopened log has the older entries and no record of the epoch, exactly as
+    with the entry written durably (the open drops an epoch that starts at the log end: it holds
+    no record), and leads again the same way."""
+    reopened = {}
+    for durable in (True, False):
+        log_dir = os.path.join(tmp_path, f"durable-{durable}")
+        log = PartitionLog(log_dir, TEST_CONFIG, clock=clock)
+        log.append(make_batch(10))
+        log.flush()
+        log.begin_leader_epoch(3, durable=durable)
+        log.append(make_batch(2, tag=1), leader_epoch=3)  # pending: never flushed
+        log._abandon()  # the crash
+        with PartitionLog(log_dir, TEST_CONFIG, clock=clock) as log:
+            assert log.log_end_offset == 10 and read_all(log)[-1][0] == 0, "no record of epoch 3"
+            before = log.leader_epochs.entries
+            log.begin_leader_epoch(5)  # leads again
+            reopened[durable] = (before, log.leader_epochs.entries,
+                                 [log.leader_epochs.end_offset_for(e, 10) for e in range(6)])
+    assert reopened[True] == reopened[False]
+    assert reopened[False][:2] == ([(0, 0)], [(0, 0), (5, 10)])
+
+
+def test_an_epoch_begun_lazily_is_written_by_flush_leader_epochs_checkpoint_and_close(log_dir, clock):
+    log = PartitionLog(log_dir, TEST_CONFIG, clock=clock)
+    log.append(make_batch(1))
+    log.flush()
+    log.begin_leader_epoch(2, durable=False)
+    assert LeaderEpochCache(log_dir).entries == [(0, 0)]
+    assert log.flush_leader_epochs() and not log.flush_leader_epochs()
+    assert LeaderEpochCache(log_dir).entries == [(0, 0), (2, 1)]
+    log.append(make_batch(1, tag=1), leader_epoch=2)
+    log.flush()
+    log.begin_leader_epoch(4, durable=False)
+    log.checkpoint()
+    assert LeaderEpochCache(log_dir).entries == [(0, 0), (2, 1), (4, 2)]
+    log.begin_leader_epoch(6, durable=False)  # epoch 4 held nothing: epoch 6 replaces it
+    log.close()
+    assert LeaderEpochCache(log_dir).entries == [(0, 0), (2, 1), (6, 2)]
+
+
+def test_a_failed_epoch_write_at_the_flush_writes_no_record_of_the_epoch(log_dir, clock, monkeypatch):
+    from hpbroker.io import leader_epochs
+
+    with PartitionLog(log_dir, TEST_CONFIG, clock=clock) as log:
+        log.append(make_batch(2))
+        log.flush()
+        log.begin_leader_epoch(5, durable=False)
+        log.append(make_batch(1, tag=1), leader_epoch=5)
+
+        def full_disk(path, data, **_kwargs):
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(leader_epochs, "replace_atomically", full_disk)
+        with pytest.raises(StorageError, match="no space left on device"):
+            log.flush()
+        assert log.write_failure is not None and (log.high_watermark, log.log_end_offset) == (2, 2)
+        on_disk = os.path.getsize(log.segments[-1].path)
+        assert on_disk == sum(len(batch) for _, batch in read_all(log)), "nothing of epoch 5 on disk"
+        assert LeaderEpochCache(log_dir).entries == [(0, 0)]
+        monkeypatch.undo()
+        assert log.resume_writes()
+        log.append(make_batch(1, tag=2), leader_epoch=5)
+        log.flush()
+        assert LeaderEpochCache(log_dir).entries == [(0, 0), (5, 2)]
