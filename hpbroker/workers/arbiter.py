@@ -31,11 +31,15 @@ makes the ZeroMQ poller (which also watches the front-end and the backend) retur
 dispatches each signal to ``handle_<name>``.  Each turn it also checks heartbeats and deadlines
 (:meth:`_tick`).
 
-**Liveness.**  A serving worker whose heartbeat file (``hpbroker.workers.heartbeat``) is older than
-``worker_timeout_ms``, or a booting one not ready within ``worker_boot_timeout_ms``, gets SIGABRT,
-then SIGKILL after :data:`KILL_GRACE_S`.  Children are reaped with ``waitpid(WNOHANG)`` on SIGCHLD
-(and on every turn, in case a signal came before its handler).  A slot is forked again only after
-its old process has been reaped: a partition never has two writers.
+**Liveness.**  A serving worker whose heartbeat file (``hpbroker.workers.heartbeat``) has not
+changed for ``worker_timeout_ms``, or a booting one not ready within ``worker_boot_timeout_ms``,
+gets SIGABRT, then SIGKILL after :data:`KILL_GRACE_S`.  Both are measured on the monotonic clock
+(``hpbroker.workers.liveness``): the arbiter notes when it last saw the heartbeat change, and
+never compares the file's mtime with the wall clock, so a wall-clock step (NTP, an operator
+setting the date) neither aborts live workers nor hides a hung one.  Children are reaped with
+``waitpid(WNOHANG)`` on SIGCHLD (and on every turn, in case a signal came before its handler).
+A slot is forked again only after its old process has been reaped: a partition never has two
+writers.
 
 **Crash loops.**  A slot that dies more than ``slots.RESTART_LIMIT`` times in
 ``slots.RESTART_WINDOW_S``, whose worker exits with ``EXIT_BOOT_FAILED`` (it could not connect
@@ -127,6 +131,7 @@ from hpbroker.workers import backend
 from hpbroker.workers.exporter import MetricsEndpoint, SlotView
 from hpbroker.workers.frontend import Frontend
 from hpbroker.workers.heartbeat import heartbeat_path
+from hpbroker.workers.liveness import HeartbeatWatch
 from hpbroker.workers.notify import ServiceNotifier
 from hpbroker.workers.ownership import owner_slot
 from hpbroker.workers.slots import (
@@ -207,6 +212,7 @@ class Arbiter:
         self._ready_notified = False
         self._started = False  # sockets bound and ZooKeeper joined: READY=1 may go
         self._slots_by_identity = {backend.worker_identity(s.index): s for s in self._slots}
+        self._heartbeats: HeartbeatWatch | None = None  # once the run directory is known
 
     # --- life cycle -------------------------------------------------------------------------------
 
@@ -266,6 +272,7 @@ class Arbiter:
                                      f"(at most {_MAX_IPC_PATH - len('/backend.sock')} bytes)")
         for slot in self._slots:
             _remove_heartbeat(self._run_dir, slot.index)
+        self._heartbeats = HeartbeatWatch(self._run_dir)
         for slot in self._slots:
             self._listeners.append(_data_listener(config.host, config.fetch_port + slot.index,
                                                   min(config.max_connections, socket.SOMAXCONN)))
@@ -666,7 +673,8 @@ class Arbiter:
         deaths = slot.reaped(now, count_death=not self._stopping)
         self._publish_slots()
         _remove_heartbeat(self._run_dir, slot.index)
-        assert self._frontend is not None
+        assert self._frontend is not None and self._heartbeats is not None
+        self._heartbeats.forget(slot.index)
         self._frontend.slot_down(slot.index, pid)
         self._all_serving_logged = False
         if self._stopping:
@@ -724,7 +732,10 @@ class Arbiter:
                        "[arbiter] ignored a ready from slot %d (%s): its process is pid %d, %s",
                        slot.index, body, slot.pid, slot.state.value)
             return
-        slot.became_ready(time.monotonic(), time.time())
+        now = time.monotonic()
+        slot.became_ready(now, time.time())
+        assert self._heartbeats is not None
+        self._heartbeats.start(slot.index, now)
         self._publish_slots()
         logger.info("[arbiter] worker slot=%d pid=%d serving (ready in %.2f s)", slot.index, slot.pid,
                     time.monotonic() - slot.forked_at)
@@ -974,7 +985,8 @@ class Arbiter:
             self._signal_slot(slot, signal.SIGABRT, f"not ready within {config.worker_boot_timeout_ms} ms",
                               KILL_GRACE_S)
         elif slot.state is SlotState.SERVING:
-            silent_s = time.time() - max(_heartbeat_mtime(self._run_dir, slot.index), slot.ready_wall)
+            assert self._heartbeats is not None
+            silent_s = self._heartbeats.silent_s(slot.index, now)
             if silent_s > config.worker_timeout_ms / 1000:
                 self._signal_slot(slot, signal.SIGABRT, f"no heartbeat for {silent_s:.1f} s", KILL_GRACE_S)
         elif slot.state is SlotState.STOPPING and slot.kill_at is not None and now >= slot.kill_at:
@@ -1022,13 +1034,6 @@ def _remove_stale_socket(run_dir: str) -> None:
     directory."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(run_dir, "backend.sock"))
-
-
-def _heartbeat_mtime(run_dir: str, slot: int) -> float:
-    try:
-        return os.stat(heartbeat_path(run_dir, slot)).st_mtime
-    except OSError:
-        return 0.0
 
 
 def _remove_heartbeat(run_dir: str, slot: int) -> None:
