@@ -27,7 +27,8 @@ import logging
 from typing import TYPE_CHECKING
 
 from hpbroker.io.files import fsync_dir
-from hpbroker.io.loader import reload_last_segment
+from hpbroker.io.index import IndexCorruptError
+from hpbroker.io.loader import LoadedSegments, reload_last_segment
 from hpbroker.io.segment import Segment
 
 if TYPE_CHECKING:
@@ -58,8 +59,7 @@ def truncate_to(log: PartitionLog, offset: int) -> int:
     segment.log.truncate_to(position)
     fsync_dir(log._directory)
     now = log._clock()
-    loaded = reload_last_segment(log._directory, log._config, segment.base_offset, new_end, now_ms=now,
-                                 log_name=log._name)
+    loaded = _reopen_truncated(log, segment, position, new_end, now)
     for new in loaded.segments:
         new.sync()
     for new in loaded.segments[:-1]:
@@ -77,6 +77,52 @@ def truncate_to(log: PartitionLog, offset: int) -> int:
     logger.warning("[%s] truncated to offset %d (asked %d): %d segments deleted", log._name,
                    log._log_end_offset, offset, len(later))
     return log._log_end_offset
+
+
+def _reopen_truncated(log: PartitionLog, segment: Segment, position: int, new_end: int,
+                      now_ms: int) -> LoadedSegments:
+    """The segment whose ``.log`` was just cut to ``position`` (ending at ``new_end``), opened
+    again as the log's last one.
+
+    Kafka's ``LogSegment.truncateTo``, not a recovery: the bytes kept were checked when they
+    were appended (or when the log was opened) and are unchanged, so the index entries below
+    the cut are taken over from ``segment`` in memory (a time index entry stays only with the
+    offset index entry it names, and its timestamp covers only batches up to that one, so
+    ``max_timestamp`` stays exact), written to the index files, and checked by
+    :meth:`Segment.load` like any trusted segment at open: the batch headers they name, and a
+    scan of the few batches after the last entry.  The cost is the index files, not a scan of
+    the whole segment (hundreds of ms for a large active segment: many followers truncating at
+    once would stall their worker for seconds).  A segment holding a damaged range or sealed,
+    or whose indexes fail the check, is recovered in full from the disk instead
+    (:func:`~hpbroker.io.loader.reload_last_segment`)."""
+    if not segment.damaged and not segment.sealed:
+        new = Segment(log._directory, segment.base_offset, log._config, create=False, now_ms=now_ms,
+                      log_name=log._name)
+        try:
+            old_oi, old_ti = segment.offset_index, segment.time_index
+            keep = bisect.bisect_left(old_oi.positions, position)
+            new.offset_index.relative_offsets = old_oi.relative_offsets[:keep]
+            new.offset_index.positions = old_oi.positions[:keep]
+            last = old_oi.relative_offsets[keep - 1] if keep else -1
+            kept_times = bisect.bisect_right(old_ti.relative_offsets, last)
+            new.time_index.timestamps = old_ti.timestamps[:kept_times]
+            new.time_index.relative_offsets = old_ti.relative_offsets[:kept_times]
+            new.offset_index.rewrite_if_changed()
+            new.time_index.rewrite_if_changed()
+            new.load()
+            if new.next_offset == new_end:
+                return LoadedSegments([new], [])
+            why = f"it ends at offset {new.next_offset}, not {new_end}"
+        except IndexCorruptError as e:
+            why = str(e)
+        except BaseException:
+            new.close()
+            raise
+        new.close()
+        logger.warning("[%s] %s truncated: its indexes do not hold (%s); recovering it in full", log._name,
+                       segment.path, why)
+    return reload_last_segment(log._directory, log._config, segment.base_offset, new_end, now_ms=now_ms,
+                               log_name=log._name)
 
 
 def _batch_boundary(log: PartitionLog, segment: Segment, offset: int) -> tuple[int, int]:

@@ -207,3 +207,55 @@ def test_truncate_completes_the_flushes_in_flight_first(log_dir, clock):
         assert log.flushes_in_flight == () and log.pending_records == 0
         log.complete_flush(job)  # applied by the truncation: a no-op
         assert read_all(log) == [(0, stamped(make_batch(2), 0))]
+
+
+def _index_state(segment) -> tuple:
+    return (list(segment.offset_index.relative_offsets), list(segment.offset_index.positions),
+            list(segment.time_index.timestamps), list(segment.time_index.relative_offsets),
+            segment.max_timestamp, segment.first_batch_timestamp, segment.next_offset, segment.size_in_bytes)
+
+
+@pytest.mark.parametrize("cut", [0, 1, 37, 120, 121, 238, 239])
+def test_truncate_keeps_the_index_entries_below_the_cut_without_rescanning_the_segment(
+        log_dir, clock, monkeypatch, tmp_path, cut):
+    """A healthy active segment is cut Kafka's way: its index entries below the cut are kept and
+    checked (Segment.load), not rebuilt by a scan of the whole file (Segment.recover), and they
+    are exactly what such a scan gives: offsets, positions, the time index, max_timestamp."""
+    from hpbroker.io.segment import Segment
+
+    log = PartitionLog(log_dir, TEST_CONFIG.replace(segment_bytes=1 << 20, index_interval_bytes=300),
+                       clock=clock)
+    timestamps = [START_MS + (k * 7919) % 1000 for k in range(120)]  # going up and down
+    for k, timestamp in enumerate(timestamps):
+        log.append(make_batch(2, value_bytes=40 + k % 50, timestamp=timestamp, tag=k))
+        if k % 7 == 6:
+            log.flush()
+    log.flush()
+    full_scans = []
+    original = Segment.recover
+    monkeypatch.setattr(Segment, "recover", lambda self, *a: full_scans.append(self) or original(self, *a))
+    assert log.truncate_to(cut) == cut - cut % 2
+    assert full_scans == [], "no scan of the whole segment"
+    kept = _index_state(log.segments[-1])
+    log.checkpoint()
+    copy = os.path.join(tmp_path, "copy")
+    os.mkdir(copy)
+    name = os.path.basename(log.segments[-1].path)
+    with open(log.segments[-1].path, "rb") as src, open(os.path.join(copy, name), "wb") as dst:
+        dst.write(src.read())
+    scanned = Segment(copy, 0, log.config, create=False, now_ms=START_MS)
+    scanned.recover(cut)
+    try:
+        assert kept == _index_state(scanned)
+    finally:
+        scanned.close()
+    expected_max = max(timestamps[: cut // 2], default=-1)
+    assert kept[4] == expected_max and kept[6] == cut - cut % 2
+    if cut > 1:
+        assert log.offset_for_timestamp(expected_max) is not None
+    log._abandon()  # a crash: the next open trusts the index files as written
+    monkeypatch.undo()
+    with PartitionLog(log_dir, log.config, clock=clock) as reopened:
+        assert reopened.log_end_offset == cut - cut % 2
+        assert [offset for offset, _ in read_all(reopened)] == list(range(0, cut - cut % 2, 2))
+        assert _index_state(reopened.segments[-1])[:6] == kept[:6]
