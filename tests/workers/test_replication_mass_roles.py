@@ -10,6 +10,7 @@ worker took to apply the roles (``-s`` shows it) but assert no timing."""
 from __future__ import annotations
 
 import os
+import socket
 import time
 
 from replication_harness import ReplicaBroker, wait_until
@@ -33,7 +34,8 @@ def epochs_on_disk(broker: ReplicaBroker, partition: int) -> list[tuple[int, int
     return [tuple(int(field) for field in line.split()) for line in lines[2:]]
 
 
-def send_roles(broker: ReplicaBroker, role: str, *, epoch: int, leader: int) -> float:
+def send_roles(broker: ReplicaBroker, role: str, *, epoch: int, leader: int,
+               leader_address: list | None = None) -> float:
     """Send a role for every partition at once, without waiting; then wait for every ack (each
     without error).  Returns the seconds from the first send to the last ack: how long the
     worker's loop was busy applying them."""
@@ -45,7 +47,7 @@ def send_roles(broker: ReplicaBroker, role: str, *, epoch: int, leader: int) -> 
         idents.add(ident)
         arbiter.send_frames(0, backend.encode_control(
             "replica_role", id=ident, topic=TOPIC, partition=partition, role=role, leader_epoch=epoch,
-            leader=leader, leader_address=broker.address if leader == broker.broker_id else None,
+            leader=leader, leader_address=broker.address if leader == broker.broker_id else leader_address,
             replicas=[0, 1], isr=[0, 1], min_insync_replicas=1, replica_lag_time_max_ms=30_000))
     while idents:
         _identity, message = arbiter.receive(60)
@@ -68,8 +70,13 @@ def test_two_hundred_partitions_made_leader_at_once_write_every_epoch_file(tmp_p
         # The others without a record: written by the loop, a few per turn.
         wait_until(lambda: all(epochs_on_disk(broker, p) == [(3, 0)] for p in range(PARTITIONS)),
                    timeout_s=30, what="every partition's epoch file written")
-        as_follower = send_roles(broker, "follower", epoch=4, leader=-1)
-        print(f"\n{PARTITIONS} partitions made leader at once: applied in {as_leader * 1000:.0f} ms; "
-              f"made follower: {as_follower * 1000:.0f} ms")
+        # Then follower of broker 1, whose data port (a listener that never answers) each
+        # partition connects to; then of no leader at all.
+        with socket.create_server(("127.0.0.1", 0)) as leader_port:
+            address = ["127.0.0.1", leader_port.getsockname()[1]]
+            as_follower = send_roles(broker, "follower", epoch=4, leader=1, leader_address=address)
+            without_leader = send_roles(broker, "follower", epoch=5, leader=-1)
+        print(f"\n{PARTITIONS} partitions made leader at once: applied in {as_leader * 1000:.0f} ms; made "
+              f"follower: {as_follower * 1000:.0f} ms; follower of no leader: {without_leader * 1000:.0f} ms")
     finally:
         broker.close()
