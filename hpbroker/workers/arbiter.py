@@ -56,7 +56,10 @@ dying.  Even when every slot crash-loops the broker stays up: it answers metadat
 partition with error 15), reports itself unavailable, and keeps retrying.  With ZooKeeper, the
 replicated partitions of a crash-looping slot are reported offline in the broker's registration
 (``offline_partitions``) so that the controller moves their leadership and ISR membership to the
-other replicas, and reported back once the slot serves again (docs/COORDINATION.md).
+other replicas, and reported back once the retried worker has served ``BACKOFF_RESET_S`` without
+dying (its probation: a slot that dies again soon after each retry does not move leadership
+back and forth); a partition left without a leader meanwhile is reported back as soon as the
+worker serves (docs/COORDINATION.md).
 
 **ZooKeeper.**  With ``config.zookeeper`` set, the arbiter joins ZooKeeper once its first
 workers are forked and its sockets bound: a :class:`~hpbroker.coord.member.BrokerMember`
@@ -446,22 +449,36 @@ class Arbiter:
                         for t in topics if not t.replicated}
 
     def _offline_partitions(self) -> dict[str, tuple[int, ...]]:
-        """The replicated partitions stored here whose worker slot is crash-looping: reported
-        offline in the broker's registration, so that the controller moves their leadership
-        and ISR membership to the other replicas (docs/COORDINATION.md), and back in once the
-        slot serves again (they then rejoin as followers)."""
+        """The replicated partitions stored here that the broker's registration reports offline,
+        so that the controller moves their leadership and ISR membership to the other replicas
+        (docs/COORDINATION.md): those of a crash-looping slot, and, while its retried worker
+        serves on probation (until it has served ``BACKOFF_RESET_S`` without dying: the slot's
+        backoff is kept that long), those another broker leads.  Reporting them back only after
+        the probation keeps a slot that dies again soon after each retry from moving their
+        leadership back and forth.  A partition without a leader (this broker was its last
+        in-sync replica), or led here, is reported back as soon as the worker serves: keeping it
+        offline would only keep it unavailable."""
         looping = {slot.index for slot in self._slots if slot.crash_looping}
-        if not looping or self._store is None:
+        probation = {slot.index for slot in self._slots if slot.backoff_s and slot.serving}
+        if not (looping or probation) or self._store is None or self._frontend is None:
             return {}
-        broker_id, workers = self.config.broker_id, len(self._slots)
-        offline = {}
+        broker_id, workers, leadership = self.config.broker_id, len(self._slots), self._frontend.leadership
+
+        def offline(topic: str, partition: int) -> bool:
+            slot = owner_slot(topic, partition, workers)
+            if slot in looping:
+                return True
+            state = leadership.state(topic, partition)
+            return slot in probation and state is not None and state.has_leader and state.leader != broker_id
+
+        reported = {}
         for topic in self._store.topics():
             if topic.replicated:
-                partitions = tuple(p for p in range(topic.partitions) if topic.hosts(p, broker_id)
-                                   and owner_slot(topic.name, p, workers) in looping)
+                partitions = tuple(p for p in range(topic.partitions)
+                                   if topic.hosts(p, broker_id) and offline(topic.name, p))
                 if partitions:
-                    offline[topic.name] = partitions
-        return offline
+                    reported[topic.name] = partitions
+        return reported
 
     @staticmethod
     def _log_offline(before: dict[str, tuple[int, ...]], now: dict[str, tuple[int, ...]]) -> None:
@@ -473,8 +490,9 @@ class Arbiter:
             logger.error("[arbiter] reporting replicas offline in ZooKeeper (their worker slot is "
                          "crash-looping): %s; the controller moves their leadership away", gone)
         if back:
-            logger.warning("[arbiter] reporting replicas online again (their worker slot serves): %s; "
-                           "they rejoin as followers", back)
+            logger.warning("[arbiter] reporting replicas online again (their worker slot serves, and has "
+                           "served %g s since its retry unless they have no leader): %s; they rejoin as "
+                           "followers", BACKOFF_RESET_S, back)
 
     def _start_metrics(self) -> None:
         """Serve the metrics endpoint from its thread, which must see none of the loop's signals."""
@@ -972,6 +990,9 @@ class Arbiter:
             if self._store.version != self._member_version or offline != self._member_offline:
                 if offline != self._member_offline:
                     self._log_offline(self._member_offline, offline)
+                    self._frontend.leadership.set_offline(offline)
+                    if self._metrics is not None:
+                        self._metrics.offline_replicas = sum(len(ps) for ps in offline.values())
                 self._member_version, self._member_offline = self._store.version, offline
                 self._member.update(*self._cluster_snapshot())
         if self._metrics is not None and self._store.version != self._metrics_version:

@@ -140,6 +140,9 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "hpbroker_replica_fetch_failed_partitions": (
         GAUGE, (), "Partitions this broker follows whose leader could not give a range intact (its bytes "
                    "failed this replica's checks, or it answered a storage error): retried with backoff."),
+    "hpbroker_offline_replicas": (
+        GAUGE, (), "Replicated partitions whose replica here this broker reports offline: its worker slot "
+                   "crash-loops, or serves on probation since its retry."),
     "hpbroker_isr_shrinks_total": (
         COUNTER, ("worker",), "ISR shrinks (a follower dropped) of the partitions the worker leads."),
     "hpbroker_isr_expands_total": (
@@ -214,6 +217,7 @@ class MetricsEndpoint:
         self._started_s = started_s if started_s is not None else time.time()
         self.slots: tuple[SlotView, ...] = ()
         self.stopping = False
+        self.offline_replicas = 0  # set by the arbiter: the replicas its registration reports offline
         # The controller's state (Controller.state: thread-safe, never waits); None: no controller.
         self.controller_state: Callable[[], Mapping[str, Any]] | None = None
         self._peers: FrontendPeers | None = None
@@ -315,7 +319,8 @@ class MetricsEndpoint:
         for name, value in (("hpbroker_leader_partitions", replicas.leaders),
                             ("hpbroker_under_replicated_partitions", replicas.under_replicated),
                             ("hpbroker_under_min_isr_partitions", replicas.under_min_isr),
-                            ("hpbroker_replica_fetch_failed_partitions", replicas.fetch_failed)):
+                            ("hpbroker_replica_fetch_failed_partitions", replicas.fetch_failed),
+                            ("hpbroker_offline_replicas", self.offline_replicas)):
             families[name].add((), value)
         self._add_controller(families)
         self._add_groups(families, replicas.high_watermarks, now)

@@ -10,7 +10,8 @@ them (:class:`~hpbroker.coord.broker_replication.BrokerReplication` delivers eac
   has been told to open (``TopicAdmin.assigned``), a backend control ``replica_role``
   (``hpbroker.workers.backend``): *leader* when the state names this broker, else *follower* of the
   broker it names (with that broker's address and the data port serving the partition there;
-  none while the partition has no leader, or while the leader's registration is not seen yet).
+  none while the partition has no leader, or while the leader's registration is not seen yet,
+  or while this broker reports its replica offline: :meth:`Leadership.set_offline`).
   A role is sent when it differs from the last one the slot's process took; a slot whose process
   is gone forgets what it was sent (its next process opens its partitions again and gets its roles
   again).  Controls travel in order on the backend socket, so a role follows the ``open`` of its
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -106,6 +107,7 @@ class Leadership:
         self._dirty = True
         self._last_cluster: object = None
         self._resend_at: float | None = None  # monotonic: a refused role is sent again then
+        self._offline: frozenset[tuple[str, int]] = frozenset()  # replicas reported offline
 
     # --- states ------------------------------------------------------------------------------
 
@@ -189,6 +191,16 @@ class Leadership:
 
     # --- roles -------------------------------------------------------------------------------
 
+    def set_offline(self, offline: Mapping[str, tuple[int, ...]]) -> None:
+        """The replicas this broker's registration reports offline now (topic -> partitions).
+        Their followers get no leader address, so a worker on probation after a crash loop
+        neither fetches nor rejoins the ISR (which the controller, seeing them offline, would
+        only shrink again) until they are reported back."""
+        keys = frozenset((topic, p) for topic, partitions in offline.items() for p in partitions)
+        if keys != self._offline:
+            self._offline = keys
+            self._dirty = True
+
     def role(self, topic: Topic, partition: int) -> Role | None:
         """The role the partition's replica here has now; None while its state is unknown."""
         state = self._states.get((topic.name, partition))
@@ -205,6 +217,8 @@ class Leadership:
             return Role("leader", state.leader_epoch, state.leader, None, replicas, state.isr, min_isr, lag)
         where = self.leader_location(topic.name, partition)
         address = (where.host, where.fetch_port) if where is not None else None
+        if (topic.name, partition) in self._offline:
+            address = None  # reported offline: it waits (set_offline)
         return Role("follower", state.leader_epoch, state.leader, address, replicas, state.isr, min_isr, lag,
                     where.port if where is not None else None)
 

@@ -1,8 +1,9 @@
 """A leader whose worker slot crash-loops hands its partitions over: the broker reports those
 replicas offline in its registration (the broker itself stays up and registered), the controller
 elects another in-sync replica and drops the broker from the ISR, and acks=all producers go on
-with the new leader within seconds.  When the slot serves again the broker reports the replicas
-back, they catch up as followers, rejoin the ISR and get their preferred leadership back.  Every
+with the new leader within seconds.  When the slot's retried worker has served its probation
+(BACKOFF_RESET_S) the broker reports the replicas back, they catch up as followers, rejoin the
+ISR and get their preferred leadership back.  Every
 acknowledged record is read back at the offset it was acknowledged with."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from harness import BrokerProcess, wait_until
 
 from hpbroker.client import Consumer, Producer, TopicPartition
 from hpbroker.workers.ownership import owner_slot
-from hpbroker.workers.slots import RESTART_LIMIT
+from hpbroker.workers.slots import BACKOFF_RESET_S, RESTART_LIMIT
 
 pytestmark = [pytest.mark.zookeeper, pytest.mark.slow]
 
@@ -94,7 +95,7 @@ def test_a_leader_whose_worker_slot_crash_loops_hands_over_and_rejoins(cluster):
                         "linger_ms": 2, "audit_topic": None, "name": "crashloop"}
             with Producer(cluster.bootstrap(*others), **settings) as producer:
                 sent = 0
-                while not stop.is_set() and sent < 20_000:
+                while not stop.is_set() and sent < 100_000:  # about 400 a second at most
                     futures = [(i, producer.send_future(TOPIC, b"record %d" % i, partition=0))
                                for i in range(sent, sent + 20)]
                     sent += 20
@@ -102,7 +103,7 @@ def test_a_leader_whose_worker_slot_crash_loops_hands_over_and_rejoins(cluster):
                         metadata = future.result(120)
                         acknowledged[metadata.offset] = b"record %d" % i
                         acked_at.append(time.monotonic())
-                    time.sleep(0.01)
+                    time.sleep(0.05)
         except BaseException as e:  # reported by the test
             failures.append(e)
 
@@ -138,8 +139,10 @@ def test_a_leader_whose_worker_slot_crash_loops_hands_over_and_rejoins(cluster):
         killer.join(120)
     assert len(killer.killed) == KILLS
 
-    # the slot serves again: its replica catches up, rejoins the ISR, and leads again if preferred
-    wait_until(lambda: victim in cluster.metadata(watcher, TOPIC).partitions[0].isr, 60, interval_s=0.1,
+    # the slot serves again, and after its probation its replica catches up, rejoins the ISR, and
+    # leads again if preferred
+    wait_until(lambda: victim in cluster.metadata(watcher, TOPIC).partitions[0].isr, BACKOFF_RESET_S + 60,
+               interval_s=0.1,
                what="the recovered replica back in the ISR")
     assert "reporting replicas online again" in broker.log()
     if victim == preferred:
