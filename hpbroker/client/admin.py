@@ -5,9 +5,16 @@ Each method is one request on the broker's ZeroMQ front-end (docs/PROTOCOL.md:
 and raises the broker's error as its exception (``TopicAlreadyExistsError``,
 ``UnknownTopicOrPartitionError``, ``InvalidTopicError``, ``InvalidReplicationFactorError`` ...).
 A topic is created in CreateTopicRequest version 0 unless a replication factor is given (version
-1), so a broker without replication takes every other creation.  A broker that cannot be reached
-raises :class:`~hpbroker.errors.BrokerNotAvailableError` within ``connect_timeout_ms``.  No
-retries: an admin call either happened or raised.
+1), so a broker without replication takes every other creation.
+
+**Which broker.**  Requests go to the first bootstrap address.  When that broker cannot be
+reached (no connection within ``connect_timeout_ms``: the request was never handed to it) or
+does not answer a metadata request, the other brokers are asked in turn (those the last
+metadata named, then the other bootstrap addresses, ``hpbroker.client.metadata``), and the first
+that answers is asked from then on; when none answers, BrokerNotAvailableError names every
+address tried.  No other retries: a request handed to a broker that then does not answer raises
+RequestTimedOutError (it may or may not have happened), any other call either happened or
+raised.
 
 In a cluster (brokers on ZooKeeper) a topic is stored, and so can be altered or deleted, only by
 the broker that created it; any broker describes it.  Alter and delete therefore ask the
@@ -26,7 +33,12 @@ from types import TracebackType
 from hpbroker import protocol
 from hpbroker.client.connection import BrokerAddress, BrokerConnection, parse_bootstrap
 from hpbroker.client.metadata import ClusterMetadata, PartitionInfo, topic_error
-from hpbroker.errors import HPBrokerError, InvalidReplicationFactorError, UnknownTopicOrPartitionError
+from hpbroker.errors import (
+    BrokerNotAvailableError,
+    HPBrokerError,
+    InvalidReplicationFactorError,
+    UnknownTopicOrPartitionError,
+)
 
 __all__ = ["Admin", "TopicDescription"]
 
@@ -50,19 +62,26 @@ class TopicDescription:
 
 
 class Admin:
-    """Topic administration against the broker at ``bootstrap`` (``"host:port"``)."""
+    """Topic administration against the brokers at ``bootstrap`` (``"host:port"``, or several,
+    comma-separated or as a list: module docstring, "Which broker")."""
 
     def __init__(self, bootstrap: str | Sequence[str], *, client_id: str = "hpbroker-admin",
                  request_timeout_ms: int = 30_000, connect_timeout_ms: int = 5_000) -> None:
         self._client_id = client_id
         self._connect_timeout_s = connect_timeout_ms / 1000
-        self._connection = BrokerConnection(parse_bootstrap(bootstrap)[0], client_id=client_id,
-                                            connect_timeout_s=self._connect_timeout_s)
         self._timeout_s = request_timeout_ms / 1000
+        self._metadata = ClusterMetadata.for_bootstrap(parse_bootstrap(bootstrap), client_id=client_id,
+                                                       connect_timeout_s=self._connect_timeout_s,
+                                                       timeout_s=self._timeout_s)
         self._leaders: dict[BrokerAddress, BrokerConnection] = {}  # other brokers, by front-end
 
     def __repr__(self) -> str:
-        return f"Admin({self._connection.address})"
+        return f"Admin({self._metadata.connection.address})"
+
+    @property
+    def _connection(self) -> BrokerConnection:
+        """The broker asked now (the metadata's: the first bootstrap address that answered)."""
+        return self._metadata.connection
 
     def create_topic(self, name: str, partitions: int, configs: Mapping[str, object] | None = None, *,
                      replication_factor: int | None = None) -> None:
@@ -75,8 +94,7 @@ class Admin:
         entries = [protocol.TopicConfigEntry(key, _config_string(value))
                    for key, value in (configs or {}).items()]
         if replication_factor is None:  # version 0: any broker takes it, and applies its default
-            self._connection.call(protocol.CreateTopicRequest(name, partitions, entries), self._timeout_s,
-                                  version=0)
+            self._call(protocol.CreateTopicRequest(name, partitions, entries), version=0)
             return
         if isinstance(replication_factor, bool) or not isinstance(replication_factor, int) \
                 or not 1 <= replication_factor <= 0x7FFF:
@@ -84,7 +102,7 @@ class Admin:
                 f"replication factor of topic {name!r} must be an integer from 1, got {replication_factor!r}")
         request = protocol.CreateTopicRequest(name, partitions, entries,
                                               replication_factor=replication_factor)
-        self._connection.call(request, self._timeout_s, version=_CREATE_TOPIC_REPLICATED_VERSION)
+        self._call(request, version=_CREATE_TOPIC_REPLICATED_VERSION)
 
     def alter_topic(self, name: str, configs: Mapping[str, object | None]) -> None:
         """Change settings of ``name`` (``{"retention_ms": 3_600_000, "flush_ms": None}``): each
@@ -94,21 +112,21 @@ class Admin:
         refused (nothing changes then), UnknownTopicOrPartitionError a topic that is not there."""
         entries = [protocol.TopicConfigEntry(key, "" if value is None else _config_string(value))
                    for key, value in configs.items()]
-        self._leader(name).call(protocol.AlterTopicConfigRequest(name, entries), self._timeout_s)
+        self._call(protocol.AlterTopicConfigRequest(name, entries), leader_of=name)
 
     def delete_topic(self, name: str) -> None:
         """Delete ``name`` and its records; UnknownTopicOrPartitionError if there is none."""
-        self._leader(name).call(protocol.DeleteTopicRequest(name), self._timeout_s)
+        self._call(protocol.DeleteTopicRequest(name), leader_of=name)
 
     def list_topics(self) -> list[str]:
         """The names of every topic, sorted."""
-        response = ClusterMetadata(self._connection, timeout_s=self._timeout_s).request([])
+        response = self._metadata.request([])
         return sorted(topic.name for topic in response.topics if not topic.error_code)
 
     def describe_topic(self, name: str) -> TopicDescription:
         """``name``'s partitions (leader, replicas, ISR ...) and settings;
         UnknownTopicOrPartitionError if there is none."""
-        metadata = ClusterMetadata(self._connection, timeout_s=self._timeout_s)
+        metadata = self._metadata
         response = metadata.refresh(name)
         for topic in response.topics:
             if topic.name != name:
@@ -121,7 +139,7 @@ class Admin:
 
     def describe_topics(self) -> list[TopicDescription]:
         """Every topic, as :meth:`describe_topic` describes it, sorted by name (one request)."""
-        metadata = ClusterMetadata(self._connection, timeout_s=self._timeout_s)
+        metadata = self._metadata
         response = metadata.refresh()
         return [TopicDescription(topic.name, metadata.partitions(topic.name),
                                  {entry.key: entry.value for entry in topic.configs})
@@ -131,16 +149,31 @@ class Admin:
         for connection in self._leaders.values():
             connection.close()
         self._leaders.clear()
-        self._connection.close()
+        self._metadata.close()
+
+    def _call(self, request: protocol.Message, *, version: int | None = None,
+              leader_of: str | None = None) -> protocol.Message:
+        """Send ``request`` to the broker asked now (or to the one storing topic ``leader_of``)
+        and return its answer, raising the broker's error.  A broker asked now that cannot be
+        reached never got the request: the metadata moves to one that answers, and it goes there."""
+        connection = self._connection if leader_of is None else self._leader(leader_of)
+        try:
+            return connection.call(request, self._timeout_s, version=version)
+        except BrokerNotAvailableError as unreachable:
+            if connection is not self._connection:  # the topic's leader: only it can answer
+                raise
+            return self._metadata.fail_over(
+                unreachable, lambda other: other.call(request, self._timeout_s, version=version),
+                f"a {type(request).__name__}")
 
     def _leader(self, name: str) -> BrokerConnection:
         """The connection to the broker storing topic ``name`` (the leader of its partition 0);
         the bootstrap broker when that is the one, or when its metadata cannot tell (no such
         topic, a standalone broker): its answer then says what is wrong.  In a cluster, a topic
         whose leader is not live raises PartitionNotAvailableError."""
-        metadata = ClusterMetadata(self._connection, timeout_s=self._timeout_s)
+        metadata = self._metadata
         try:
-            metadata.partitions(name)
+            metadata.partitions(name, refresh=True)
         except HPBrokerError:
             return self._connection
         address = metadata.leader_address(name, 0)

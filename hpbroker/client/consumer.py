@@ -41,7 +41,9 @@ How records flow, per partition::
   attempts and seconds.
 
 Metadata (which data port serves a partition) goes over the bootstrap broker's ZeroMQ front-end
-(:class:`~hpbroker.client.connection.BrokerConnection`).  ListOffsets go to the partition's data
+(:class:`~hpbroker.client.connection.BrokerConnection`): the first of the bootstrap addresses,
+then, when the broker asked does not answer, the next that does
+(:class:`~hpbroker.client.metadata.ClusterMetadata`).  ListOffsets go to the partition's data
 port, where the partition is stored: a partition without a position sends one on its fetcher's
 connection, in the fetch loop, before its first fetch; ``offsets_for_times`` and the like open a
 connection per partition for the call.
@@ -87,7 +89,7 @@ import zmq
 
 from hpbroker import protocol
 from hpbroker.client.columns import RecordColumns, check_columns
-from hpbroker.client.connection import BrokerConnection, parse_bootstrap
+from hpbroker.client.connection import parse_bootstrap
 from hpbroker.client.fetcher import CompletedFetch, FetchConfig, ListedOffset, PartitionFetcher
 from hpbroker.client.metadata import ClusterMetadata, MetadataRefreshes
 from hpbroker.errors import (
@@ -249,11 +251,11 @@ class Consumer:
             group_config = GroupConfig.take(settings)
         self.config = ConsumerConfig.from_settings(**settings)
         self._group: GroupMember | None = None
-        self._address = parse_bootstrap(bootstrap)[0]
+        self._bootstrap = parse_bootstrap(bootstrap)
         connect_timeout_s = min(5.0, self.config.reconnect_timeout_ms / 1000)
-        self._connection = BrokerConnection(self._address, client_id=self.config.client_id,
-                                            connect_timeout_s=connect_timeout_s)
-        self._metadata = ClusterMetadata(self._connection, timeout_s=self.config.request_timeout_ms / 1000)
+        self._metadata = ClusterMetadata.for_bootstrap(self._bootstrap, client_id=self.config.client_id,
+                                                       connect_timeout_s=connect_timeout_s,
+                                                       timeout_s=self.config.request_timeout_ms / 1000)
         self._refreshes = MetadataRefreshes(self._metadata, timeout_s=self.config.request_timeout_ms / 1000)
         self._states: dict[TopicPartition, _PartitionState] = {}
         #: records stepped over in damaged ranges (``skip_damaged_ranges``), since creation.
@@ -278,7 +280,8 @@ class Consumer:
 
     def __repr__(self) -> str:
         group = "" if self._group is None else f", group={self._group.config.group!r}"
-        return f"Consumer({self._address}{group}, assignment={sorted(map(str, self._states))})"
+        address = self._metadata.connection.address
+        return f"Consumer({address}{group}, assignment={sorted(map(str, self._states))})"
 
     # --- assignment and positions -------------------------------------------------------------
 
@@ -592,7 +595,7 @@ class Consumer:
         events = refreshes.events()
         if events:  # a metadata request on its way: its ZeroMQ socket too (zmq_poll takes both)
             zmq_poller = zmq.Poller()
-            zmq_poller.register(self._connection.socket, events)
+            zmq_poller.register(refreshes.connection.socket, events)
             for fd in (self._wake_reader.fileno(), *waiting):
                 zmq_poller.register(fd, zmq.POLLIN)
             ready = [fd for fd, _ in zmq_poller.poll(timeout_ms) if isinstance(fd, int)]
@@ -857,7 +860,7 @@ class Consumer:
                 if state.fetcher is not None:
                     state.fetcher.close()
                 state.ready = None
-            self._connection.close()
+            self._metadata.close()
             self._wake_reader.close()
             self._wake_writer.close()
 

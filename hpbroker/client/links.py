@@ -4,10 +4,12 @@ A :class:`BrokerLink` is a :class:`~hpbroker.client.connection.BrokerConnection`
 monitor of it (handshakes and disconnects), whether it is known to be connected, and the produce
 requests in flight on it by correlation id (ids are per connection).  :class:`BrokerLinks` maps
 a partition to the link of its leader, as the cluster metadata last described it: the bootstrap
-broker's link when the metadata names no other broker (a standalone broker) or the leader is the
-bootstrap address, else a link opened on first use to the leader's advertised front-end.  A
-partition whose leader moved is routed to the new one once its topic's metadata is refreshed
-(the producer refreshes after errors 6 and 15).
+broker's link (the broker asked for metadata: the first bootstrap address, until it stops
+answering and the metadata moves to another, :meth:`BrokerLinks.rebootstrap`) when the metadata
+names no other broker (a standalone broker) or the leader is the bootstrap address, else a
+link opened on first use to the leader's advertised front-end.  A partition whose leader moved
+is routed to the new one once its topic's metadata is refreshed (the producer refreshes after
+errors 6 and 15).
 
 Threads: everything here belongs to the producer's I/O thread.
 """
@@ -75,6 +77,16 @@ class BrokerLinks:
 
     def __iter__(self):
         return iter(list(self._links.values()))
+
+    def rebootstrap(self, address: BrokerAddress) -> BrokerLink:
+        """Make the link to ``address`` (opened now unless there is one) the bootstrap link: the
+        metadata moved there, its broker having stopped answering.  The old one is closed by
+        :meth:`prune` once it leads nothing and has nothing in flight."""
+        link = self._links.get(address)
+        if link is None:
+            link = self._links[address] = BrokerLink(address, self._client_id, self._poller)
+        self.bootstrap = link
+        return link
 
     def for_partition(self, metadata: ClusterMetadata, topic: str, partition: int) -> BrokerLink:
         """The link to the partition's leader (module docstring for the rules)."""

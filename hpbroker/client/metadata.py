@@ -16,13 +16,24 @@ a version 1 answer gives no replicas for (a topic that is not replicated).
 fetch loop, which ``poll(timeout_ms)``, ``wakeup()`` and ``close()`` must be able to end at any
 moment) refreshes through :class:`MetadataRefreshes` instead.
 
+**Bootstrap addresses.**  A client is given one or more brokers' front-ends (``"a:9092,b:9092"``)
+and asks the first for metadata.  When the broker it asks does not answer (not reachable within
+the connection's ``connect_timeout_s``, or no answer within the request's timeout), the others
+are asked in turn, as a Kafka client does: first the brokers the last metadata named, then the
+bootstrap addresses, from the one after the broker that failed, each address once; the first
+that answers becomes the broker asked from then on (:meth:`ClusterMetadata.move_to`).  When none
+answers, the error names every address tried and what each did.
+
 Threads: one instance per client thread, used with that thread's connection.
 """
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import zmq
 
@@ -39,7 +50,13 @@ from hpbroker.errors import (
 )
 
 __all__ = ["ClusterMetadata", "MetadataRefreshes", "PartitionInfo", "falls_back", "metadata_version",
-           "partition_info", "topic_error"]
+           "none_answered", "partition_info", "topic_error"]
+
+logger = logging.getLogger(__name__)
+
+# What "the broker does not answer" is: the request was never handed to it, or never answered.
+_UNANSWERED = (BrokerNotAvailableError, RequestTimedOutError)
+T = TypeVar("T")
 
 
 def topic_error(topic: str, code: int) -> HPBrokerError:
@@ -83,6 +100,15 @@ def partition_info(topic: str, described: protocol.PartitionMetadata, host: str)
                          getattr(described, "leader_epoch", -1), replicas, isr)
 
 
+def none_answered(failures: Sequence[tuple[BrokerAddress, HPBrokerError]], what: str) -> HPBrokerError:
+    """The error of ``what`` when no broker answered: ``failures``, each address tried with its
+    error, in order.  One address: its own error; several: the first one's class, naming each."""
+    if len(failures) == 1:
+        return failures[0][1]
+    tried = "; ".join(f"{address}: {error.message}" for address, error in failures)
+    return type(failures[0][1])(f"no broker answered {what}; tried {len(failures)} addresses: {tried}")
+
+
 def metadata_version(connection: BrokerConnection) -> int | None:
     """The version to send ``connection``'s broker a MetadataRequest in: None (the newest) until
     it refused that one (:func:`falls_back`)."""
@@ -99,14 +125,42 @@ def falls_back(connection: BrokerConnection, header: protocol.ResponseHeader, as
 
 
 class ClusterMetadata:
-    """Topic -> partitions, refreshed on demand through ``connection``."""
+    """Topic -> partitions, refreshed on demand through ``connection``, the broker asked for
+    metadata, which moves to another broker when that one does not answer (module docstring).
 
-    def __init__(self, connection: BrokerConnection, *, timeout_s: float = 30.0) -> None:
+    ``bootstrap``: every address the client was given (default: ``connection``'s alone).
+    ``connect(address)``: the connection to ask ``address`` over once the metadata moves there,
+    for a client that keeps its connections itself (the producer's links); without it the
+    metadata opens that connection and closes the one it replaces, and the client closes
+    :attr:`connection` (or calls :meth:`close`) when it is done."""
+
+    def __init__(self, connection: BrokerConnection, *, timeout_s: float = 30.0,
+                 bootstrap: Sequence[BrokerAddress] = (),
+                 connect: Callable[[BrokerAddress], BrokerConnection] | None = None) -> None:
         self.connection = connection
         self._timeout_s = timeout_s
+        self._bootstrap = list(bootstrap)
+        self._connect = connect
         self._topics: dict[str, list[PartitionInfo]] = {}
         self._refreshed_at: dict[str, float] = {}
         self._brokers: dict[int, BrokerAddress] = {}  # front-end of each broker, by id
+
+    @classmethod
+    def for_bootstrap(cls, bootstrap: Sequence[BrokerAddress], *, client_id: str, connect_timeout_s: float,
+                      timeout_s: float) -> ClusterMetadata:
+        """Metadata asked of the first of ``bootstrap`` (then the others, module docstring) over
+        a connection of its own; :meth:`close` it."""
+        connection = BrokerConnection(bootstrap[0], client_id=client_id, connect_timeout_s=connect_timeout_s)
+        return cls(connection, timeout_s=timeout_s, bootstrap=bootstrap)
+
+    def close(self) -> None:
+        """Close the connection (one the metadata opened, or was given without ``connect``)."""
+        self.connection.close()
+
+    @property
+    def bootstrap(self) -> list[BrokerAddress]:
+        """The addresses the client was given, in order."""
+        return self._bootstrap or [self.connection.address]
 
     def refresh(self, *topics: str) -> protocol.MetadataResponse:
         """Ask the broker about ``topics`` (every topic when none is named) and remember them.
@@ -119,24 +173,68 @@ class ClusterMetadata:
         """The broker's MetadataResponse about ``topics`` (all when empty), in the newest version
         it takes (module docstring), without remembering it; raises the broker's error.
 
-        When the bootstrap broker cannot be reached (or does not answer), the other brokers the
-        last metadata named are asked in turn, each over a connection opened for the question:
-        in a cluster, the broker a client was bootstrapped at may be the one that failed."""
+        When the broker asked cannot be reached (or does not answer), the others are asked in
+        turn, each over a connection opened for the question, and the first that answers is
+        asked from then on: in a cluster, the broker a client was bootstrapped at may be the one
+        that failed.  When none answers, the error names each address tried."""
         timeout_s = self._timeout_s if timeout_s is None else timeout_s
         try:
             return _ask(self.connection, topics, timeout_s)
-        except (BrokerNotAvailableError, RequestTimedOutError) as unreachable:
-            for address in sorted(set(self._brokers.values()) - {self.connection.address},
-                                  key=lambda a: (a.host, a.port)):
-                other = BrokerConnection(address, client_id=self.connection.client_id,
-                                         connect_timeout_s=self.connection.connect_timeout_s)
-                try:
-                    return _ask(other, topics, timeout_s)
-                except (BrokerNotAvailableError, RequestTimedOutError):
-                    continue
-                finally:
-                    other.close()
-            raise unreachable
+        except _UNANSWERED as unanswered:
+            return self.fail_over(unanswered, lambda other: _ask(other, topics, timeout_s),
+                                  "a metadata request")
+
+    def fail_over(self, error: HPBrokerError, ask: Callable[[BrokerConnection], T], what: str) -> T:
+        """The broker asked did not answer (``error``): ``ask(connection)`` each other address in
+        turn (:meth:`candidates`) until one answers, move there and return its answer.  Raises
+        :func:`none_answered` (every address tried) when none does; an error a broker answered
+        is raised as it is."""
+        failures: list[tuple[BrokerAddress, HPBrokerError]] = [(self.connection.address, error)]
+        for address in self.candidates({self.connection.address}):
+            other = BrokerConnection(address, client_id=self.connection.client_id,
+                                     connect_timeout_s=self.connection.connect_timeout_s)
+            try:
+                answer = ask(other)
+            except _UNANSWERED as e:
+                other.close()
+                failures.append((address, e))
+                continue
+            except BaseException:
+                other.close()
+                raise
+            self.move_to(address, other, failures)
+            return answer
+        raise none_answered(failures, what)
+
+    def candidates(self, tried: set[BrokerAddress]) -> list[BrokerAddress]:
+        """Where to ask next, but ``tried``: the brokers the last metadata named (sorted), then
+        the bootstrap addresses from the one after the broker asked now, each once."""
+        bootstrap = self.bootstrap
+        current = self.connection.address
+        start = bootstrap.index(current) + 1 if current in bootstrap else 0
+        ordered = [*sorted(self._brokers.values(), key=lambda a: (a.host, a.port)),
+                   *bootstrap[start:], *bootstrap[:start]]
+        return [address for address in dict.fromkeys(ordered) if address not in tried]
+
+    def move_to(self, address: BrokerAddress, connection: BrokerConnection | None = None,
+                failures: Sequence[tuple[BrokerAddress, HPBrokerError]] = ()) -> BrokerConnection:
+        """Ask ``address`` from now on: over ``connect(address)`` if the client keeps its
+        connections (``connection``, one opened to ask it, is then closed), else over
+        ``connection`` or a new one, closing the one it replaces.  ``failures``: why (logged)."""
+        old = self.connection
+        if self._connect is not None:
+            if connection is not None:
+                connection.close()
+            connection = self._connect(address)
+        else:
+            if connection is None:
+                connection = BrokerConnection(address, client_id=old.client_id,
+                                              connect_timeout_s=old.connect_timeout_s)
+            old.close()
+        self.connection = connection
+        why = "; ".join(f"{a}: {e.message}" for a, e in failures) or "moved"
+        logger.info("metadata: asking broker %s from now on (%s)", address, why)
+        return connection
 
     def update(self, response: protocol.MetadataResponse) -> None:
         """Remember what ``response`` says (as :meth:`refresh` does with its own)."""
@@ -223,21 +321,31 @@ class ClusterMetadata:
 class MetadataRefreshes:
     """Refreshes of topics' metadata that never block, for the consumer's fetch loop.
 
-    The loop asks for a topic with :meth:`want`, polls the connection's socket for
-    :meth:`events` beside its other sockets, and calls :meth:`take`, which sends what can be
-    sent, takes the answers (remembering them in the metadata) and gives up on what waited too
-    long.  A topic has one request in flight at most.  A request waits, unsent, until the
-    connection to the broker is up (``connect_timeout_s`` of the connection at most: nothing
-    queues for a broker that is down), then ``timeout_s`` for its answer.
+    The loop asks for a topic with :meth:`want`, polls the metadata's connection's socket
+    (:attr:`connection`: it changes when the metadata moves) for :meth:`events` beside its
+    other sockets, and calls :meth:`take`, which sends what can be sent, takes the answers
+    (remembering them in the metadata) and gives up on what waited too long.  A topic has one
+    request in flight at most.  A request waits, unsent, until the connection to the broker is
+    up (``connect_timeout_s`` of the connection at most: nothing queues for a broker that is
+    down), then ``timeout_s`` for its answer.  A broker that does not answer so is left for the
+    next address the metadata names (:meth:`ClusterMetadata.candidates`), and every request on
+    its way goes there; only when every address has failed in a row do the requests that ran
+    out of time fail, with an error naming each address.
     """
 
     def __init__(self, metadata: ClusterMetadata, *, timeout_s: float) -> None:
         self._metadata = metadata
-        self._connection = metadata.connection
         self._timeout_s = timeout_s
         self._unsent: dict[str, float] = {}  # topic -> when it began to wait for the connection
         # correlation id -> (topic, deadline, the version it was asked in)
         self._sent: dict[int, tuple[str, float, int | None]] = {}
+        # the addresses that failed in a row since the last answer, with their errors
+        self._failures: dict[BrokerAddress, HPBrokerError] = {}
+
+    @property
+    def connection(self) -> BrokerConnection:
+        """The connection requests go over now (the metadata's)."""
+        return self._metadata.connection
 
     def want(self, topic: str, now: float) -> None:
         """Ask for ``topic`` unless a request for it is on its way."""
@@ -251,16 +359,16 @@ class MetadataRefreshes:
 
     def next_due(self) -> float:
         """When a request on its way times out (monotonic seconds; infinite when none is)."""
-        connect_timeout_s = self._connection.connect_timeout_s
+        connect_timeout_s = self.connection.connect_timeout_s
         return min([since + connect_timeout_s for since in self._unsent.values()]
                    + [deadline for _, deadline, _ in self._sent.values()], default=float("inf"))
 
     def take(self, now: float) -> dict[str, HPBrokerError | None]:
         """Take the answers that arrived, time out the requests that waited too long, send the
         requests that can go: the topics settled, each with None (its partitions are in the
-        metadata now) or why not (unknown to the broker, unreachable broker, no answer)."""
+        metadata now) or why not (unknown to the broker, no broker answering)."""
         settled: dict[str, HPBrokerError | None] = {}
-        connection = self._connection
+        connection = self.connection
         while self._sent:
             response = connection.poll(0)
             if response is None:
@@ -268,15 +376,17 @@ class MetadataRefreshes:
             entry = self._sent.pop(response.correlation_id, None)
             if entry is None:
                 continue
+            self._failures.clear()  # the broker answers
             if falls_back(connection, response.header, entry[2]):
                 self._unsent[entry[0]] = now  # asked again, in version 0
                 continue
             settled[entry[0]] = self._settle(entry[0], response.header, response.body)
+        unanswered: dict[str, HPBrokerError] = {}
         for correlation_id, (topic, deadline, _version) in list(self._sent.items()):
             if now >= deadline:
                 connection.forget(correlation_id)
                 del self._sent[correlation_id]
-                settled[topic] = RequestTimedOutError(
+                unanswered[topic] = RequestTimedOutError(
                     f"no answer from {connection.address} to a metadata request for topic {topic!r} "
                     f"within {self._timeout_s} s")
         for topic, since in list(self._unsent.items()):
@@ -291,10 +401,33 @@ class MetadataRefreshes:
                 self._sent[correlation_id] = (topic, now + self._timeout_s, version)
             elif now - since >= connection.connect_timeout_s:
                 del self._unsent[topic]
-                settled[topic] = BrokerNotAvailableError(
+                unanswered[topic] = BrokerNotAvailableError(
                     f"broker {connection.address} is not reachable (no connection within "
                     f"{connection.connect_timeout_s} s)")
+        if unanswered:
+            settled.update(self._broker_failed(unanswered, now))
         return settled
+
+    def _broker_failed(self, unanswered: dict[str, HPBrokerError], now: float) -> dict[str, HPBrokerError]:
+        """The broker asked left ``unanswered`` (topic -> why): move every request to the next
+        address, or, when every address failed in a row, settle those topics, naming each."""
+        address = self.connection.address
+        self._failures[address] = next(iter(unanswered.values()))
+        candidates = self._metadata.candidates(set(self._failures))
+        if candidates:
+            for topic, _deadline, _version in self._sent.values():
+                self._unsent[topic] = now
+            self._sent.clear()  # their connection is closed: they go again, to the next broker
+            for topic in [*unanswered, *self._unsent]:
+                self._unsent[topic] = now
+            self._metadata.move_to(candidates[0], failures=list(self._failures.items()))
+            return {}
+        failures = list(self._failures.items())
+        self._failures.clear()
+        if len(failures) == 1:
+            return dict(unanswered)
+        error = none_answered(failures, "a metadata request")
+        return {topic: error for topic in unanswered}
 
     def _settle(self, topic: str, header: protocol.ResponseHeader,
                 body: protocol.Message) -> HPBrokerError | None:

@@ -6,7 +6,8 @@ Two threads (the Kafka paper's asynchronous producer: latency traded for through
   appends the record to its partition's open batch and returns; no per-record Python work, no
   future unless asked for (:meth:`Producer.send_future`, or ``callback=``);
 - **the I/O thread** (:class:`_Sender`) owns the ZeroMQ connections (one per partition leader,
-  ``hpbroker.client.links``; metadata comes from the bootstrap broker) and the cluster metadata.
+  ``hpbroker.client.links``; metadata comes from the bootstrap broker, the first bootstrap
+  address that answers) and the cluster metadata.
   It sleeps in one poll on the connections, a ZeroMQ monitor of each and a wake-up pipe, and each turn:
   reads the responses, drains the batches that are due (full, lingered ``linger_ms``, or flushed),
   finishes them into one ProduceRequest per partition and sends them, retries what failed.  The
@@ -133,8 +134,9 @@ class Producer(RecordAccumulator):
 
     ``Producer(bootstrap, acks=1, linger_ms=5, batch_bytes=1 << 20, compression=None, ...)``: the
     keyword options are the fields of :class:`ProducerConfig` (or pass ``config=``); ``acks`` is
-    0, 1, or ``"all"`` (also -1).  ``bootstrap``
-    is ``"host:port"`` (the broker's ZeroMQ front-end; a list is accepted, its first entry used).
+    0, 1, or ``"all"`` (also -1).  ``bootstrap`` is ``"host:port"`` (a broker's ZeroMQ front-end),
+    or several, comma-separated or as a list: the first is asked for metadata, and when it does
+    not answer the others are, in turn (``hpbroker.client.metadata``).
 
     ``send(topic, value, key=None, headers=None, timestamp=None, partition=None, callback=None)``
     appends one record and returns None; it costs about a tenth of a microsecond (compiled, see
@@ -164,7 +166,8 @@ class Producer(RecordAccumulator):
         config = ProducerConfig(**options) if config is None else dataclasses.replace(config, **options)
         self.config = config
         self.name = config.name or f"{socket.gethostname()[:200]}-{os.getpid()}-{next(_names)}"
-        self.address = parse_bootstrap(bootstrap)[0]
+        self.bootstrap = parse_bootstrap(bootstrap)
+        self.address = self.bootstrap[0]
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_read, False)
         os.set_blocking(self._wake_write, False)
@@ -175,7 +178,7 @@ class Producer(RecordAccumulator):
         self._unreported: list[Any] | None = None  # [record count, first error] since the last flush
         self._close_lock = threading.Lock()
         self._closed_done = False
-        self._sender = _Sender(self, self.address, config, self._wake_read)
+        self._sender = _Sender(self, self.bootstrap, config, self._wake_read)
         self._thread = threading.Thread(target=self._sender.run, name=f"hpbroker-producer[{self.name}]",
                                         daemon=True)
         self._thread.start()
@@ -329,7 +332,8 @@ class Producer(RecordAccumulator):
                 failures += 1
                 if time.monotonic() + backoff_s >= deadline:
                     raise BrokerNotAvailableError(
-                        f"broker {self.address}: no partitions for topic {topic!r} within max_block_ms "
+                        f"bootstrap {','.join(map(str, self.bootstrap))}: no partitions for topic "
+                        f"{topic!r} within max_block_ms "
                         f"{self.config.max_block_ms} ({e})") from e
                 time.sleep(backoff_s)
                 continue
@@ -392,10 +396,11 @@ class _Sender(AppendedLookup, IdempotentSending):
     """The I/O thread (module docstring).  Everything here runs on it, but :meth:`call`,
     :meth:`stop` and the constructor.  The idempotent path is in :class:`IdempotentSending`."""
 
-    def __init__(self, producer: Producer, address: BrokerAddress, config: ProducerConfig,
-                 wake_fd: int) -> None:
+    def __init__(self, producer: Producer, bootstrap: BrokerAddress | Sequence[BrokerAddress],
+                 config: ProducerConfig, wake_fd: int) -> None:
         self._producer = producer
-        self._address = address
+        self._bootstrap = [bootstrap] if isinstance(bootstrap, BrokerAddress) else list(bootstrap)
+        self._address = self._bootstrap[0]
         self._config = config
         self._wake_fd = wake_fd
         self._acks = config.acks
@@ -425,7 +430,6 @@ class _Sender(AppendedLookup, IdempotentSending):
         self.failure: BaseException | None = None  # what ended the thread, if not close()
         self._poller = zmq.Poller()
         self.links: BrokerLinks | None = None
-        self.connection: BrokerConnection | None = None  # the bootstrap broker's: metadata, admin
         self.metadata: ClusterMetadata | None = None
         self._monitoring: MonitoringPublisher | None = None
         self._monitoring_due_s = math.inf
@@ -527,8 +531,15 @@ class _Sender(AppendedLookup, IdempotentSending):
 
     def _open(self) -> None:
         self.links = BrokerLinks(self._address, self._producer.name, self._poller)
-        self.connection = self.links.bootstrap.connection
-        self.metadata = ClusterMetadata(self.connection, timeout_s=self._control_timeout_s)
+        self.metadata = ClusterMetadata(self.connection, timeout_s=self._control_timeout_s,
+                                        bootstrap=self._bootstrap,
+                                        connect=lambda address: self.links.rebootstrap(address).connection)
+
+    @property
+    def connection(self) -> BrokerConnection | None:
+        """The bootstrap link's connection, the broker asked for metadata and producer ids: the
+        first bootstrap address until it stops answering (then the one the metadata moved to)."""
+        return None if self.links is None else self.links.bootstrap.connection
 
     def _close(self) -> None:
         if self.links is not None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from hpbroker.client.connection import BrokerConnection, parse_bootstrap
+from hpbroker.client.connection import parse_bootstrap
 from hpbroker.client.fetcher import CompletedFetch, FetchConfig, PartitionFetcher
 from hpbroker.client.metadata import ClusterMetadata
 from hpbroker.errors import (
@@ -164,13 +164,13 @@ class _RangeFetches:
     def _connect(self) -> PartitionFetcher:
         """A raw fetcher for the data port the metadata names for the partition now."""
         split = self.split
-        connection = BrokerConnection(parse_bootstrap(self.bootstrap)[0], client_id="hpbroker-spark",
-                                      connect_timeout_s=min(5.0, self.config.timeout_ms / 1000))
-        try:
-            info = ClusterMetadata(connection, timeout_s=self.config.timeout_ms / 1000).partition(
-                split.topic, split.partition, refresh=True)
+        metadata = ClusterMetadata.for_bootstrap(parse_bootstrap(self.bootstrap), client_id="hpbroker-spark",
+                                                 connect_timeout_s=min(5.0, self.config.timeout_ms / 1000),
+                                                 timeout_s=self.config.timeout_ms / 1000)
+        try:  # the first bootstrap address that answers
+            info = metadata.partition(split.topic, split.partition, refresh=True)
         finally:
-            connection.close()
+            metadata.close()
         if info.error_code or not info.fetch_port:
             raise error_for_code(info.error_code or PartitionNotAvailableError.code,
                                  f"{split.topic}-{split.partition} is not being served (error "
