@@ -13,10 +13,18 @@ or a ``poll``.  Per topic:
 
 Anomalies (each counted, with up to :data:`MAX_EXAMPLES` examples):
 
-- ``lost-write``: a value acknowledged at (p, o), never read at any position, while some read of
-  partition p reached an offset > o.  Loss the readers would have had to pass.
+- The final drain (the ``drain`` client) is the authority on what the log holds at the end, as
+  Jepsen's final polls are.  For a partition the drain read completely (from its log start to
+  its end offset; ``check``'s ``drained`` says which), a value acknowledged in that partition and
+  absent from the drain's reads of it is a ``lost-write``, whatever the other consumers read
+  before (a record read by the group, then truncated away, is lost).
+- ``lost-write`` elsewhere (a partition the drain did not read to its end): a value acknowledged
+  at (p, o), never read at any position, while some read of partition p reached an offset >= o
+  (the bound inclusive, as Jepsen's: another value read at o passed it too).  Loss the readers
+  would have had to pass.
 - ``unseen``: a value acknowledged, never read, and not a lost-write (no read of its partition got
-  beyond its offset).  The two are disjoint, as Jepsen's.
+  to its offset, and the drain did not read that partition to its end).  The two are disjoint, as
+  Jepsen's; with a complete drain there is no unseen value.
 - ``duplicate``: one value observed at two or more distinct positions.  A consumer reading the same
   position again (after a rebalance, or the drain) is one position, not a duplicate.
 - ``inconsistent-offsets``: one position observed with two or more distinct values.
@@ -67,6 +75,7 @@ ANOMALY_KINDS = ("lost-write", "unseen", "duplicate", "inconsistent-offsets", "n
 FATAL_KINDS = ("lost-write", "unseen", "inconsistent-offsets", "poll-skip")
 MAX_EXAMPLES = 10
 NO_FAULT = "none"
+DRAIN_CLIENT = "drain"  #: the client name of the final reader
 
 
 @dataclass
@@ -89,6 +98,8 @@ class TopicResult:
     anomalies: dict[str, Anomaly] = field(default_factory=lambda: {k: Anomaly() for k in ANOMALY_KINDS})
     #: the most frequent fail texts, with their counts
     fail_errors: dict[str, int] = field(default_factory=dict)
+    #: the partitions the drain read from their log start to their end offset (None: not said)
+    drained: list[int] | None = None
 
 
 @dataclass
@@ -154,8 +165,11 @@ def _fault_field(fault: Any, name: str) -> Any:
     return fault.get(name) if isinstance(fault, dict) else getattr(fault, name, None)
 
 
-def check(history: History, topics: dict[str, dict], faults: list[Any]) -> Result:
-    """Checks ``history``; see the module docstring for every definition."""
+def check(history: History, topics: dict[str, dict], faults: list[Any],
+          drained: dict[str, Any] | None = None) -> Result:
+    """Checks ``history``; see the module docstring for every definition.  ``drained``: topic ->
+    the partitions the ``drain`` client read completely (from the log start to the end offset);
+    None (or a topic missing) means none was, and the highest-offset-read rule decides loss."""
     result = Result(history={"files": history.files, "lines": history.lines,
                              "torn_lines": history.torn_lines, "torn_files": list(history.torn_files),
                              "start_s": history.start_s, "end_s": history.end_s})
@@ -167,7 +181,9 @@ def check(history: History, topics: dict[str, dict], faults: list[Any]) -> Resul
         spec = topics.get(name, {})
         th = history.topics.get(name) or TopicHistory(name)
         partitions = int(spec.get("partitions", 0) or 0)
-        topic_result, events = _check_topic(th, history, normalize_acks(spec.get("acks", "?")), partitions)
+        complete = None if drained is None else sorted(int(p) for p in drained.get(name, ()))
+        topic_result, events = _check_topic(th, history, normalize_acks(spec.get("acks", "?")), partitions,
+                                            complete)
         result.topics[name] = topic_result
         windows.attribute(name, events)
     result.faults, per_nemesis_gaps = _unavailability(history, result.topics, fault_list, end_of_history)
@@ -207,9 +223,9 @@ def _first_time(index: np.ndarray, times: np.ndarray, size: int) -> np.ndarray:
 _Events = dict[str, np.ndarray]
 
 
-def _check_topic(th: TopicHistory, history: History, acks: str,
-                 partitions: int) -> tuple[TopicResult, _Events]:
-    r = TopicResult(th.topic, acks, partitions, attempted=th.invokes)
+def _check_topic(th: TopicHistory, history: History, acks: str, partitions: int,
+                 complete: list[int] | None) -> tuple[TopicResult, _Events]:
+    r = TopicResult(th.topic, acks, partitions, attempted=th.invokes, drained=complete)
     events: _Events = {}
     nv = len(th.values)
     flags = _col(th.flags, np.uint8)
@@ -248,7 +264,8 @@ def _check_topic(th: TopicHistory, history: History, acks: str,
     r.verified = len(verified_values)
     events["verified"] = first_ack[verified_values]
 
-    _lost_and_unseen(r, events, th, ap, ao, av, pp, po, read_mask, first_ack)
+    final = _Final.of(th, history, complete or [])
+    _lost_and_unseen(r, events, th, ap, ao, av, pp, po, read_mask, first_ack, final)
     seen = _Seen(pair_pos, pair_v, pos_p, pos_o, _first_time(pos_id, obs_t, n_pos))
     _positions(r, events, th, history, seen, first_ack, first_read)
     _polls(r, events, th, history, pos_p, pos_o)
@@ -271,20 +288,52 @@ def _record(r: TopicResult, events: _Events, kind: str, times: np.ndarray, examp
     events[kind] = np.asarray(times, dtype=np.float64)
 
 
+class _Final(NamedTuple):
+    """What the drain read of the partitions it read completely: ``keys`` the sorted
+    ``partition * stride + value id`` of its polls there; ``complete`` those partitions."""
+
+    complete: np.ndarray
+    keys: np.ndarray
+    stride: int
+
+    @classmethod
+    def of(cls, th: TopicHistory, history: History, complete: list[int]) -> _Final:
+        stride = max(len(th.values), 1)
+        drains = [i for i, name in enumerate(history.streams) if name == DRAIN_CLIENT]
+        ps, pp, pv = (_col(th.poll_stream, np.int64), _col(th.poll_partition, np.int64),
+                      _col(th.poll_value, np.int64))
+        done = np.asarray(complete, dtype=np.int64)
+        rows = np.isin(ps, drains) & np.isin(pp, done)
+        return cls(done, np.unique(pp[rows] * stride + pv[rows]), stride)
+
+    def decides(self, partitions: np.ndarray) -> np.ndarray:
+        return np.isin(partitions, self.complete)
+
+    def holds(self, partitions: np.ndarray, values: np.ndarray) -> np.ndarray:
+        return np.isin(partitions * self.stride + values, self.keys)
+
+
 def _lost_and_unseen(r: TopicResult, events: _Events, th: TopicHistory, ap: np.ndarray, ao: np.ndarray,
                      av: np.ndarray, pp: np.ndarray, po: np.ndarray, read_mask: np.ndarray,
-                     first_ack: np.ndarray) -> None:
+                     first_ack: np.ndarray, final: _Final) -> None:
     high = _highest_read(pp, po, ap)  # per ack row: the highest offset read in its partition, or -1
     unread = ~read_mask[av]
-    lost_rows = unread & (ao >= 0) & (ao < high)
+    decided = final.decides(ap)
+    dropped = decided & ~final.holds(ap, av)  # the complete drain of its partition lacks it
+    lost_rows = dropped | (~decided & unread & (ao >= 0) & (ao <= high))
     lost = np.unique(av[lost_rows])
-    unseen = np.setdiff1d(np.unique(av[unread]), lost, assume_unique=True)
+    unseen = np.setdiff1d(np.unique(av[unread & ~decided]), lost, assume_unique=True)
+    unseen = np.setdiff1d(unseen, np.unique(av[decided]), assume_unique=True)
     lost_examples = []
     for v in lost[:MAX_EXAMPLES]:
         i = int(np.flatnonzero(lost_rows & (av == v))[0])
-        lost_examples.append(f"{th.values[v]!r} acknowledged at {th.topic}/{ap[i]}@{ao[i]} "
-                             f"(t={th.ack_time[i]:.3f}); partition {ap[i]} read up to offset {high[i]}, "
-                             f"value never read")
+        where = (f"{th.values[v]!r} acknowledged at {th.topic}/{ap[i]}@{ao[i]} (t={th.ack_time[i]:.3f}); ")
+        if dropped[i]:
+            before = f"read before at {_where(th, int(v))}" if read_mask[v] else "never read"
+            lost_examples.append(f"{where}missing from the complete final drain of partition {ap[i]} "
+                                 f"({before})")
+        else:
+            lost_examples.append(where + f"partition {ap[i]} read up to offset {high[i]}, value never read")
     unseen_examples = []
     for v in unseen[:MAX_EXAMPLES]:
         i = int(np.flatnonzero(av == v)[0])

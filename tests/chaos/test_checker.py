@@ -37,8 +37,8 @@ def _poll(client, topic, records, t0=100.0):
                                                  for i, (p, o, v) in enumerate(records)]
 
 
-def _check(tmp_path, files, topics=TOPICS, faults=()):
-    return check(read_histories(_write(tmp_path / "history", files)), topics, list(faults))
+def _check(tmp_path, files, topics=TOPICS, faults=(), drained=None):
+    return check(read_histories(_write(tmp_path / "history", files)), topics, list(faults), drained)
 
 
 def _counts(result, topic="all"):
@@ -114,10 +114,49 @@ def test_inconsistent_offsets_is_one_position_with_two_values(tmp_path):
 
 
 def test_acknowledged_offset_disagreeing_with_reads(tmp_path):
-    """Two acks at one offset: inconsistent-offsets even before anyone reads."""
+    """Two acks at one offset: inconsistent-offsets even before anyone reads; the one never read
+    sits at the highest offset read, which a reader passed: a lost-write (the bound is inclusive)."""
     records = [(0, 0, "p-0"), (0, 0, "p-1")]
     result = _check(tmp_path, {"p": _produce("p", "all", records), "c": _poll("c", "all", records[:1])})
-    assert _counts(result) == {"inconsistent-offsets": 1, "unseen": 1}
+    assert _counts(result) == {"inconsistent-offsets": 1, "lost-write": 1}
+
+
+def test_a_value_acknowledged_at_the_highest_offset_read_and_replaced_there_is_a_lost_write(tmp_path):
+    """Jepsen's bound: acknowledged at o <= the highest offset read, never read, is lost."""
+    records = [(0, 0, "a"), (0, 1, "b"), (0, 2, "c")]
+    produced = _produce("p", "one", records) + [("invoke", 3.0, "q", "one", "x")]
+    result = _check(tmp_path, {"p": produced,
+                               "drain": _poll("drain", "one", [(0, 0, "a"), (0, 1, "b"), (0, 2, "x")])})
+    assert _counts(result, "one") == {"lost-write": 1, "inconsistent-offsets": 1}
+    assert "'c'" in result.topics["one"].anomalies["lost-write"].examples[0]
+
+
+def test_a_value_read_by_the_group_then_missing_from_a_complete_drain_is_lost(tmp_path):
+    """The final drain is the authority: records the group read and the final log no longer
+    holds (a truncation after an early high watermark) are lost, not verified."""
+    records = [(0, 0, "a"), (0, 1, "b"), (0, 2, "c")]
+    files = {"p": _produce("p", "all", records), "c": _poll("c", "all", records),
+             "drain": _poll("drain", "all", records[:1], t0=200.0)}
+    result = _check(tmp_path, files, drained={"all": [0, 1]})
+    assert _counts(result) == {"lost-write": 2}
+    assert not result.ok("all")
+    examples = result.topics["all"].anomalies["lost-write"].examples
+    assert all("missing from the complete final drain of partition 0" in e for e in examples)
+    assert "read before at 0@1" in examples[0]
+    assert result.topics["all"].drained == [0, 1]
+
+
+def test_a_value_acknowledged_beyond_a_complete_drain_is_lost_not_unseen(tmp_path):
+    records = [(0, 0, "a"), (0, 1, "b"), (1, 0, "c")]
+    files = {"p": _produce("p", "all", records), "drain": _poll("drain", "all", records[:1], t0=200.0)}
+    assert _counts(_check(tmp_path, files, drained={"all": [0]})) == {"lost-write": 1, "unseen": 1}
+
+
+def test_without_a_complete_drain_the_highest_read_decides(tmp_path):
+    records = [(0, 0, "a"), (0, 1, "b"), (0, 2, "c")]
+    files = {"p": _produce("p", "all", records), "c": _poll("c", "all", records),
+             "drain": _poll("drain", "all", records[:1], t0=200.0)}
+    assert _counts(_check(tmp_path, files, drained={"all": []})) == {}
 
 
 def test_nonmonotonic_poll_without_an_assign_between(tmp_path):
