@@ -240,11 +240,18 @@ class Consumer:
 
     With ``group=`` (and ``topics=``, ``zookeeper=``, and the other
     :class:`~hpbroker.client.group.GroupConfig` settings) the consumer joins a consumer group,
-    which assigns its partitions; :meth:`assign` is then refused.
+    which assigns its partitions; :meth:`assign` is then refused.  ``on_assign=``,
+    ``on_revoke=`` and ``on_lost=`` (each ``callable(partitions)``, a set of TopicPartitions)
+    are its rebalance listener, called inside :meth:`poll` and the iteration
+    (``hpbroker.client.group``, "Rebalance listener").
     """
 
     def __init__(self, bootstrap: str | Sequence[str], **settings: object) -> None:
         group_config = None
+        listeners = sorted({"on_assign", "on_revoke", "on_lost"} & set(settings))
+        if listeners and "group" not in settings:
+            raise InvalidConfigError(f"{', '.join(listeners)}: rebalance listeners need a consumer group "
+                                     "(group=, topics=, zookeeper=); an assigned consumer has no rebalances")
         if "group" in settings:  # only then is ZooKeeper's client loaded
             from hpbroker.client.group import GroupConfig
 
@@ -266,7 +273,9 @@ class Consumer:
         self._wake_reader, self._wake_writer = socket.socketpair()
         self._wake_reader.setblocking(False)
         self._wake_writer.setblocking(False)
-        self._lock = threading.Lock()  # held while polling; close() takes it to know nobody is
+        # Held while polling; close() takes it to know nobody is.  Re-entrant: a rebalance
+        # listener, called inside poll(), may commit().
+        self._lock = threading.RLock()
         self._wake_pending = False  # a wakeup() taken in by an offset lookup, for the next wait
         self._closed = False
         if group_config is not None:
@@ -503,6 +512,8 @@ class Consumer:
         with self._lock:
             if self._closed:
                 return [], True
+            if self._group is not None and self._group.in_listener:
+                raise RuntimeError("poll() and iteration are refused inside a rebalance listener")
             woken = self._run(deadline)
             if self._group is not None and not self._group.may_hand_out():
                 return [], woken
@@ -533,6 +544,7 @@ class Consumer:
             now = time.monotonic()
             if self._group is not None:
                 self._group.service(now)
+                self._group.raise_listener_error()  # the rebalance is over: what a listener raised
             states = self._states.values()
             self._start_requests(states, now)
             if self._has_output() and (self._group is None

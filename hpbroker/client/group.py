@@ -72,6 +72,27 @@ that call), before a partition is released in a rebalance, and at ``close()``.  
 commits synchronously.  Delivery is at least once: a member that dies redelivers, through the
 next owner, what it handed out after its last commit; nothing is skipped, since a commit never
 runs ahead of the records handed out.
+
+**Rebalance listener** (Kafka's ``ConsumerRebalanceListener``).  ``on_revoke``, ``on_assign``
+and ``on_lost`` (settings, each ``callable(partitions)`` or None) are called with a non-empty
+set of :class:`~hpbroker.client.consumer.TopicPartition`, on the consumer's thread, inside
+``poll()`` or the iteration, never while a record is handed out:
+
+- ``on_revoke`` before partitions are released in a rebalance (step 3, and step 5's release of
+  everything): they are still owned, their positions exact, so ``commit()`` commits them;
+- ``on_assign`` after partitions were claimed and started (step 4): each has its position,
+  the committed offset (or none yet, ``auto_offset_reset`` decides at the first fetch), which a
+  ``seek()`` here may change;
+- ``on_lost`` (``on_revoke`` when None) after partitions were found lost and dropped, without
+  committing: a session that expired, an ownership node gone or someone else's at a lease
+  check or a commit.  They are no longer owned; a commit of them is refused.
+
+A partition dropped and claimed again, also inside one ``poll()``, is told as revoked (or lost)
+and then assigned: it restarts at the committed offset, so records handed out before may come
+again.  So the positions of the partitions a member reads move only forward between two calls,
+but across a revoke or loss followed by an assign.  What a listener raises is logged and
+raised by the ``poll()`` (or the iteration step) once the rebalance is over; ``close()`` calls
+no listener (with auto-commit on it commits itself; else ``commit()`` before ``close()``).
 """
 
 from __future__ import annotations
@@ -82,7 +103,7 @@ import os
 import random
 import socket
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -152,6 +173,13 @@ class GroupConfig:
     zookeeper_timeout_ms: int | None = None
     #: where hpbroker's tree hangs in ZooKeeper (``ZkPaths.root``).  Default ``/hpbroker``.
     zookeeper_root: str = DEFAULT_ROOT
+    #: ``callable(partitions)``, told of partitions taken, after their positions are set (module
+    #: docstring, "Rebalance listener").  Default None.
+    on_assign: Callable[[set[TopicPartition]], object] | None = None
+    #: ``callable(partitions)``, told of partitions about to be released, while still owned.
+    on_revoke: Callable[[set[TopicPartition]], object] | None = None
+    #: ``callable(partitions)``, told of partitions found lost (already dropped); None: ``on_revoke``.
+    on_lost: Callable[[set[TopicPartition]], object] | None = None
 
     def __post_init__(self) -> None:
         check_group(self.group)
@@ -163,6 +191,10 @@ class GroupConfig:
         ZkPaths(self.zookeeper_root)
         if self.consumer_id is not None:
             check_consumer_id(self.consumer_id)
+        for name in ("on_assign", "on_revoke", "on_lost"):
+            if getattr(self, name) is not None and not callable(getattr(self, name)):
+                raise InvalidConfigError(f"{name} must be a callable taking a set of TopicPartitions, "
+                                         f"or None, got {getattr(self, name)!r}")
         if not isinstance(self.enable_auto_commit, bool):
             raise InvalidConfigError(f"enable_auto_commit must be True or False, "
                                      f"got {self.enable_auto_commit!r}")
@@ -212,6 +244,9 @@ class GroupMember:
         self._owned: dict[TopicPartition, int] = {}  # -> the session id that claimed it
         self._unstarted: set[TopicPartition] = set()  # claimed, committed offset not read yet
         self._committed: dict[TopicPartition, int] = {}  # what this member last committed or read
+        self._announced: set[TopicPartition] = set()  # told to on_assign, not yet revoked or lost
+        self._listener_error: BaseException | None = None  # the first a listener raised, to raise
+        self.in_listener = False  # a listener is running (poll() from it is refused)
         self._attempts = 0  # failed rebalance passes in a row
         self._retry_at = 0.0
         self._confirm_retry_at = 0.0
@@ -275,7 +310,7 @@ class GroupMember:
             if self._owned:
                 logger.warning("%s the ZooKeeper session expired: dropping %s without committing",
                                self._prefix, _names(self._owned))
-                self._drop(list(self._owned))
+                self._lose(list(self._owned))
             self._attempts, self._retry_at = 0, 0.0
         if self._suspended:
             return
@@ -345,7 +380,7 @@ class GroupMember:
         if lost:
             logger.warning("%s lost %s (owner node gone or someone else's): dropping, uncommitted",
                            self._prefix, _names(lost))
-            self._drop(lost)
+            self._lose(lost)
             self._rebalance_needed = True
         if epoch != self._epoch or self._suspended:
             return False
@@ -412,6 +447,7 @@ class GroupMember:
         if self._unstarted:
             starting = sorted(self._unstarted)
             committed = self.registry.committed_offsets(starting)
+            started = []
             for tp in starting:
                 found = committed.get(tp)
                 offset = None if found is None else found.offset
@@ -419,15 +455,21 @@ class GroupMember:
                 if offset is not None:
                     self._committed[tp] = offset
                 self._unstarted.discard(tp)
+                started.append(tp)
                 logger.debug("%s took %s from %s", self._prefix, tp,
                              f"the committed offset {offset}" if offset is not None
                              else f"auto_offset_reset={self._consumer.config.auto_offset_reset}")
+            self._announced.update(started)
+            self._tell(self.config.on_assign, "on_assign", started)
         return None
 
     def _release(self, partitions: list[TopicPartition]) -> None:
         """Commit (with auto-commit on), then delete the ownership nodes, then drop."""
         if not partitions:
             return
+        revoked = [tp for tp in partitions if tp in self._announced]
+        self._announced.difference_update(revoked)
+        self._tell(self.config.on_revoke, "on_revoke", revoked)
         if self.config.enable_auto_commit:
             self._commit_positions(partitions)
         for tp in partitions:
@@ -435,6 +477,37 @@ class GroupMember:
                 self.registry.release(tp.topic, tp.partition, self.consumer_id)
                 self._drop([tp])
         logger.debug("%s released %s", self._prefix, _names(partitions))
+
+    def _lose(self, partitions: Iterable[TopicPartition]) -> None:
+        """Drop partitions found lost, uncommitted, and tell ``on_lost`` (or ``on_revoke``)."""
+        partitions = list(partitions)
+        self._drop(partitions)
+        lost = [tp for tp in partitions if tp in self._announced]
+        self._announced.difference_update(lost)
+        self._tell(self.config.on_lost or self.config.on_revoke, "on_lost", lost)
+
+    def _tell(self, listener: Callable[[set[TopicPartition]], object] | None, name: str,
+              partitions: Iterable[TopicPartition]) -> None:
+        """Call a rebalance listener with ``partitions`` (not when there are none); what it
+        raises is logged and kept for :meth:`raise_listener_error`."""
+        told = set(partitions)
+        if listener is None or not told:
+            return
+        self.in_listener = True
+        try:
+            listener(told)
+        except Exception as e:
+            logger.error("%s the %s listener raised %r (told of %s)", self._prefix, name, e, _names(told))
+            if self._listener_error is None:
+                self._listener_error = e
+        finally:
+            self.in_listener = False
+
+    def raise_listener_error(self) -> None:
+        """Raise (once) the first error a rebalance listener raised since the last call."""
+        error, self._listener_error = self._listener_error, None
+        if error is not None:
+            raise error
 
     def _drop(self, partitions: Iterable[TopicPartition]) -> None:
         """Forget partitions locally: stop fetching them, discard their records."""
@@ -463,7 +536,7 @@ class GroupMember:
                 self._committed[tp] = offset
         if refused:
             logger.warning("%s not committed, no longer owned: %s; dropping", self._prefix, _names(refused))
-            self._drop(refused)
+            self._lose(refused)
             self._rebalance_needed = True
         return refused
 
