@@ -65,6 +65,8 @@ class Fault:
     start: float
     end: float | None = None
     detail: str = ""
+    #: True once :meth:`Nemesis.heal` completed (False: the heal raised, ``end`` stays None)
+    healed: bool = False
 
 
 class Nemesis:
@@ -88,6 +90,7 @@ class Nemesis:
 
     def _healed(self, fault: Fault) -> None:
         fault.end = time.time()
+        fault.healed = True
         logger.info("[nemesis] %s on %s healed after %.1f s", self.name, fault.target,
                     fault.end - fault.start)
 

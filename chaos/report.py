@@ -1,11 +1,15 @@
 """The report of a campaign: ``report.md`` for people, ``report.json`` for machines, ``throughput.svg``.
 
-``report.md``: the verdict (``Result.ok("all")``), the command and seed that replay the run, the
-totals per topic, an overview with one row per nemesis, then a table per nemesis (faults
+``report.md``: the run's verdict (``meta["verdict"]``, :class:`chaos.verdict.Verdict` as JSON:
+OK, FAILED or INCONCLUSIVE, the exit status, the problems met, planned vs injected faults per
+nemesis; without it, ``Result.ok("all")`` alone), the command and seed that replay the run, the
+problems, the faults planned and injected per nemesis, the totals per topic, an overview with
+one row per nemesis, then a table per nemesis (faults
 injected; records acknowledged and verified, anomalies by kind and unavailability p50/max per
 topic, attributed as ``chaos.checker`` says), the anomalies per acks level with their examples,
 and every fault.  ``report.json``:
-``{"ok": {"all": bool, "1": bool}, "meta": meta, "result": Result.to_json()}``.
+``{"verdict": ..., "ok": {"all": bool, "1": bool}, "meta": meta, "result": Result.to_json()}``, where
+``ok["all"]`` is true only for the verdict OK.
 ``throughput.svg``: acknowledged records per second per topic in 1 s buckets over the run, each
 fault's interval shaded and labelled with its nemesis; written by hand, no plotting library.
 """
@@ -52,7 +56,10 @@ def write_report(result: Result, faults: list[Any], meta: dict, out_dir: str | P
     out.mkdir(parents=True, exist_ok=True)
     paths = {"md": out / "report.md", "json": out / "report.json", "svg": out / "throughput.svg"}
     paths["md"].write_text(_markdown(result, faults, meta), encoding="utf-8")
-    doc = {"ok": {"all": result.ok("all"), "1": result.ok("1")}, "meta": meta, "result": result.to_json()}
+    verdict = meta.get("verdict")
+    ok_all = result.ok("all") if not isinstance(verdict, dict) else verdict.get("verdict") == "OK"
+    doc = {"verdict": verdict, "ok": {"all": ok_all, "1": result.ok("1")}, "meta": meta,
+           "result": result.to_json()}
     paths["json"].write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
     paths["svg"].write_text(render_svg(result, faults), encoding="utf-8")
     return paths
@@ -67,7 +74,15 @@ def _verdict(result: Result, acks: str) -> str:
     return "FAILED (" + ", ".join(f"{k} {n}" for k, n in bad.items()) + ")"
 
 
-def summary(result: Result) -> str:
+def _run_verdict(result: Result, meta: dict | None) -> str:
+    """The run's verdict line: ``meta["verdict"]``'s when the runner judged, else acks=all's."""
+    verdict = (meta or {}).get("verdict")
+    if isinstance(verdict, dict) and verdict.get("line"):
+        return str(verdict["line"])
+    return f"acks=all: {_verdict(result, 'all')}"
+
+
+def summary(result: Result, meta: dict | None = None) -> str:
     """A few lines for the terminal: per topic counts and anomalies, faults, the verdict."""
     lines = []
     for t in result.topics.values():
@@ -85,6 +100,8 @@ def summary(result: Result) -> str:
         lines.append(f"history: {result.history['torn_lines']} torn last lines skipped "
                      f"({', '.join(result.history.get('torn_files', []))})")
     lines.append(f"acks=all: {_verdict(result, 'all')}")
+    if meta and isinstance(meta.get("verdict"), dict):
+        lines.append(f"verdict: {_run_verdict(result, meta)}")
     return "\n".join(lines)
 
 
@@ -96,12 +113,17 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
 
 def _markdown(result: Result, faults: list[Any], meta: dict) -> str:
     out = [f"# Chaos campaign, seed {meta.get('seed', '?')}", "",
-           f"**acks=all: {_verdict(result, 'all')}** (zero lost-write, unseen, inconsistent-offsets and "
+           (f"**Verdict: {_run_verdict(result, meta)}**; " if isinstance(meta.get("verdict"), dict) else "")
+           + f"**acks=all: {_verdict(result, 'all')}** (zero lost-write, unseen, inconsistent-offsets and "
            "poll-skip required; acks=1 anomalies are reported below, never hidden)", "",
            f"Replay: `{_command(meta)}`", ""]
+    out += _problems(meta)
     facts = [("seed", meta.get("seed")), ("duration s", meta.get("duration_s", meta.get("duration"))),
              ("brokers", meta.get("brokers")), ("nemeses", meta.get("nemeses")),
-             ("faults injected", len(result.faults)),
+             ("faults injected", len(result.faults)), ("faults planned", meta.get("planned_faults")),
+             ("planted bug (HPBROKER_UNSAFE_ACK_BEFORE_REPLICATION)",
+              "ON: acks=all answered before replication" if meta.get("unsafe_ack_before_replication")
+              else None),
              ("history", f"{result.history.get('files', 0)} files, {result.history.get('lines', 0)} lines, "
                          f"{result.history.get('torn_lines', 0)} torn last lines skipped")]
     out += _table(["", ""], [[k, ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else v]
@@ -140,6 +162,20 @@ def _markdown(result: Result, faults: list[Any], meta: dict) -> str:
     out += _faults_section(result, faults)
     out += ["## Throughput", "", "![acknowledged records per second](throughput.svg)", ""]
     return "\n".join(out)
+
+
+def _problems(meta: dict) -> list[str]:
+    """The problems that make a run inconclusive, and the faults planned vs injected per nemesis."""
+    verdict = meta.get("verdict")
+    if not isinstance(verdict, dict):
+        return []
+    out = ["## Problems", ""]
+    out += [f"- {html.escape(str(p), quote=False)}" for p in verdict.get("problems", [])] or ["none"]
+    out += ["", "## Faults planned and injected", ""]
+    out += _table(["nemesis", "planned", "injected"],
+                  [[name, planned, injected]
+                   for name, (planned, injected) in verdict.get("faults", {}).items()])
+    return out
 
 
 def _overview(result: Result) -> list[str]:

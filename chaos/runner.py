@@ -24,14 +24,17 @@ Ctrl-C during the cleanup is ignored so it cannot leave namespaces behind.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import os
 import random
 import shlex
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +45,7 @@ from chaos.history import read_histories
 from chaos.nemesis import NEMESES, Fault, Nemesis
 from chaos.report import summary, write_report
 from chaos.schedule import Step, format_schedule, make_schedule
+from chaos.verdict import judge
 from chaos.workload import Workload, WorkloadConfig, drain
 
 __all__ = ["CampaignOptions", "FULL", "SHORT", "replay_command", "run_campaign", "unavailable"]
@@ -50,6 +54,7 @@ logger = logging.getLogger(__name__)
 
 _SETTLE_TIMEOUT_S = 180.0  # after the faults: every partition led, its ISR full
 _DRAIN_TIMEOUT_S = 180.0
+_PLANTED_BUG = "HPBROKER_UNSAFE_ACK_BEFORE_REPLICATION"  # test-only: brokers inherit it
 _CATCH_UP_S = 10.0  # the group's last chance to read what the producers settled before it stops
 
 
@@ -116,44 +121,85 @@ def _interrupted(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+@contextlib.contextmanager
+def uninterruptible() -> Iterator[None]:
+    """SIGINT and SIGTERM ignored inside (the cleanup must finish: a second Ctrl-C, or a CI
+    runner's repeated SIGTERM, cannot leave namespaces, mounts or processes behind); the
+    previous handlers back afterwards."""
+    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def refuse_out(out: Path) -> str | None:
+    """Why ``out`` cannot take a new campaign (it exists and is not an empty directory), or None.
+    Each campaign gets a directory of its own: a reused one would mix two runs' histories,
+    whose values are alike, and the checker would take one run's reads for the other's."""
+    if not out.exists():
+        return None
+    if not out.is_dir():
+        return f"--out {out} exists and is not a directory"
+    if any(out.iterdir()):
+        return (f"--out {out} is not empty (it holds an earlier campaign?); give a new or empty "
+                "directory: each campaign's results need a directory of their own")
+    return None
+
+
 def run_campaign(options: CampaignOptions) -> int:
-    """Run one campaign; the exit status: 0 ok for acks=all, 1 anomalies, 2 cannot run here."""
+    """Run one campaign; the exit status (chaos.verdict): 0 OK, 1 FAILED (acks=all anomalies),
+    3 INCONCLUSIVE (problems, or an empty campaign); 2 when it cannot run here or ``--out`` is
+    taken."""
     reason = unavailable(options)
     if reason is not None:
         print(f"chaos: this machine cannot run the campaign: {reason}", file=sys.stderr)
         return 2
     out = options.out.resolve()
+    refusal = refuse_out(out)
+    if refusal is not None:
+        print(f"chaos: {refusal}", file=sys.stderr)
+        return 2
     out.mkdir(parents=True, exist_ok=True)
     _log_to(out / "chaos.log")
     seed = options.seed if options.seed is not None else random.SystemRandom().randrange(1, 2**31)
     steps = make_schedule(seed, options.duration_s, list(options.nemeses), mean_gap_s=options.mean_gap_s,
                           hold_range_s=options.hold_range_s)
-    print(f"chaos: seed {seed}; {len(steps)} faults over {options.duration_s:.0f} s; results in {out}")
+    planned = [name for step in steps for name in step.nemeses]
+    print(f"chaos: seed {seed}; {len(steps)} steps ({len(planned)} faults) over {options.duration_s:.0f} s; "
+          f"results in {out}")
     print(f"chaos: replay with: {replay_command(options, seed)}")
     print(format_schedule(steps), flush=True)
+    missing = [name for name in options.nemeses if name not in planned]
+    if missing:
+        print(f"chaos: warning: {options.duration_s:.0f} s leave no room for {', '.join(missing)}",
+              flush=True)
     topics = options.topics()
     meta = {"seed": seed, "duration_s": options.duration_s, "argv": list(options.argv), "topics": topics,
             "brokers": options.brokers, "nemeses": list(options.nemeses), "short": options.short,
-            "replay": replay_command(options, seed), "started": time.time()}
+            "replay": replay_command(options, seed), "planned_faults": len(planned),
+            "unsafe_ack_before_replication": os.environ.get(_PLANTED_BUG) == "1", "started": time.time()}
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     previous_term = signal.signal(signal.SIGTERM, _interrupted)
     faults: list[Fault] = []
+    drained: dict[str, list[int]] = {}
     try:
-        problems = _run(options, seed, steps, topics, out, faults)
+        problems = _run(options, seed, steps, topics, out, faults, drained)
     finally:
         signal.signal(signal.SIGTERM, previous_term)
-    meta.update(ended=time.time(), faults=len(faults), problems=problems)
-    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     history = read_histories(out / "history")
-    result = check(history, topics, faults)
+    result = check(history, topics, faults, drained)
+    verdict = judge(result, problems=problems, planned=planned, faults=faults, nemeses=options.nemeses)
+    meta.update(ended=time.time(), faults=len(faults), problems=verdict.problems, verdict=verdict.to_json())
+    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     write_report(result, faults, meta, out)
-    print(summary(result))
-    for problem in problems:
+    print(summary(result, meta))
+    for problem in verdict.problems:
         print(f"chaos: problem: {problem}")
-    ok = result.ok("all") and not problems
-    verdict = "ok" if ok else ("ANOMALIES on acks=all topics" if not result.ok("all") else "problems above")
-    print(f"chaos: {verdict}; {len(faults)} faults; report: {out / 'report.md'}")
-    return 0 if ok else 1
+    print(f"chaos: {verdict.line()}; {len(faults)} of {len(planned)} planned faults injected; "
+          f"report: {out / 'report.md'}")
+    return verdict.exit_status
 
 
 def _log_to(path: Path) -> None:
@@ -166,7 +212,7 @@ def _log_to(path: Path) -> None:
 
 
 def _run(options: CampaignOptions, seed: int, steps: list[Step], topics: dict[str, dict[str, Any]],
-         out: Path, faults: list[Fault]) -> list[str]:
+         out: Path, faults: list[Fault], drained: dict[str, list[int]]) -> list[str]:
     """The cluster, the clients and the faults (appended to ``faults`` as they heal).  Returns
     the problems met after the cluster started (a nemesis that could not inject or heal, a
     settling that timed out...): the campaign still drains and checks, and reports them.
@@ -203,26 +249,32 @@ def _run(options: CampaignOptions, seed: int, steps: list[Step], topics: dict[st
         if not wait_full_isr(cluster, topics, _SETTLE_TIMEOUT_S):
             problems.append(f"not every partition had a leader and a full ISR {_SETTLE_TIMEOUT_S:.0f} s "
                             "after the faults")
+        died = _dead_clients(workload)
         killed = workload.stop_producers()
         if killed:
             print(f"chaos: producers killed at the deadline (their unsettled records stay indeterminate): "
                   f"{', '.join(killed)}")
         time.sleep(_CATCH_UP_S)
         workload.stop_consumers()
+        problems += [f"client {name} exited {code} before the end of the campaign" for name, code in died]
         counts = drain(cluster.bootstrap(), topics, out / "history", timeout_s=_DRAIN_TIMEOUT_S)
         print(f"chaos: drained {sum(counts.values())} records from {len(counts)} partitions", flush=True)
     except KeyboardInterrupt:
         print("chaos: interrupted; stopping everything", file=sys.stderr)
         raise
     finally:
-        previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the cleanup must finish
-        try:
+        with uninterruptible():  # the cleanup must finish
             if workload is not None:
                 workload.close()
             attempt("closing the cluster", cluster.close)
-        finally:
-            signal.signal(signal.SIGINT, previous_int)
     return problems
+
+
+def _dead_clients(workload: Workload) -> list[tuple[str, int | None]]:
+    """The client processes that are no longer running before being told to stop, and their exit
+    codes: a producer or group member that died took its share of the history with it."""
+    return [(name, process.exitcode) for name, process in {**workload.producers, **workload.consumers}.items()
+            if not process.is_alive()]
 
 
 def start_cluster(cluster: ChaosCluster, topics: dict[str, dict[str, Any]], options: CampaignOptions) -> None:
@@ -256,9 +308,7 @@ def _run_schedule(cluster: ChaosCluster, steps: list[Step], topics: dict[str, di
             finally:
                 try:
                     nemesis.heal(cluster, fault)
-                finally:
-                    if fault.end is None:
-                        fault.end = time.time()
+                finally:  # a heal that raised leaves the fault unhealed (end None), and says so
                     faults.append(fault)
                     written.write(json.dumps(dataclasses.asdict(fault)) + "\n")
                     written.flush()

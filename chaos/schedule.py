@@ -34,6 +34,11 @@ class Step:
     nemesis: str
     hold_s: float
 
+    @property
+    def nemeses(self) -> tuple[str, ...]:
+        """The nemeses this step injects."""
+        return (self.nemesis,)
+
 
 def make_schedule(seed: int, duration_s: float, nemeses: Sequence[str], *, mean_gap_s: float,
                   hold_range_s: tuple[float, float]) -> list[Step]:
