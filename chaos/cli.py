@@ -4,11 +4,13 @@
                     [--out DIR] [--short] [--partitions N] [--rate R] [--session-timeout-ms MS]
 
 ``--short`` is the preset of ``make test``: about three minutes, every nemesis at least once, a
-4 s ZooKeeper session timeout; options given with it override its values.  Exit status: 0 when
-the acks=all topics show no lost-write, unseen, inconsistent-offsets or poll-skip; 1 when they
-do (the report says which records); 2 for bad usage or a machine that cannot run the campaign
-(the message says why: not root, no ``ip netns``, no Java or ZooKeeper, no libfaketime); 130
-when interrupted (Ctrl-C or SIGTERM), once everything it started is stopped.
+4 s ZooKeeper session timeout; options given with it override its values.  Exit status (the
+run's verdict, ``chaos.verdict``): 0 OK; 1 FAILED, the acks=all topics show lost-write,
+inconsistent-offsets or poll-skip (the report says which records); 3 INCONCLUSIVE, problems met
+or an empty campaign (printed as ``chaos: problem: ...``); 2 for bad usage, a ``--out`` that is
+not empty, or a machine that cannot run the campaign (the message says why: not root, no ``ip
+netns``, no Java or ZooKeeper, no libfaketime, no nftables); 130 when interrupted (Ctrl-C or
+SIGTERM), once everything it started is stopped.
 """
 
 from __future__ import annotations
@@ -19,14 +21,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from chaos.runner import FULL, SHORT, CampaignOptions, run_campaign
+from chaos.runner import FULL, NEMESES, SHORT, CampaignOptions, run_campaign
 
 __all__ = ["main", "parse_args"]
 
 
 def _nemesis_list(text: str) -> tuple[str, ...]:
-    from chaos.nemesis import NEMESES
-
     names = tuple(name.strip() for name in text.split(",") if name.strip())
     unknown = [name for name in names if name not in NEMESES]
     if unknown or not names:

@@ -48,7 +48,7 @@ from chaos.schedule import Step, format_schedule, make_schedule
 from chaos.verdict import judge
 from chaos.workload import Workload, WorkloadConfig, drain
 
-__all__ = ["CampaignOptions", "FULL", "SHORT", "replay_command", "run_campaign", "unavailable"]
+__all__ = ["CampaignOptions", "FULL", "NEMESES", "SHORT", "replay_command", "run_campaign", "unavailable"]
 
 logger = logging.getLogger(__name__)
 

@@ -7,6 +7,7 @@ namespaces, tmpfs, ZooKeeper or libfaketime are not available."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,26 @@ from chaos.runner import unavailable
 pytestmark = [pytest.mark.slow, pytest.mark.zookeeper]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+_CLEANUP_S = 180  # what a campaign told to stop gets to kill its clients, brokers, mounts, namespaces
+
+
+def _run_campaign(argv, timeout_s):
+    """``python -m chaos ARGV``; past ``timeout_s`` it is sent SIGTERM and given time to clean up
+    (a SIGKILL would leave its namespaces, mounts and clients behind), killed only after that."""
+    process = subprocess.Popen([sys.executable, "-m", "chaos", *argv], cwd=REPO_ROOT, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGTERM)
+        try:
+            stdout, stderr = process.communicate(timeout=_CLEANUP_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            stdout, stderr = process.communicate()
+        pytest.fail(f"the campaign ran past {timeout_s} s and was stopped (exit {process.returncode})\n"
+                    f"--- stdout:\n{stdout[-6000:]}\n--- stderr:\n{stderr[-4000:]}")
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
 def test_the_short_campaign_hits_every_nemesis_and_finds_no_acks_all_anomaly(tmp_path):
@@ -26,8 +47,7 @@ def test_the_short_campaign_hits_every_nemesis_and_finds_no_acks_all_anomaly(tmp
     if reason is not None:
         pytest.skip(reason)
     out = tmp_path / "out"
-    run = subprocess.run([sys.executable, "-m", "chaos", "--short", "--out", str(out)], cwd=REPO_ROOT,
-                         capture_output=True, text=True, timeout=900)
+    run = _run_campaign(["--short", "--out", str(out)], timeout_s=900)
     shown = f"exit {run.returncode}\n--- stdout:\n{run.stdout[-6000:]}\n--- stderr:\n{run.stderr[-4000:]}"
     assert run.returncode == 0, shown
     assert "replay with: python -m chaos --seed" in run.stdout, shown
