@@ -25,6 +25,15 @@ pending append is ``flush_ms`` old (checked on append and by :meth:`PartitionLog
 which an event loop calls at :attr:`PartitionLog.flush_deadline_ms`), on a roll, and on close.
 Only flushed records are readable: ``high_watermark`` is the end of the flushed data.
 
+Clocks: two, both injectable.  The *wall clock* (ms since the epoch) is what Kafka measures
+with: the check of record timestamps (``message_timestamp_after_max_ms``), segment age
+(``segment_ms`` where timestamps are missing), retention and producer-id expiry.  The
+*monotonic clock* (:func:`monotonic_ms`, never stepped) measures the delay that must not
+depend on the date: the ``flush_ms`` deadline.  So a step of the
+wall clock (NTP, an operator setting the date) never holds back a group commit, and so never
+an acknowledgement: records pending when the wall clock steps back an hour are still flushed
+``flush_ms`` after their append.
+
 Pipelined group commit: with ``flush_on_append=False`` the owner starts each flush itself
 (:meth:`PartitionLog.begin_flush`), runs the returned :class:`FlushJob` on a flusher (a native
 :class:`~hpbroker.io._writer.WriterThread`, or any thread), and applies it with
@@ -216,6 +225,12 @@ def _default_clock() -> int:
     return time.time_ns() // 1_000_000
 
 
+def monotonic_ms() -> int:
+    """The log's default monotonic clock, in ms (``time.monotonic_ns``): what
+    :attr:`PartitionLog.flush_deadline_ms` is measured on, for an event loop's poll timeout."""
+    return time.monotonic_ns() // 1_000_000
+
+
 def _guarded(on_os_error: str) -> Callable[[Callable[..., _T]], Callable[..., _T]]:
     """A decorator that refuses calls on a closed or offline log and hands an ``OSError`` to the
     log's method ``on_os_error`` (``(operation, error) -> StorageError``), raising what it returns."""
@@ -259,12 +274,15 @@ class PartitionLog:
     """
 
     def __init__(self, directory: str | os.PathLike[str], config: LogConfig | None = None, *,
-                 clock: Callable[[], int] | None = None, name: str | None = None,
+                 clock: Callable[[], int] | None = None,
+                 monotonic_clock: Callable[[], int] | None = None, name: str | None = None,
                  flush_on_append: bool = True,
                  producer_id_issued: Callable[[int], bool] | None = None) -> None:
         """Open (creating it and its missing parents if needed, durably: each new directory's
         parent is fsynced) and recover the log in ``directory``.  ``clock`` returns
-        the time in ms since the epoch (for tests); ``name`` prefixes log messages (default:
+        the wall-clock time in ms since the epoch, ``monotonic_clock`` ms on a clock that never
+        steps (default :func:`monotonic_ms`); both are for tests (module docstring, *Clocks*,
+        says which measures what).  ``name`` prefixes log messages (default:
         the directory's name, e.g. ``orders-3``).  ``flush_on_append=False`` hands flushing to
         the owner: append never writes (except to roll), and the owner runs group commits with
         :meth:`flush_due`, :meth:`begin_flush` and :meth:`complete_flush`.
@@ -284,6 +302,7 @@ class PartitionLog:
         self._directory = os.fspath(directory)
         self._config = config if config is not None else LogConfig()
         self._clock = clock if clock is not None else _default_clock
+        self._monotonic_clock = monotonic_clock if monotonic_clock is not None else monotonic_ms
         self._name = name or os.path.basename(os.path.normpath(self._directory))
         self._offline = self._closed = False
         self._write_failure: StorageError | None = None  # why appends are refused (writes failed)
@@ -293,7 +312,7 @@ class PartitionLog:
         self._gaps: list[DamagedRange] = []  # offsets between segments that no segment holds
         self._pending: list[PendingBatch] = []
         self._pending_bytes = self._pending_records = 0
-        self._pending_since_ms: int | None = None
+        self._pending_since_ms: int | None = None  # monotonic clock ms of the oldest pending append
         self._flush_on_append = flush_on_append
         self._in_flight: collections.deque[FlushJob] = collections.deque()  # oldest first
         self._doomed: list[tuple[int, Segment]] = []  # (close at ms, deleted segment)
@@ -441,7 +460,8 @@ class PartitionLog:
 
     @property
     def flush_deadline_ms(self) -> int | None:
-        """When the pending records must be flushed (clock ms), None if nothing is pending."""
+        """When the pending records must be flushed, in ms on the log's monotonic clock
+        (:func:`monotonic_ms` unless one was injected), None if nothing is pending."""
         if self._pending_since_ms is None:
             return None
         return self._pending_since_ms + self._config.flush_ms
@@ -533,7 +553,7 @@ class PartitionLog:
         if leader_epoch != self._leader_epochs.latest_epoch:
             self._leader_epochs.assign(leader_epoch, self._log_end_offset)
         self._add_pending(view, scan, skip, now, leader_epoch)
-        self._pended(now)
+        self._pended()
         if skip:
             logger.info("[%s] a resend of producer id %d's request, %d records stored from offset %d: %d of "
                         "its %d batches appended after them", self._name, scan.producer_ids[0],
@@ -585,7 +605,7 @@ class PartitionLog:
         for epoch, start_offset in new_epochs:
             self._leader_epochs.assign(epoch, start_offset)
         self._add_pending(view, scan, 0, now, None)
-        self._pended(now)
+        self._pended()
         return AppendInfo(first_offset, self._log_end_offset - 1, scan.record_count, scan.batch_count)
 
     def _scan_replicated(self, view: memoryview) -> _core.ScanResult:
@@ -666,8 +686,9 @@ class PartitionLog:
         if not self._pending and not self._in_flight and self._segments[-1].size_in_bytes == 0:
             self._active_first_timestamp = first_timestamp
 
-    def _pended(self, now_ms: int) -> None:
-        """Batches were just made pending at ``now_ms``: start the flush deadline, flush if due."""
+    def _pended(self) -> None:
+        """Batches were just made pending: start the flush deadline, flush if due."""
+        now_ms = self._monotonic_clock()
         if self._pending_since_ms is None:
             self._pending_since_ms = now_ms
         if self._flush_on_append and self._flush_due(now_ms):
@@ -718,6 +739,7 @@ class PartitionLog:
                     f"clock ({now_ms}); message_timestamp_after_max_ms allows {bound}")
 
     def _flush_due(self, now_ms: int) -> bool:
+        """``now_ms``: on the monotonic clock."""
         if not self._pending:
             return False
         return (self._pending_records >= self._config.flush_messages
@@ -726,8 +748,8 @@ class PartitionLog:
 
     def flush_due(self, now_ms: int | None = None) -> bool:
         """Whether the records pending (not in flight) have reached ``flush_messages`` or their
-        deadline (:attr:`flush_deadline_ms`)."""
-        return self._flush_due(self._clock() if now_ms is None else now_ms)
+        deadline (:attr:`flush_deadline_ms`); ``now_ms`` is on the monotonic clock (default: now)."""
+        return self._flush_due(self._monotonic_clock() if now_ms is None else now_ms)
 
     @_write_operation
     def flush(self) -> None:
@@ -739,8 +761,9 @@ class PartitionLog:
     @_write_operation
     def flush_if_due(self, now_ms: int | None = None) -> bool:
         """Flush if the pending records have reached ``flush_messages`` or their deadline
-        (:attr:`flush_deadline_ms`); True if it flushed."""
-        if not self._flush_due(self._clock() if now_ms is None else now_ms):
+        (:attr:`flush_deadline_ms`; ``now_ms`` on the monotonic clock, default now); True if it
+        flushed."""
+        if not self._flush_due(self._monotonic_clock() if now_ms is None else now_ms):
             return False
         self._flush_pending(fsync=self._config.flush_fsync)
         return True

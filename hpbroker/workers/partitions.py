@@ -414,8 +414,9 @@ class Partition:
 
     @property
     def flush_deadline_ms(self) -> int | None:
-        """When the loop must look at this partition again for its pending records (log clock
-        ms), None when only a finished flush can make it flush (or nothing is pending)."""
+        """When the loop must look at this partition again for its pending records (ms on the
+        log's monotonic clock), None when only a finished flush can make it flush (or nothing is
+        pending)."""
         if len(self.flushes) >= MAX_FLUSHES_IN_FLIGHT:
             return None
         return self.log.flush_deadline_ms

@@ -17,7 +17,10 @@ loop until told to stop.  The loop polls four things with one ``zmq.Poller``:
 and times out at the nearest deadline: a flush due (``PartitionLog.flush_deadline_ms``), a
 produce or long-poll deadline, the next heartbeat, the next retention pass, a replication timer
 (a follower's retry or reconnect, a leader's check of its followers' lag).  There is no busy
-polling: with nothing to do the worker sleeps until a request, a flush or a deadline.
+polling: with nothing to do the worker sleeps until a request, a flush or a deadline.  Every
+deadline is on the monotonic clock (the flush deadline on the log's, ``hpbroker.io.log.monotonic_ms``),
+so a step of the wall clock neither delays a group commit, and the acknowledgements waiting on
+it, nor makes the loop spin.
 
 Group commit (``hpbroker.workers.partitions``): appends happen on the loop; when a log's
 ``flush_due()`` says so the loop begins a flush job and the one flusher thread writes and
@@ -76,6 +79,7 @@ from hpbroker.broker.descriptors import DescriptorBudget
 from hpbroker.broker.logging_setup import add_process_context, setup_logging
 from hpbroker.errors import HPBrokerError, StorageError
 from hpbroker.io.files import pread_full
+from hpbroker.io.log import monotonic_ms
 from hpbroker.io.producer_state import IssuedProducerIds
 from hpbroker.workers import backend, heartbeat
 from hpbroker.workers.backend import EXIT_BOOT_FAILED, EXIT_OK, PartitionSpec
@@ -277,7 +281,7 @@ class Worker:
         timeout_ms = (wake_at - now) * 1000
         flush_at_ms = self._partitions.next_flush_deadline_ms()
         if flush_at_ms is not None:
-            timeout_ms = min(timeout_ms, flush_at_ms - time.time_ns() // 1_000_000)
+            timeout_ms = min(timeout_ms, flush_at_ms - monotonic_ms())  # the log's clock: never stepped
         return max(0, math.ceil(timeout_ms))
 
     def _on_heartbeat(self, now: float) -> None:

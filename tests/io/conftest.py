@@ -35,7 +35,7 @@ def open_log(log_dir, clock):
     opened: list[PartitionLog] = []
 
     def open_log(**changes) -> PartitionLog:
-        log = PartitionLog(log_dir, TEST_CONFIG.replace(**changes), clock=clock)
+        log = PartitionLog(log_dir, TEST_CONFIG.replace(**changes), clock=clock, monotonic_clock=clock)
         opened.append(log)
         return log
 
