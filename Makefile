@@ -13,8 +13,8 @@ EXT_SOURCES := setup.py $(wildcard hpbroker/*.pyx hpbroker/*.pxd hpbroker/*/*.py
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages the project needs at run time: ZooKeeper (its jars) and a Java runtime for it and
 # for Spark (hpbroker.spark needs Java 17 or later: Debian 12's default-jre-headless is 17); faketime
-# (libfaketime) for the chaos suite's clock jumps.
-DEBIAN_PACKAGES := zookeeper default-jre-headless faketime
+# (libfaketime) for the chaos suite's clock jumps; nftables for its network splits.
+DEBIAN_PACKAGES := zookeeper default-jre-headless faketime nftables
 PYTEST_ARGS ?=
 
 .PHONY: setup system-deps build test bench bench-long bench-replication bench-audit chaos run demo lint clean install
@@ -23,7 +23,8 @@ setup: system-deps $(INSTALLED) $(EXT)
 
 system-deps:
 	@if ! command -v java >/dev/null 2>&1 || [ ! -f /usr/share/java/zookeeper.jar ] || \
-	    ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; then \
+	    ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || \
+	    [ ! -x /usr/sbin/nft ]; then \
 	  echo "Installing Debian packages: $(DEBIAN_PACKAGES)"; \
 	  $(SUDO) apt-get update -qq && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(DEBIAN_PACKAGES); \

@@ -21,7 +21,7 @@ The picture::
     history/*.history --read_histories--> check --> report.md, report.json, throughput.svg
 
 Faults (``chaos.nemesis``) act on the namespaces (cut a host, split hosts into groups by
-blackhole routes), the processes (kill -9, SIGSTOP, a worker killed), the faketime broker's wall
+nftables DROP rules), the processes (kill -9, SIGSTOP, a worker killed), the faketime broker's wall
 clock and a broker's data tmpfs.  The clients stay in the root namespace and reach every host,
 as Jepsen's clients do.
 

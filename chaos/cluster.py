@@ -196,8 +196,8 @@ class ChaosCluster:
     @staticmethod
     def unavailable() -> str | None:
         """Why this machine cannot run a cluster (not root, no ``ip``, namespaces or tmpfs
-        refused, no java or ZooKeeper), or None when it can."""
-        reason = netns.unavailable()
+        refused, no ``nft`` for the network split, no java or ZooKeeper), or None when it can."""
+        reason = netns.unavailable() or netns.nftables_unavailable()
         if reason is not None:
             return reason
         try:

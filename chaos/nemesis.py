@@ -12,9 +12,10 @@ name               inject                                            heal
                                                                      after the stop
 ``isolate-leader`` take a leader's link down: cut off from           bring the link up
                    ZooKeeper, its followers and the clients
-``split``          majority/minority: one or two brokers and at      remove the split's routes
-                   most one ZooKeeper server cut off from the rest
-                   (clients in the root namespace reach both sides)
+``split``          majority/minority: one or two brokers and at      delete the split's nftables
+                   most one ZooKeeper server cut off from the rest   tables
+                   (nftables DROP: connects hang, as Jepsen's;
+                   clients in the root namespace reach both sides)
 ``zk-kill``        kill -9 one ZooKeeper server                      start it again, wait until it
                                                                      serves in the quorum
 ``worker-kill``    kill -9 one worker process of a random broker     wait until the broker's arbiter

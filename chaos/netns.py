@@ -17,11 +17,13 @@ outside its namespace (neither the bridge's address nor the other hosts), while 
 it still reaches the host's own address.  :meth:`Network.heal` brings it back.
 
 :meth:`Network.split` partitions the hosts into groups (Jepsen's majority/minority split): inside
-each host's namespace a blackhole route (``ip route add blackhole ADDR/32``) is added for the
-address of every host of another group, so no packet passes between groups in either direction,
-while every host still reaches the bridge's address and the root namespace reaches every host
-(as Jepsen's clients do).  Hosts named in no group keep full connectivity.
-:meth:`Network.join` removes every route a split made (idempotent).
+each host's namespace an nftables table (``inet hpbchaos``, loaded with ``ip netns exec NS nft``)
+drops every packet to and from the address of every host of another group, so no packet passes
+between groups in either direction and, as with Jepsen's iptables DROP, a connection attempt
+across the split hangs until its own timeout instead of failing at once (a blackhole route
+would refuse it instantly with EINVAL, a gentler fault).  Every host still reaches the bridge's
+address, and the root namespace reaches every host (as Jepsen's clients do).  Hosts named in no
+group keep full connectivity.  :meth:`Network.join` deletes those tables (idempotent).
 
 :func:`unavailable` says why namespaces cannot be made here (not root, no ``ip``, refused), or
 None.  :meth:`Network.close` removes every namespace, veth and bridge this network made, and
@@ -39,7 +41,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Host", "Network", "unavailable"]
+__all__ = ["Host", "Network", "nftables_unavailable", "unavailable"]
 
 _FIRST_HOST = 10  # host i gets 10.A.B.(10 + i)
 
@@ -50,6 +52,24 @@ def _ip(*args: str, namespace: str | None = None, check: bool = True) -> subproc
     if check and result.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} exited {result.returncode}: {result.stderr.strip()}")
     return result
+
+
+_SPLIT_TABLE = "hpbchaos"  # the nftables table (family inet) a split loads into a namespace
+
+
+def nftables_unavailable() -> str | None:
+    """Why :meth:`Network.split` cannot work here (no ``nft``, or nftables refused), or None."""
+    if shutil.which("nft") is None:
+        return "no `nft` command (the network split needs nftables; on Debian: apt-get install nftables)"
+    result = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, timeout=30)
+    if result.returncode != 0:
+        return f"`nft list tables` refused: {result.stderr.strip()}"
+    return None
+
+
+def _nft(namespace: str, script: str | None, *args: str) -> subprocess.CompletedProcess[str]:
+    argv = ["ip", "netns", "exec", namespace, "nft", *(("-f", "-") if script is not None else args)]
+    return subprocess.run(argv, input=script, capture_output=True, text=True, timeout=30)
 
 
 def unavailable() -> str | None:
@@ -117,7 +137,8 @@ class Network:
         addresses = list(subnet.hosts())
         self.gateway = str(addresses[0])  # the bridge's (root namespace's) address
         self._addresses = addresses
-        self._blackholes: list[tuple[str, str]] = []  # (host name, blocked address) made by split
+        self._blocked: list[tuple[str, str]] = []  # (host name, address it cannot reach) by split
+        self._split_namespaces: list[str] = []  # namespaces holding a split's table
         try:
             _ip("link", "add", self.bridge, "type", "bridge")
             self._links.append(self.bridge)
@@ -171,35 +192,48 @@ class Network:
                     raise ValueError(f"split: host {name!r} is named in two groups")
                 group_of[name] = index
         self.join()
+        if shutil.which("nft") is None:
+            raise RuntimeError(nftables_unavailable() or "no nft")
         for name, index in group_of.items():
-            for other, other_index in group_of.items():
-                if other_index == index:
-                    continue
-                address = self.hosts[other].address
-                _ip("route", "add", "blackhole", f"{address}/32", namespace=self.hosts[name].namespace)
-                self._blackholes.append((name, address))
+            others = [self.hosts[other].address for other, other_index in group_of.items()
+                      if other_index != index]
+            if not others:
+                continue
+            addresses = ", ".join(others)
+            script = (f"table inet {_SPLIT_TABLE} {{\n"
+                      f"  chain input {{ type filter hook input priority 0; policy accept; "
+                      f"ip saddr {{ {addresses} }} drop; }}\n"
+                      f"  chain output {{ type filter hook output priority 0; policy accept; "
+                      f"ip daddr {{ {addresses} }} drop; }}\n}}\n")
+            namespace = self.hosts[name].namespace
+            self._split_namespaces.append(namespace)  # before loading: join() removes a half-made one
+            result = _nft(namespace, script)
+            if result.returncode != 0:
+                raise RuntimeError(f"nft in {namespace} exited {result.returncode}: {result.stderr.strip()}")
+            self._blocked += [(name, address) for address in others]
 
     def join(self) -> None:
-        """Remove every blackhole route :meth:`split` made (nothing to do without a split)."""
+        """Delete every table :meth:`split` loaded (nothing to do without a split)."""
         errors = []
-        while self._blackholes:
-            name, address = self._blackholes.pop()
-            result = _ip("route", "del", "blackhole", f"{address}/32", namespace=self.hosts[name].namespace,
-                         check=False)
-            if result.returncode != 0 and "No such process" not in result.stderr:
-                errors.append(result.stderr.strip())
+        self._blocked.clear()
+        while self._split_namespaces:
+            namespace = self._split_namespaces.pop()
+            result = _nft(namespace, None, "delete", "table", "inet", _SPLIT_TABLE)
+            if result.returncode != 0 and "No such file or directory" not in result.stderr:
+                errors.append(f"{namespace}: {result.stderr.strip()}")
         if errors:
-            raise RuntimeError("removing the split's routes: " + "; ".join(errors))
+            raise RuntimeError("removing the split's nftables tables: " + "; ".join(errors))
 
     @property
     def blocked(self) -> list[tuple[str, str]]:
-        """The blackhole routes in place: (host name, address it cannot reach)."""
-        return list(self._blackholes)
+        """The split in place: (host name, address it cannot reach)."""
+        return list(self._blocked)
 
     def close(self) -> None:
         """Remove what this network made (veths, then the bridge, then the namespaces)."""
         errors = []
-        self._blackholes.clear()  # they go with their namespaces
+        self._blocked.clear()  # the tables go with their namespaces
+        self._split_namespaces.clear()
         for link in self._links:
             result = _ip("link", "del", link, check=False)
             if result.returncode != 0 and "Cannot find device" not in result.stderr:

@@ -23,10 +23,17 @@ _LISTEN = ("import socket, sys\n"
 def can_connect(source: Host | None, address: str, port: int, timeout_s: float = 2.0) -> bool:
     """Whether a TCP connection from ``source``'s namespace (None: the root namespace) to
     ``address:port`` is accepted within ``timeout_s``."""
+    return connect_error(source, address, port, timeout_s) is None
+
+
+def connect_error(source: Host | None, address: str, port: int, timeout_s: float = 2.0) -> str | None:
+    """Why that connection failed (``"TimeoutError: timed out"``, ``"OSError: [Errno 22] ..."``),
+    or None when it was accepted."""
     argv = [sys.executable, "-c", _CONNECT, address, str(port), str(timeout_s)]
     if source is not None:
         argv = source.argv(*argv)
-    return subprocess.run(argv, capture_output=True, timeout=timeout_s + 30).returncode == 0
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s + 30)
+    return None if run.returncode == 0 else (run.stderr.strip().splitlines() or ["failed"])[-1]
 
 
 def listen(host: Host, port: int) -> subprocess.Popen[bytes]:

@@ -1,13 +1,13 @@
 """The chaos network: a split cuts every path between its groups in both directions while the
 root namespace and hosts named in no group still reach everyone; join undoes it; a cut host is
-cut off from the root namespace too; close leaves no namespace, link or route behind."""
+cut off from the root namespace too; close leaves no namespace, link or table behind."""
 
 from __future__ import annotations
 
 import subprocess
 
 import pytest
-from chaos_probe import can_connect, listen
+from chaos_probe import can_connect, connect_error, listen
 
 from chaos import netns
 
@@ -16,7 +16,7 @@ PORT = 7777
 
 @pytest.fixture(scope="module")
 def network():
-    reason = netns.unavailable()
+    reason = netns.unavailable() or netns.nftables_unavailable()
     if reason is not None:
         pytest.skip(f"network namespaces cannot be used here: {reason}")
     made = netns.Network()
@@ -47,14 +47,18 @@ def test_split_cuts_between_groups_both_ways_and_join_restores_everything(networ
     assert _reachable(network) == everyone - cut
     assert sorted(network.blocked) == [("a", network.hosts["b"].address), ("a", network.hosts["c"].address),
                                        ("b", network.hosts["a"].address), ("c", network.hosts["a"].address)]
+    # packets are dropped, as by Jepsen's iptables: a connect hangs until its timeout, both ways
+    assert "timed out" in connect_error(network.hosts["a"], network.hosts["b"].address, PORT, 1.0)
+    assert "timed out" in connect_error(network.hosts["c"], network.hosts["a"].address, PORT, 1.0)
     network.split([["a", "b"], ["c"]])  # a new split replaces the old one
     assert _reachable(network) == everyone - {("a", "c"), ("b", "c"), ("c", "a"), ("c", "b")}
     network.join()
     network.join()  # idempotent
     assert network.blocked == []
     assert _reachable(network) == everyone
-    routes = subprocess.run(network.hosts["a"].argv("ip", "route", "show"), capture_output=True, text=True)
-    assert "blackhole" not in routes.stdout
+    for host in network.hosts.values():
+        tables = subprocess.run(host.argv("nft", "list", "tables"), capture_output=True, text=True)
+        assert "hpbchaos" not in tables.stdout
 
 
 def test_a_cut_host_reaches_nothing_and_nothing_reaches_it_until_healed(network):
