@@ -10,9 +10,13 @@ Three kinds of client, each named as it appears in the history files:
   ``window`` unsettled records: a partition without a leader stops taking records while the
   others go on, so its unavailability shows in its own acknowledgements only.
 - **group consumers** ``c-<topic>-<i>``: one process each, members of the group
-  ``chaos-<topic>``, writing ``assign`` whenever the partitions they own change (a partition
-  dropped and taken again inside one ``poll`` counts as a change: it restarts from the group's
-  committed offset, which at-least-once delivery allows) and ``poll`` per record handed out.
+  ``chaos-<topic>``, writing ``assign`` (the partitions owned) when the consumer starts and at
+  every call of its rebalance listener (``on_assign``, ``on_revoke``, which also stands for
+  ``on_lost``; inside ``poll``, before the records that poll returns), and ``poll`` per record
+  handed out.  The listener is told wherever a partition's position may jump: a partition
+  dropped and taken again, also inside one ``poll``, is told as revoked then assigned, and
+  restarts from the group's committed offset, which at-least-once delivery allows; between
+  two such lines the checker expects each partition's polls to move forward.
 - **the drain** ``drain`` (:func:`drain`): after the faults, one consumer assigned every
   partition, reading from the log start to the end offsets; its reads settle what was lost.
 
@@ -25,6 +29,7 @@ was killed at the deadline), :meth:`Workload.stop_consumers`, then :func:`drain`
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import multiprocessing
 import os
@@ -269,8 +274,8 @@ def _send_paced(config: WorkloadConfig, producer: Any, writer: HistoryWriter, cl
 
 def _retrying(make: Any, bootstrap: str, stop: Any, what: str) -> Any:
     """``make(bootstrap)`` until it succeeds or ``stop`` is set (a cluster mid-fault may refuse a
-    client).  Each try puts the next broker first: a new client asks its first bootstrap broker
-    for metadata, and that one may be the broker a fault took away."""
+    client).  Each try puts the next broker first: a client asks the next bootstrap address when
+    the first does not answer, but only after that one's connection timeout."""
     brokers = [b for b in bootstrap.split(",") if b]
     attempt = 0
     while not stop.is_set():
@@ -301,10 +306,11 @@ def _consume(config: WorkloadConfig, client: str, topic: str, stop: Any) -> None
                 "request_timeout_ms": 5000, "client_id": client, "auto_commit_interval_ms": 2000}
     try:
         while not stop.is_set() and time.monotonic() - started < config.max_duration_s:
-            consumer = _retrying(lambda bootstrap: Consumer(bootstrap, **settings), config.bootstrap, stop,
-                                 f"{client}: consumer")
+            member = functools.partial(Consumer, **settings, **_Ownership(writer, client).listener())
+            consumer = _retrying(member, config.bootstrap, stop, f"{client}: consumer")
             if consumer is None:
                 break
+            writer.assign(client, [])  # a new member owns nothing yet: its polls start afresh
             try:
                 _poll_until(consumer, writer, client, topic, stop, started + config.max_duration_s)
             except Exception as e:  # a new member takes over from the group's committed offsets
@@ -320,18 +326,30 @@ def _consume(config: WorkloadConfig, client: str, topic: str, stop: Any) -> None
         writer.close()
 
 
-def _ownership(consumer: Any) -> dict[Any, int]:
-    """The owned partitions, each with a token that changes when the group takes it and gives it
-    back (the consumer makes a new partition state then; its identity tells the two apart)."""
-    states = getattr(consumer, "_states", None)
-    if isinstance(states, dict):
-        return {tp: id(state) for tp, state in states.items()}
-    return {tp: 0 for tp in consumer.assignment()}
+class _Ownership:
+    """A member's owned partitions as its rebalance listener tells them, each change written
+    as an ``assign`` line (runs on the consumer's thread, inside ``poll``)."""
+
+    def __init__(self, writer: HistoryWriter, client: str) -> None:
+        self._writer = writer
+        self._client = client
+        self.owned: set[Any] = set()
+
+    def listener(self) -> dict[str, Any]:
+        """The consumer settings that install it (``on_lost`` is left to ``on_revoke``)."""
+        return {"on_assign": self._assigned, "on_revoke": self._revoked}
+
+    def _assigned(self, partitions: set[Any]) -> None:
+        self.owned |= partitions
+        self._writer.assign(self._client, sorted(self.owned))
+
+    def _revoked(self, partitions: set[Any]) -> None:
+        self.owned -= partitions
+        self._writer.assign(self._client, sorted(self.owned))
 
 
 def _poll_until(consumer: Any, writer: HistoryWriter, client: str, topic: str, stop: Any,
                 deadline: float) -> None:
-    owned: dict[Any, int] | None = None
     failures = 0
     while not stop.is_set() and time.monotonic() < deadline:
         try:
@@ -344,10 +362,6 @@ def _poll_until(consumer: Any, writer: HistoryWriter, client: str, topic: str, s
                 raise
             stop.wait(0.5)
             continue
-        now = _ownership(consumer)
-        if now != owned:
-            writer.assign(client, sorted(now))
-            owned = now
         for tp, records in batches.items():
             for record in records:
                 writer.poll(client, tp.topic, tp.partition, record.offset, _text(record.value))

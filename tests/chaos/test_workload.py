@@ -5,6 +5,7 @@ at its offset, by the group and by the drain."""
 from __future__ import annotations
 
 import importlib.util
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -12,8 +13,19 @@ from pathlib import Path
 import pytest
 from harness import wait_until
 
-from chaos.history import read_histories
-from chaos.workload import Workload, WorkloadConfig, consumer_names, drain, producer_names
+from chaos.checker import check
+from chaos.history import HistoryWriter, read_histories
+from chaos.workload import (
+    Workload,
+    WorkloadConfig,
+    _Ownership,
+    _poll_until,
+    consumer_names,
+    drain,
+    producer_names,
+)
+
+pytest_plugins = ["group_fixtures"]  # group_cluster, group_zk (a broker registered in ZooKeeper)
 
 TOPICS = {"chaos-all": {"acks": "all", "partitions": 3}, "chaos-one": {"acks": "1", "partitions": 3}}
 
@@ -111,3 +123,51 @@ def test_every_acknowledged_record_is_polled_by_the_group_and_read_by_the_drain(
                 assert key not in last or int(f[5]) == last[key] + 1, (client, key, last.get(key), f)
                 last[key] = int(f[5])
     assert owners["c-chaos-all-0"] | owners["c-chaos-all-1"] == {f"chaos-all:{p}" for p in range(3)}
+
+
+@pytest.mark.zookeeper
+def test_a_member_that_loses_its_partitions_and_takes_them_back_writes_both_before_the_re_read(
+        tmp_path, zookeeper, group_cluster, group_zk):
+    """A group member as the workload runs it, across an expired session: its partitions are
+    lost, uncommitted, and taken back inside one poll, restarting at the log start (nothing was
+    committed).  The history says so, from the rebalance listener: an ``assign`` without them,
+    then one with them, before the polls that read them again; the checker finds no
+    nonmonotonic-poll."""
+    from group_harness import create_topic, expire, produce, unique_name, wait_topic_registered
+
+    from hpbroker.client import Consumer
+    from hpbroker.coord.groups import GroupRegistry
+
+    topic = unique_name("w")
+    create_topic(group_cluster.port, topic, 2)
+    wait_topic_registered(GroupRegistry(group_zk, "any"), topic, 2)
+    produce(group_cluster.bootstrap, topic, 2, 5)
+    writer = HistoryWriter(tmp_path / "c-w-0.history")
+    consumer = Consumer(group_cluster.bootstrap, group=unique_name("g"), topics=[topic],
+                        zookeeper=group_cluster.zk_connect, session_timeout_ms=3000, fetch_max_wait_ms=100,
+                        auto_offset_reset="earliest", auto_commit_interval_ms=600_000,
+                        **_Ownership(writer, "c-w-0").listener())
+    stop = threading.Event()
+    polling = threading.Thread(target=_poll_until, args=(consumer, writer, "c-w-0", topic, stop,
+                                                        time.monotonic() + 60), daemon=True)
+    writer.assign("c-w-0", [])
+    polling.start()
+    try:
+        def polls():
+            writer.flush()
+            return [f for f in _lines(tmp_path)["c-w-0"] if f[0] == "poll"]
+        wait_until(lambda: len(polls()) >= 10, 20, what="every record polled once")
+        expire(zookeeper.connect_string, consumer._group._session)
+        wait_until(lambda: len(polls()) >= 20, 20, what="every record polled again")
+    finally:
+        stop.set()
+        polling.join(20)
+        consumer.close()
+        writer.close()
+    lines = _lines(tmp_path)["c-w-0"]
+    kinds = [f[0] if f[0] == "poll" else f"{f[0]} {f[3]}" for f in lines]
+    both = f"{topic}:0,{topic}:1"
+    assert kinds == ["assign ", f"assign {both}", *["poll"] * 10, "assign ", f"assign {both}",
+                     *["poll"] * 10], kinds
+    result = check(read_histories(tmp_path), {topic: {"acks": "1", "partitions": 2}}, [])
+    assert result.topics[topic].anomalies["nonmonotonic-poll"].count == 0
