@@ -28,8 +28,8 @@ Only flushed records are readable: ``high_watermark`` is the end of the flushed 
 Clocks: two, both injectable.  The *wall clock* (ms since the epoch) is what Kafka measures
 with: the check of record timestamps (``message_timestamp_after_max_ms``), segment age
 (``segment_ms`` where timestamps are missing), retention and producer-id expiry.  The
-*monotonic clock* (:func:`monotonic_ms`, never stepped) measures the delay that must not
-depend on the date: the ``flush_ms`` deadline.  So a step of the
+*monotonic clock* (:func:`monotonic_ms`, never stepped) measures the delays that must not
+depend on the date: the ``flush_ms`` deadline and ``file_delete_delay_ms``.  So a step of the
 wall clock (NTP, an operator setting the date) never holds back a group commit, and so never
 an acknowledgement: records pending when the wall clock steps back an hour are still flushed
 ``flush_ms`` after their append.
@@ -315,7 +315,7 @@ class PartitionLog:
         self._pending_since_ms: int | None = None  # monotonic clock ms of the oldest pending append
         self._flush_on_append = flush_on_append
         self._in_flight: collections.deque[FlushJob] = collections.deque()  # oldest first
-        self._doomed: list[tuple[int, Segment]] = []  # (close at ms, deleted segment)
+        self._doomed: list[tuple[int, Segment]] = []  # (close at, monotonic clock ms; deleted segment)
         self._checkpoint = RecoveryPointCheckpoint(self._directory)
         self._clean_shutdown = CleanShutdownMarker(self._directory)
         self._damaged_segments = DamagedSegments(self._directory)
@@ -1117,12 +1117,13 @@ class PartitionLog:
         the log without it still holds ``retention_bytes``; the active segment always stays.
         Files are unlinked at once, durably (the directory is fsynced before this returns, so
         ``log_start_offset`` cannot move back after a power loss); descriptors stay open
-        ``file_delete_delay_ms`` longer (closed by a later call) so slices handed out earlier
-        remain readable.  The producer state forgets the producers whose batches are all below
+        ``file_delete_delay_ms`` longer (measured on the monotonic clock; closed by a later call)
+        so slices handed out earlier remain readable.  ``now_ms`` is wall-clock time (default:
+        the log's clock).  The producer state forgets the producers whose batches are all below
         the new log start, and those with no append for ``producer_id_expiration_ms``.
         """
         now = self._clock() if now_ms is None else now_ms
-        self._close_doomed(now)
+        self._close_doomed()
         config, remaining = self._config, self.size_in_bytes
         count = 0
         for segment in self._segments[:-1]:
@@ -1136,7 +1137,7 @@ class PartitionLog:
             count += 1
         for segment in self._segments[:count]:
             segment.delete_files()
-            self._doomed.append((now + config.file_delete_delay_ms, segment))
+            self._doom([segment])
             logger.info("[%s] deleted segment %s by retention: offsets [%d, %d), max timestamp %d",
                         self._name, segment.path, segment.base_offset, segment.next_offset,
                         segment.max_timestamp)
@@ -1150,7 +1151,16 @@ class PartitionLog:
         self._producers.expire(now, config.producer_id_expiration_ms)
         return count
 
-    def _close_doomed(self, now_ms: int) -> None:
+    def _doom(self, segments: list[Segment]) -> None:
+        """Close the descriptors of ``segments``, whose files are gone, ``file_delete_delay_ms``
+        from now on the monotonic clock (by a later :meth:`_close_doomed`), so slices handed
+        out stay readable until then whatever the wall clock does."""
+        close_at_ms = self._monotonic_clock() + self._config.file_delete_delay_ms
+        self._doomed += [(close_at_ms, segment) for segment in segments]
+
+    def _close_doomed(self) -> None:
+        """Close the deleted segments whose delay (:meth:`_doom`) has passed."""
+        now_ms = self._monotonic_clock()
         keep = []
         for close_at_ms, segment in self._doomed:
             if close_at_ms <= now_ms:
@@ -1346,7 +1356,7 @@ class PartitionLog:
             for segment in loaded.segments:
                 segment.close()
             raise
-        self._doomed.append((now + self._config.file_delete_delay_ms, old))  # slices handed out stay readable
+        self._doom([old])  # slices handed out stay readable
         self._segments = self._segments[:-1] + loaded.segments
         self._gaps += loaded.gaps
         self._bases = [segment.base_offset for segment in self._segments]

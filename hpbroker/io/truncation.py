@@ -64,7 +64,7 @@ def truncate_to(log: PartitionLog, offset: int) -> int:
         new.sync()
     for new in loaded.segments[:-1]:
         new.release_index_files()
-    log._doomed += [(now + log._config.file_delete_delay_ms, old) for old in [segment, *later]]
+    log._doom([segment, *later])
     log._segments = log._segments[:i] + loaded.segments
     log._gaps = [gap for gap in log._gaps if gap.next_offset <= new_end] + loaded.gaps
     log._bases = [s.base_offset for s in log._segments]
@@ -180,7 +180,7 @@ def truncate_fully_and_start_at(log: PartitionLog, offset: int) -> None:
             raise
     except OSError as e:
         raise log._go_offline("truncate_fully_and_start_at", e) from e
-    log._doomed += [(now + log._config.file_delete_delay_ms, segment) for segment in old]
+    log._doom(old)
     log._segments, log._bases, log._gaps = [new], [offset], []
     log._log_end_offset = log._recovery_point = offset
     log._active_first_timestamp = -1

@@ -1,11 +1,12 @@
-"""A step of the wall clock (NTP, an operator setting the date) does not delay a group commit: the
-flush deadline is measured on the log's monotonic clock.
+"""A step of the wall clock (NTP, an operator setting the date) delays neither a group commit nor
+the close of a deleted segment's descriptors: both are measured on the log's monotonic clock.
 
 The first tests inject only the wall clock and let the real monotonic clock run (with small
 delays and generous deadlines); the others inject both clocks and step them independently."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -80,6 +81,45 @@ def test_an_append_after_a_backward_step_flushes_what_is_overdue(logs, log_dir, 
     time.sleep(2 * FLUSH_MS / 1000)  # at least: the deadline has passed on the monotonic clock
     log.append(make_batch(1))
     assert (log.high_watermark, log.pending_records) == (2, 0)
+
+
+def test_deleted_segment_descriptors_close_after_the_delay_when_the_wall_clock_steps_back(
+        logs, log_dir, wall_clock):
+    log = _open(logs, log_dir, wall_clock, segment_bytes=1024, retention_bytes=0,
+                file_delete_delay_ms=FLUSH_MS)
+    for _ in range(10):
+        log.append(make_batch(1, value_bytes=200, timestamp=wall_clock.now_ms))
+    log.flush()
+    file_slice = log.read(0, 10_000)
+    deleted = time.monotonic()
+    assert log.delete_old_segments() == 3
+    wall_clock.advance(-HOUR_MS)
+    log.delete_old_segments()
+    if time.monotonic() - deleted < FLUSH_MS / 1000 * 0.9:  # else a stalled machine let the delay pass
+        os.fstat(file_slice.fd)  # still open: the delay has not passed
+
+    def closed() -> bool:
+        log.delete_old_segments()
+        try:
+            os.fstat(file_slice.fd)
+        except OSError:
+            return True
+        return False
+
+    _wait_until(closed, "the deleted segment's descriptors closed after file_delete_delay_ms")
+
+
+def test_deleted_segment_stays_readable_through_a_forward_step_of_the_wall_clock(logs, log_dir, wall_clock):
+    log = _open(logs, log_dir, wall_clock, segment_bytes=1024, retention_bytes=0, file_delete_delay_ms=60_000)
+    for _ in range(10):
+        log.append(make_batch(1, value_bytes=200, timestamp=wall_clock.now_ms))
+    log.flush()
+    file_slice = log.read(0, 10_000)
+    expected = os.pread(file_slice.fd, file_slice.length, file_slice.position)
+    assert log.delete_old_segments() == 3
+    wall_clock.advance(HOUR_MS)
+    log.delete_old_segments()
+    assert os.pread(file_slice.fd, file_slice.length, file_slice.position) == expected
 
 
 # --- both clocks injected ----------------------------------------------------------------------
