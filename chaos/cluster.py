@@ -436,6 +436,10 @@ class ChaosCluster:
         logger.info("[chaos] broker %d resumed (pids %s)", broker_id, broker.paused)
         broker.paused = []
 
+    def paused_pids(self, broker_id: int) -> list[int]:
+        """The pids :meth:`pause` stopped for this broker (empty when it is not paused)."""
+        return list(self._brokers[broker_id].paused)
+
     def paused(self) -> list[int]:
         """The brokers stopped by :meth:`pause` and not resumed, sorted."""
         return sorted(b for b, broker in self._brokers.items() if broker.paused)

@@ -27,6 +27,21 @@ name               inject                                            heal
                                                                      exited)
 =================  ================================================  ==================================
 
+:meth:`Nemesis.verify`, called right after the injection, checks cheaply that the fault took
+effect and returns the evidence (kept in ``Fault.evidence``), or raises :class:`NemesisError`:
+
+=================  ==========================================================================
+``kill``           every pid of the broker (arbiter and workers) gone
+``pause``          every pid of the broker in state ``T`` (stopped)
+``isolate-leader`` the host's veth down (``/sys/class/net/<veth>/operstate``)
+``split``          the nftables table present in every namespace of the split
+``zk-kill``        the server's pid gone and the ensemble no longer lists it alive
+``worker-kill``    the worker's pid gone
+``clock``          the faketime file holds the offset, and the broker's arbiter runs with
+                   libfaketime preloaded on that file (``/proc/<pid>/environ``)
+``disk-full``      less than a page free on the broker's data tmpfs
+=================  ==========================================================================
+
 A fault's ``start`` is the wall time its injection began, ``end`` the wall time its healing
 completed (so the interval covers the recovery too); ``target`` names the hosts hit (``b2``,
 ``zk1``; a split ``minority|majority``, e.g. ``b1,zk3|b2,b3,zk1,zk2``).  Every choice comes from
@@ -43,13 +58,14 @@ import random
 import signal
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar
 
 from chaos.cluster import ChaosCluster, process_state
 
-__all__ = ["NEMESES", "ClockJump", "DiskFull", "Fault", "IsolateLeader", "Kill", "Nemesis", "Pause", "Split",
-           "WorkerKill", "ZkKill"]
+__all__ = ["NEMESES", "ClockJump", "DiskFull", "Fault", "IsolateLeader", "Kill", "Nemesis", "NemesisError",
+           "Pause", "Split", "WorkerKill", "ZkKill"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +84,14 @@ class Fault:
     detail: str = ""
     #: True once :meth:`Nemesis.heal` completed (False: the heal raised, ``end`` stays None)
     healed: bool = False
+    #: the processes the fault hit (kill, pause, zk-kill, worker-kill)
+    pids: list[int] = field(default_factory=list)
+    #: what :meth:`Nemesis.verify` saw ("" until verified; "NOT VERIFIED: ..." when it failed)
+    evidence: str = ""
+
+
+class NemesisError(RuntimeError):
+    """A fault that did not take effect (:meth:`Nemesis.verify`); the message says what was seen."""
 
 
 class Nemesis:
@@ -85,15 +109,36 @@ class Nemesis:
     def heal(self, cluster: ChaosCluster, fault: Fault) -> None:
         raise NotImplementedError
 
-    def _fault(self, target: str, start: float, detail: str) -> Fault:
+    def verify(self, cluster: ChaosCluster, fault: Fault) -> str:
+        """Check right after :meth:`inject` that ``fault`` took effect (module docstring): the
+        evidence, also kept in ``fault.evidence``; NemesisError (and ``evidence`` saying so) if not."""
+        try:
+            evidence = self._verify(cluster, fault)
+        except NemesisError as e:
+            fault.evidence = f"NOT VERIFIED: {e}"
+            raise
+        fault.evidence = evidence
+        return evidence
+
+    def _verify(self, cluster: ChaosCluster, fault: Fault) -> str:
+        raise NotImplementedError
+
+    def _fault(self, target: str, start: float, detail: str, pids: Sequence[int] = ()) -> Fault:
         logger.info("[nemesis] %s on %s: %s", self.name, target, detail)
-        return Fault(self.name, target, start, None, detail)
+        return Fault(self.name, target, start, None, detail, pids=[int(p) for p in pids])
 
     def _healed(self, fault: Fault) -> None:
         fault.end = time.time()
         fault.healed = True
         logger.info("[nemesis] %s on %s healed after %.1f s", self.name, fault.target,
                     fault.end - fault.start)
+
+
+def _gone(pids: Sequence[int]) -> str:
+    alive = [pid for pid in pids if process_state(pid) not in (None, "Z", "X")]
+    if not pids or alive:
+        raise NemesisError(f"pids {alive or '(none recorded)'} still running")
+    return f"pids {list(pids)} gone"
 
 
 def _broker_of(target: str) -> int:
@@ -132,7 +177,10 @@ class Kill(Nemesis):
         broker_id, why = pick_leader(cluster, rng, topics)
         pids = [cluster.pid(broker_id), *cluster.worker_pids(broker_id)]
         cluster.kill(broker_id)
-        return self._fault(f"b{broker_id}", start, f"kill -9 broker {broker_id} ({why}; pids {pids})")
+        return self._fault(f"b{broker_id}", start, f"kill -9 broker {broker_id} ({why}; pids {pids})", pids)
+
+    def _verify(self, cluster: ChaosCluster, fault: Fault) -> str:
+        return _gone(fault.pids)
 
     def heal(self, cluster: ChaosCluster, fault: Fault) -> None:
         broker_id = _broker_of(fault.target)
@@ -148,7 +196,14 @@ class Pause(Nemesis):
         start = time.time()
         broker_id, why = pick_leader(cluster, rng, topics)
         cluster.pause(broker_id)
-        return self._fault(f"b{broker_id}", start, f"SIGSTOP broker {broker_id} ({why})")
+        return self._fault(f"b{broker_id}", start, f"SIGSTOP broker {broker_id} ({why})",
+                           cluster.paused_pids(broker_id))
+
+    def _verify(self, cluster: ChaosCluster, fault: Fault) -> str:
+        states = {pid: process_state(pid) for pid in fault.pids}
+        if not states or any(state not in ("T", "t") for state in states.values()):
+            raise NemesisError(f"not every pid stopped: states {states or '(no pid recorded)'}")
+        return f"pids {fault.pids} in state T"
 
     def heal(self, cluster: ChaosCluster, fault: Fault) -> None:
         # Longer than the session timeout, whatever the hold: its ZooKeeper session must expire.
@@ -167,6 +222,13 @@ class IsolateLeader(Nemesis):
         broker_id, why = pick_leader(cluster, rng, topics)
         cluster.network.cut(f"b{broker_id}")
         return self._fault(f"b{broker_id}", start, f"link of broker {broker_id} down ({why})")
+
+    def _verify(self, cluster: ChaosCluster, fault: Fault) -> str:
+        veth = cluster.network.hosts[fault.target].veth
+        state = Path(f"/sys/class/net/{veth}/operstate").read_text().strip()
+        if state != "down":
+            raise NemesisError(f"link {veth} of {fault.target} is {state!r}, not down")
+        return f"link {veth} down"
 
     def heal(self, cluster: ChaosCluster, fault: Fault) -> None:
         cluster.network.heal(fault.target)
@@ -191,6 +253,12 @@ class Split(Nemesis):
         return self._fault(f"{','.join(minority)}|{','.join(majority)}", start,
                            f"minority {minority} cut off from majority {majority}")
 
+    def _verify(self, cluster: ChaosCluster, fault: Fault) -> str:
+        try:
+            return cluster.network.verify_split()
+        except RuntimeError as e:
+            raise NemesisError(str(e)) from e
+
     def heal(self, cluster: ChaosCluster, fault: Fault) -> None:
         cluster.network.join()
         self._healed(fault)
@@ -205,7 +273,15 @@ class ZkKill(Nemesis):
         server = rng.choice(cluster.ensemble.alive())
         pid = cluster.ensemble.pid(server)
         cluster.ensemble.kill(server)
-        return self._fault(f"zk{server}", start, f"kill -9 ZooKeeper server {server} (pid {pid})")
+        return self._fault(f"zk{server}", start, f"kill -9 ZooKeeper server {server} (pid {pid})",
+                           [pid] if pid is not None else ())
+
+    def _verify(self, cluster: ChaosCluster, fault: Fault) -> str:
+        assert cluster.ensemble is not None
+        server = int(fault.target.removeprefix("zk"))
+        if server in cluster.ensemble.alive():
+            raise NemesisError(f"ZooKeeper server {server} still listed alive")
+        return _gone(fault.pids) + f"; server {server} not alive"
 
     def heal(self, cluster: ChaosCluster, fault: Fault) -> None:
         assert cluster.ensemble is not None
@@ -227,7 +303,10 @@ class WorkerKill(Nemesis):
         deadline = time.monotonic() + 30
         while process_state(pid) not in (None, "Z", "X") and time.monotonic() < deadline:
             time.sleep(0.02)
-        return self._fault(f"b{broker_id}", start, f"kill -9 worker pid {pid} of broker {broker_id}")
+        return self._fault(f"b{broker_id}", start, f"kill -9 worker pid {pid} of broker {broker_id}", [pid])
+
+    def _verify(self, cluster: ChaosCluster, fault: Fault) -> str:
+        return _gone(fault.pids)
 
     def heal(self, cluster: ChaosCluster, fault: Fault) -> None:
         cluster.wait_serving(_broker_of(fault.target), _SERVING_TIMEOUT_S)
@@ -253,6 +332,27 @@ class ClockJump(Nemesis):
         cluster.set_clock_offset(broker_id, offset)
         return self._fault(f"b{broker_id}", start, f"wall clock of broker {broker_id} {offset:+d} s")
 
+    def _verify(self, cluster: ChaosCluster, fault: Fault) -> str:
+        broker_id = _broker_of(fault.target)
+        path = cluster.faketime_path(broker_id)
+        written = path.read_text().strip()
+        expected = fault.detail.split(" ")[-2]  # "... broker N +123 s"
+        if written != expected:
+            raise NemesisError(f"{path} holds {written!r}, not {expected!r}")
+        pid = cluster.pid(broker_id)
+        try:
+            environ = dict(item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_text().split("\0")
+                           if "=" in item)
+        except OSError as e:
+            raise NemesisError(f"broker {broker_id}'s arbiter (pid {pid}) cannot be read: {e!r}") from e
+        if "libfaketime" not in environ.get("LD_PRELOAD", "") or \
+                environ.get("FAKETIME_TIMESTAMP_FILE") != str(path) or "FAKETIME" in environ:
+            raise NemesisError(f"broker {broker_id} (pid {pid}) does not run under libfaketime on {path}: "
+                               f"LD_PRELOAD={environ.get('LD_PRELOAD')!r}, "
+                               f"FAKETIME_TIMESTAMP_FILE={environ.get('FAKETIME_TIMESTAMP_FILE')!r}, "
+                               f"FAKETIME={environ.get('FAKETIME')!r}")
+        return f"{path} holds {written}; pid {pid} preloads libfaketime on it"
+
     def heal(self, cluster: ChaosCluster, fault: Fault) -> None:
         cluster.set_clock_offset(_broker_of(fault.target), 0)
         self._healed(fault)
@@ -267,6 +367,12 @@ class DiskFull(Nemesis):
         filled = cluster.fill_disk(broker_id)
         return self._fault(f"b{broker_id}", start,
                            f"data disk of broker {broker_id} filled ({filled} bytes of filler)")
+
+    def _verify(self, cluster: ChaosCluster, fault: Fault) -> str:
+        free = cluster.disk_free_bytes(_broker_of(fault.target))
+        if free >= 4096:
+            raise NemesisError(f"{free} bytes still free on {fault.target}'s data disk")
+        return f"{free} bytes free"
 
     def heal(self, cluster: ChaosCluster, fault: Fault) -> None:
         broker_id = _broker_of(fault.target)

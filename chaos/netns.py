@@ -224,6 +224,17 @@ class Network:
         if errors:
             raise RuntimeError("removing the split's nftables tables: " + "; ".join(errors))
 
+    def verify_split(self) -> str:
+        """That the split in place holds: its table is loaded in each of its namespaces; the
+        evidence, or RuntimeError naming what is missing."""
+        if not self._split_namespaces:
+            raise RuntimeError("no split in place")
+        missing = [ns for ns in self._split_namespaces
+                   if _nft(ns, None, "list", "table", "inet", _SPLIT_TABLE).returncode != 0]
+        if missing:
+            raise RuntimeError(f"the split's nftables table is missing in {missing}")
+        return f"table inet {_SPLIT_TABLE} loaded in {len(self._split_namespaces)} namespaces"
+
     @property
     def blocked(self) -> list[tuple[str, str]]:
         """The split in place: (host name, address it cannot reach)."""

@@ -244,7 +244,7 @@ def _run(options: CampaignOptions, seed: int, steps: list[Step], topics: dict[st
             max_duration_s=options.duration_s + 3600))
         workload.start()
         attempt("the schedule", lambda: _run_schedule(cluster, steps, topics, seed, out / "faults.jsonl",
-                                                      options.mean_gap_s / 2, faults))
+                                                      options.mean_gap_s / 2, faults, problems))
         attempt("healing everything", lambda: heal_everything(cluster))
         if not wait_full_isr(cluster, topics, _SETTLE_TIMEOUT_S):
             problems.append(f"not every partition had a leader and a full ISR {_SETTLE_TIMEOUT_S:.0f} s "
@@ -286,8 +286,20 @@ def start_cluster(cluster: ChaosCluster, topics: dict[str, dict[str, Any]], opti
     cluster.wait_in_sync(list(topics), 120.0)
 
 
+def _verify(nemesis: Nemesis, cluster: ChaosCluster, fault: Fault, problems: list[str]) -> None:
+    """Check that ``fault`` took effect; a fault that did not is a problem (the run goes on)."""
+    try:
+        logger.info("[%s on %s] verified: %s", fault.nemesis, fault.target, nemesis.verify(cluster, fault))
+    except Exception as e:  # NemesisError, or the check itself failed: either way not verified
+        if not fault.evidence:
+            fault.evidence = f"NOT VERIFIED: {e!r}"
+        logger.warning("[%s on %s] %s", fault.nemesis, fault.target, fault.evidence)
+        problems.append(f"fault {fault.nemesis} on {fault.target} did not take effect: {fault.evidence}")
+        print(f"chaos: {fault.nemesis} on {fault.target}: {fault.evidence}", flush=True)
+
+
 def _run_schedule(cluster: ChaosCluster, steps: list[Step], topics: dict[str, dict[str, Any]], seed: int,
-                  faults_path: Path, pause_s: float, faults: list[Fault]) -> None:
+                  faults_path: Path, pause_s: float, faults: list[Fault], problems: list[str]) -> None:
     """Each step at its time, or ``pause_s`` after the previous heal when that ran late: inject,
     hold, heal.  The fault in progress when this is interrupted is healed and written too."""
     rng = random.Random(seed)
@@ -304,6 +316,7 @@ def _run_schedule(cluster: ChaosCluster, steps: list[Step], topics: dict[str, di
             print(f"chaos: [{number}/{len(steps)}] t={time.monotonic() - started:6.1f} s  {fault.nemesis} "
                   f"{fault.target}: {fault.detail} (hold {step.hold_s:.1f} s)", flush=True)
             try:
+                _verify(nemesis, cluster, fault, problems)
                 time.sleep(step.hold_s)
             finally:
                 try:

@@ -47,6 +47,8 @@ def cluster(tmp_path_factory):
 def _inject(cluster: ChaosCluster, name: str, seed: int = 1) -> Fault:
     fault = NEMESES[name]().inject(cluster, random.Random(seed), [TOPIC])
     assert fault.nemesis == name and fault.end is None and abs(fault.start - time.time()) < 120
+    evidence = NEMESES[name]().verify(cluster, fault)  # the check the campaign makes after each injection
+    assert evidence and fault.evidence == evidence
     return fault
 
 

@@ -1,0 +1,85 @@
+"""Each nemesis's verification, on real processes and files with a stand-in cluster: it accepts a
+fault that took effect and refuses, with what it saw, one that did not (no cluster needed)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from chaos.cluster import process_state
+from chaos.nemesis import ClockJump, DiskFull, Fault, IsolateLeader, Kill, NemesisError, Pause, WorkerKill
+
+
+@pytest.fixture
+def sleeper():
+    process = subprocess.Popen(["sleep", "60"])
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGCONT)
+            process.kill()
+        process.wait()
+
+
+def _wait_state(pid, states, timeout_s=30.0):
+    deadline = time.monotonic() + timeout_s
+    while process_state(pid) not in states:
+        assert time.monotonic() < deadline, f"pid {pid} state {process_state(pid)}"
+        time.sleep(0.01)
+
+
+def test_pause_is_verified_only_once_every_pid_is_stopped(sleeper):
+    fault = Fault("pause", "b1", time.time(), pids=[sleeper.pid])
+    with pytest.raises(NemesisError, match="not every pid stopped"):
+        Pause().verify(None, fault)
+    assert fault.evidence.startswith("NOT VERIFIED")
+    os.kill(sleeper.pid, signal.SIGSTOP)
+    _wait_state(sleeper.pid, ("T", "t"))
+    assert "in state T" in Pause().verify(None, fault) and "in state T" in fault.evidence
+
+
+@pytest.mark.parametrize("kind", [Kill, WorkerKill])
+def test_a_kill_is_verified_only_once_its_pids_are_gone(sleeper, kind):
+    fault = Fault(kind.name, "b1", time.time(), pids=[sleeper.pid])
+    with pytest.raises(NemesisError, match="still running"):
+        kind().verify(None, fault)
+    sleeper.kill()
+    sleeper.wait()
+    assert "gone" in kind().verify(None, fault)
+
+
+def test_a_kill_with_no_pid_recorded_is_not_verified():
+    with pytest.raises(NemesisError, match="none recorded"):
+        Kill().verify(None, Fault("kill", "b1", time.time()))
+
+
+def test_a_disk_with_room_left_is_not_full():
+    cluster = SimpleNamespace(disk_free_bytes=lambda broker_id: 1 << 20)
+    with pytest.raises(NemesisError, match="1048576 bytes still free"):
+        DiskFull().verify(cluster, Fault("disk-full", "b2", time.time()))
+    cluster.disk_free_bytes = lambda broker_id: 0
+    assert DiskFull().verify(cluster, Fault("disk-full", "b2", time.time())) == "0 bytes free"
+
+
+def test_a_link_still_up_is_not_isolated():
+    cluster = SimpleNamespace(network=SimpleNamespace(hosts={"b1": SimpleNamespace(veth="lo")}))
+    with pytest.raises(NemesisError, match="not down"):
+        IsolateLeader().verify(cluster, Fault("isolate-leader", "b1", time.time()))
+
+
+def test_a_clock_whose_file_or_process_does_not_say_the_offset_is_not_verified(tmp_path, sleeper):
+    path = tmp_path / "faketime"
+    path.write_text("+0\n")
+    cluster = SimpleNamespace(faketime_path=lambda broker_id: path, pid=lambda broker_id: sleeper.pid)
+    fault = Fault("clock", "b1", time.time(), detail="wall clock of broker 1 +120 s")
+    with pytest.raises(NemesisError, match="holds '\\+0', not '\\+120'"):
+        ClockJump().verify(cluster, fault)
+    path.write_text("+120\n")
+    with pytest.raises(NemesisError, match="does not run under libfaketime"):
+        ClockJump().verify(cluster, fault)  # `sleep` has no LD_PRELOAD
