@@ -46,7 +46,8 @@ _JOIN_TIMEOUT_S = 2.0
 @dataclass(frozen=True, slots=True)
 class GroupOffsets:
     """Committed offsets read in one round: ``(group, topic, partition) -> offset``, and when the
-    round began (``time.time()`` seconds)."""
+    round began (``time.monotonic()`` seconds of this process, the reader's too: an age taken
+    from it never moves with a step of the wall clock; not a date)."""
 
     read_at: float
     offsets: Mapping[tuple[str, str, int], int]
@@ -81,7 +82,7 @@ class GroupOffsetsPoller:
 
     def _run(self) -> None:
         while not self._closed.is_set():
-            started = time.time()
+            started = time.monotonic()
             try:
                 self.snapshot = GroupOffsets(started, self.read(self.topics))
                 if self._failures:

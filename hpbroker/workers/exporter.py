@@ -24,6 +24,15 @@ renders, on the scraping thread, from:
   copy, never waiting for ZooKeeper) the arbiter hands over once its controller runs;
 - the arbiter process's own usage.
 
+Ages are never negative and never jump with a step of the wall clock (NTP, an operator setting
+the date).  ``hpbroker_consumer_group_offsets_age_seconds`` is measured on the monotonic clock:
+the poller's thread that reads the offsets runs in this process.  A worker's report carries its
+wall-clock time (``time_ms``), written by another process; :class:`_ReportAges` measures its age
+on the monotonic clock from the scrape that first read it, and takes the wall-clock age at that
+first read only within what is possible: at least 0, at most the time since the previous read of
+the slot's file (which did not hold the report yet).  A step between a report's write and its
+first read so costs at most the interval between two scrapes, never the step.
+
 Nothing here runs on the loop except the hand-overs (``slots``, ``stopping``,
 ``controller_state``, :meth:`~MetricsEndpoint.set_topics`): a slow scrape costs the loop nothing
 but the GIL.  ``/healthz`` answers 200 while every worker serves, 503 otherwise (naming
@@ -34,6 +43,7 @@ the slots that crash-loop).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -222,6 +232,7 @@ class MetricsEndpoint:
         self.controller_state: Callable[[], Mapping[str, Any]] | None = None
         self._peers: FrontendPeers | None = None
         self._groups: GroupOffsetsPoller | None = None
+        self._reports = _ReportAges()
         self._server = MetricsServer(config.metrics_host or config.host, config.metrics_port, self.render,
                                      self.health)
 
@@ -280,7 +291,6 @@ class MetricsEndpoint:
 
     def collect(self) -> list[MetricFamily]:
         """Every family of :data:`FAMILIES`, with the series known now."""
-        now = time.time()
         families = {name: MetricFamily(name, kind, text, labels)
                     for name, (kind, labels, text) in FAMILIES.items()}
         config = self._config
@@ -309,11 +319,11 @@ class MetricsEndpoint:
             families["hpbroker_worker_crashloop"].add((view.index,), int(view.crash_looping))
             families["hpbroker_worker_backoff_seconds"].add((view.index,), view.backoff_s)
             families["hpbroker_worker_backoffs_total"].add((view.index,), view.backoffs)
-            stats = read_stats(self._run_dir, view.index) if view.pid else None
+            stats, age_s = self._reports.read(self._run_dir, view.index) if view.pid else (None, None)
             if stats is None or stats.get("pid") != view.pid:
                 continue
             try:
-                _add_worker(families, view.index, stats, now, replicas)
+                _add_worker(families, view.index, stats, age_s, replicas)
             except (KeyError, TypeError, ValueError) as e:  # a file from a worker of another version
                 logger.warning("[arbiter] metrics: ignoring the stats of worker slot %d: %r", view.index, e)
         for name, value in (("hpbroker_leader_partitions", replicas.leaders),
@@ -323,7 +333,7 @@ class MetricsEndpoint:
                             ("hpbroker_offline_replicas", self.offline_replicas)):
             families[name].add((), value)
         self._add_controller(families)
-        self._add_groups(families, replicas.high_watermarks, now)
+        self._add_groups(families, replicas.high_watermarks)
         return list(families.values())
 
     def _add_controller(self, families: dict[str, MetricFamily]) -> None:
@@ -344,13 +354,14 @@ class MetricsEndpoint:
         for name, value in series:
             families[name].add((), value)
 
-    def _add_groups(self, families: dict[str, MetricFamily], high_watermarks: Mapping[tuple[str, int], int],
-                    now: float) -> None:
+    def _add_groups(self, families: dict[str, MetricFamily],
+                    high_watermarks: Mapping[tuple[str, int], int]) -> None:
         groups = self._groups  # once: the loop may set it to None meanwhile (stop_watching_groups)
         snapshot = groups.snapshot if groups is not None else None
         if snapshot is None:
             return
-        families["hpbroker_consumer_group_offsets_age_seconds"].add((), max(0.0, now - snapshot.read_at))
+        age_s = max(0.0, time.monotonic() - snapshot.read_at)  # read_at: this process's monotonic clock
+        families["hpbroker_consumer_group_offsets_age_seconds"].add((), age_s)
         for (group, topic, partition), offset in sorted(snapshot.offsets.items()):
             high_watermark = high_watermarks.get((topic, partition))
             if high_watermark is None:  # not served here now
@@ -370,13 +381,50 @@ class _Replicas:
         self.fetch_failed = 0  # partitions followed here whose leader's range failed
 
 
-def _add_worker(families: dict[str, MetricFamily], slot: int, stats: dict[str, Any], now: float,
+class _ReportAges:
+    """Reads the workers' stats files and tells each report's age (module docstring), on the
+    monotonic clock.  Per slot it keeps the report last read, ``(pid, time_ms)``, the monotonic
+    time it was written at as estimated at its first read, and when the file was last read.
+    Thread-safe: concurrent scrapes take turns (a read and its bookkeeping under one lock)."""
+
+    def __init__(self, *, wall_clock: Callable[[], float] = time.time,
+                 monotonic_clock: Callable[[], float] = time.monotonic) -> None:
+        self._wall_clock, self._monotonic_clock = wall_clock, monotonic_clock
+        self._lock = threading.Lock()
+        # Before any worker is forked: no report of a current worker was written earlier.
+        self._created = monotonic_clock()
+        self._slots: dict[int, tuple[object, float | None, float]] = {}  # report, written at, last read
+
+    def read(self, run_dir: str, slot: int) -> tuple[dict[str, Any] | None, float | None]:
+        """The slot's stats (``read_stats``) and their age in seconds; the age is None when the
+        stats carry no valid ``time_ms``."""
+        with self._lock:
+            read_at = self._monotonic_clock()
+            wall = self._wall_clock()
+            stats = read_stats(run_dir, slot)
+            report, written_at, last_read = self._slots.get(slot, (None, None, self._created))
+            key = (stats.get("pid"), stats.get("time_ms")) if stats is not None else None
+            if key != report:
+                written_at = None
+                if key is not None and type(key[1]) is int:
+                    wall_age_s = min(max(0.0, wall - key[1] / 1000), read_at - last_read)
+                    written_at = read_at - wall_age_s
+            self._slots[slot] = (key, written_at, read_at)
+            if written_at is None:
+                return stats, None
+            return stats, max(0.0, self._monotonic_clock() - written_at)
+
+
+def _add_worker(families: dict[str, MetricFamily], slot: int, stats: dict[str, Any], age_s: float | None,
                 replicas: _Replicas) -> None:
     """One worker's stats file (``hpbroker.workers.stats``) into the families, its partitions'
-    roles into ``replicas``.  Everything is parsed before anything is added."""
+    roles into ``replicas``; ``age_s`` the report's age (:class:`_ReportAges`).  Everything is
+    parsed before anything is added."""
     worker = (slot,)
+    if age_s is None:
+        raise ValueError(f"time_ms is not a time in ms: {stats.get('time_ms')!r}")
     scalars = [("hpbroker_worker_start_time_seconds", float(stats["start_time_s"])),
-               ("hpbroker_worker_report_age_seconds", max(0.0, now - int(stats["time_ms"]) / 1000)),
+               ("hpbroker_worker_report_age_seconds", age_s),
                ("hpbroker_worker_cpu_seconds_total", float(stats["cpu_seconds"])),
                ("hpbroker_data_port_connections", int(stats["connections"]))]
     if stats.get("resident_bytes") is not None:
