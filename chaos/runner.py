@@ -257,8 +257,12 @@ def _run(options: CampaignOptions, seed: int, steps: list[Step], topics: dict[st
         time.sleep(_CATCH_UP_S)
         workload.stop_consumers()
         problems += [f"client {name} exited {code} before the end of the campaign" for name, code in died]
-        counts = drain(cluster.bootstrap(), topics, out / "history", timeout_s=_DRAIN_TIMEOUT_S)
-        print(f"chaos: drained {sum(counts.values())} records from {len(counts)} partitions", flush=True)
+        drained_now = drain(cluster.bootstrap(), topics, out / "history", timeout_s=_DRAIN_TIMEOUT_S)
+        drained.update(drained_now.complete_partitions())
+        print(f"chaos: drained {sum(drained_now.values())} records; {len(drained_now.complete)} of "
+              f"{len(drained_now)} partitions read to their end", flush=True)
+        problems += [f"the final drain did not read {what} (within {_DRAIN_TIMEOUT_S:.0f} s)"
+                     for what in drained_now.incomplete()]
     except KeyboardInterrupt:
         print("chaos: interrupted; stopping everything", file=sys.stderr)
         raise

@@ -42,7 +42,7 @@ from typing import Any
 
 from chaos.history import HistoryWriter
 
-__all__ = ["WorkloadConfig", "Workload", "drain", "producer_names", "consumer_names"]
+__all__ = ["DrainResult", "WorkloadConfig", "Workload", "drain", "producer_names", "consumer_names"]
 
 logger = logging.getLogger(__name__)
 
@@ -373,13 +373,44 @@ def _text(value: bytes | None) -> str:
 
 # --- the drain ---------------------------------------------------------------------------------
 
+class DrainResult(dict):
+    """What :func:`drain` read: as a dict, ``{"<topic>-<p>": records read}``; and per partition
+    (keyed by ``TopicPartition``) the end offset asked (``ends``, None when never answered), the
+    offset the drain read up to (``positions``: the next offset it would read, None when it read
+    nothing), and whether it read from the log start to that end (``complete``)."""
+
+    def __init__(self, counts: dict[str, int], ends: dict[Any, int | None], positions: dict[Any, int | None],
+                 complete: set[Any]) -> None:
+        super().__init__(counts)
+        self.ends = ends
+        self.positions = positions
+        self.complete = complete
+
+    def complete_partitions(self) -> dict[str, list[int]]:
+        """topic -> the partitions read to their end (the checker's ``drained``)."""
+        out: dict[str, list[int]] = {}
+        for tp in self.ends:
+            out.setdefault(tp.topic, [])
+            if tp in self.complete:
+                out[tp.topic].append(tp.partition)
+        return {topic: sorted(parts) for topic, parts in out.items()}
+
+    def incomplete(self) -> list[str]:
+        """One sentence per partition not read to its end."""
+        return [f"{tp.topic}-{tp.partition}: end offset "
+                f"{'never answered' if self.ends[tp] is None else self.ends[tp]}, "
+                f"read up to {self.positions.get(tp)}" for tp in sorted(self.ends) if tp not in self.complete]
+
+
 def drain(bootstrap: str, topics: dict[str, dict[str, Any]], history_dir: Path, *,
-          timeout_s: float = 120.0) -> dict[str, int]:
+          timeout_s: float = 120.0) -> DrainResult:
     """Read every partition of ``topics`` from its log start up to its end offset (its high
-    watermark, asked once the partition answers), writing the ``drain`` history; returns
-    ``{"<topic>-<p>": records read}``.  Never raises for a partition that does not answer: it
-    is retried until ``timeout_s``, then logged and left short (the checker then sees its
-    acknowledged records as unseen, which is what a reader would have seen)."""
+    watermark, asked once the partition answers), writing the ``drain`` history; returns a
+    :class:`DrainResult`.  A partition is complete once its end is known and the consumer's
+    position has reached it (whether the records came before or after the end was known).
+    Never raises for a partition that does not answer: it is retried until ``timeout_s`` (the
+    asking included), then left incomplete, and the result says so: a partition not read to its
+    end proves nothing about its records."""
     from hpbroker.client import Consumer, TopicPartition
 
     history_dir.mkdir(parents=True, exist_ok=True)
@@ -387,6 +418,7 @@ def drain(bootstrap: str, topics: dict[str, dict[str, Any]], history_dir: Path, 
     tps = [TopicPartition(topic, p) for topic, spec in topics.items() for p in range(int(spec["partitions"]))]
     counts = {str(tp): 0 for tp in tps}
     ends: dict[Any, int | None] = dict.fromkeys(tps)
+    positions: dict[Any, int | None] = dict.fromkeys(tps)
     left = set(tps)
     writer = HistoryWriter(history_dir / "drain.history")
     try:
@@ -400,8 +432,10 @@ def drain(bootstrap: str, topics: dict[str, dict[str, Any]], history_dir: Path, 
             while left and time.monotonic() < deadline:
                 if time.monotonic() - asked_at > 5.0:  # high watermarks not known yet, at most every 5 s
                     asked_at = time.monotonic()
-                    _ask_ends(consumer, ends, left)
-                    left -= {tp for tp in left if ends[tp] is not None and ends[tp] == 0}
+                    _ask_ends(consumer, ends, left, deadline)
+                left -= _reached(consumer, ends, positions, left)
+                if not left:
+                    break
                 try:
                     batches = consumer.poll(500)
                 except Exception as e:  # a partition still moving: try again until the deadline
@@ -412,23 +446,47 @@ def drain(bootstrap: str, topics: dict[str, dict[str, Any]], history_dir: Path, 
                     for record in records:
                         writer.poll("drain", tp.topic, tp.partition, record.offset, _text(record.value))
                     counts[str(tp)] += len(records)
-                    end = ends.get(tp)
-                    if records and end is not None and records[-1].offset + 1 >= end:
-                        left.discard(tp)
+                    if records:
+                        positions[tp] = max(positions[tp] or 0, records[-1].offset + 1)
+                left -= _reached(consumer, ends, positions, left)
     except Exception:  # the consumer itself failed: what was read is in the history
         logger.exception("drain: the consumer failed")
     finally:
         writer.close()
+    result = DrainResult(counts, ends, positions, set(tps) - left)
     if left:
         logger.warning("drain: %d partitions not read to their end within %.0f s: %s", len(left), timeout_s,
-                       ", ".join(f"{tp} (end {ends[tp]})" for tp in sorted(left)))
-    return counts
+                       "; ".join(result.incomplete()))
+    return result
 
 
-def _ask_ends(consumer: Any, ends: dict[Any, int | None], left: set[Any]) -> None:
+def _reached(consumer: Any, ends: dict[Any, int | None], positions: dict[Any, int | None],
+             left: set[Any]) -> set[Any]:
+    """The partitions of ``left`` whose end is known and whose position has reached it (the
+    position also counts records fetched before the end was known); ``positions`` updated."""
+    done = set()
+    for tp in left:
+        end = ends[tp]
+        if end is None:
+            continue
+        position = positions[tp] or 0
+        try:
+            position = max(position, consumer.position(tp))
+        except Exception as e:  # not settled yet: the records read decide
+            logger.debug("drain: position of %s: %r", tp, e)
+        positions[tp] = position
+        if position >= end:
+            done.add(tp)
+    return done
+
+
+def _ask_ends(consumer: Any, ends: dict[Any, int | None], left: set[Any], deadline: float) -> None:
     """Fill in the end offsets of the partitions in ``left`` not known yet, one partition at a
-    time (one that does not answer costs its own timeout, not the others' ends)."""
+    time (one that does not answer costs its own timeout, not the others' ends), none once
+    ``deadline`` (monotonic) has passed."""
     for tp in sorted(tp for tp in left if ends[tp] is None):
+        if time.monotonic() >= deadline:
+            return
         try:
             ends[tp] = consumer.end_offsets([tp])[tp]
         except Exception as e:  # asked again later
