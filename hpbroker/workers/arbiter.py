@@ -751,7 +751,7 @@ class Arbiter:
                        slot.index, body, slot.pid, slot.state.value)
             return
         now = time.monotonic()
-        slot.became_ready(now, time.time())
+        slot.became_ready(now)
         assert self._heartbeats is not None
         self._heartbeats.start(slot.index, now)
         self._publish_slots()

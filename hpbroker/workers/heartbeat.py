@@ -1,5 +1,5 @@
-"""Worker heartbeats: a file per slot whose mtime says "alive" and whose content says what the
-worker serves.
+"""Worker heartbeats: a file per slot whose every change says "alive" and whose content says what
+the worker serves.
 
 ``<run_dir>/worker-<slot>.json``, replaced atomically (write ``worker-<slot>.json.tmp``, one name
 per slot so that a worker killed while writing leaves nothing its successor does not replace,
@@ -16,17 +16,22 @@ A partition of a replicated topic (``hpbroker.workers.replication``) adds its ro
 ``"log_end_offset"`` (its own flushed end); its ``high_watermark`` is the replicated high
 watermark (on a follower, the leader's as last heard, capped by its own flushed end).
 
-The arbiter reads it to decide liveness (the file's age) and to answer metadata requests with each
-partition's offsets (at most one heartbeat old).
+``time_ms`` is the worker's wall clock when it wrote: informational (logs, tools), never
+compared with another clock by the broker.
+
+The arbiter watches the file for liveness (``hpbroker.workers.liveness``: it notes, on its
+monotonic clock, when the file last *changed*; it never compares the file's times with its wall
+clock, so a wall-clock step neither ages nor freshens a heartbeat) and reads its content to
+answer metadata requests with each partition's offsets (at most one heartbeat old).
 
 Liveness never needs free space.  When the content cannot be written (the run directory, by
 default ``<data_dir>/.run``, shares the data's filesystem, and a full disk makes the write fail
 with ``ENOSPC``), the worker removes its partial ``.tmp`` (giving back what it took) and only
 refreshes the file's mtime with ``utime``, which allocates nothing, creating the file empty if it
-is missing (an inode, no data block).  The arbiter, which looks only at the mtime, still sees a
-live worker; metadata shows that worker's offsets as of its last complete write (none, for an
-empty file) until writing works again.  A worker that is really stuck touches nothing and is
-aborted as before.  When the broker serves metrics, the worker writes
+is missing (an inode, no data block).  The arbiter, which looks only at whether the file changed
+(its mtime did), still sees a live worker; metadata shows that worker's offsets as of its last
+complete write (none, for an empty file) until writing works again.  A worker that is really
+stuck touches nothing and is aborted as before.  When the broker serves metrics, the worker writes
 its measurements at the same moment to a sibling file (``hpbroker.workers.stats``), so that this
 one stays small for the metadata path.
 """
@@ -76,11 +81,15 @@ def touch(path: str) -> None:
 
 
 def read_heartbeat(run_dir: str, slot: int) -> tuple[float, dict[str, Any] | None]:
-    """(age in seconds, content) of the slot's heartbeat; (inf, None) if there is none yet.
-    Content that does not parse reads as None with its age still valid."""
+    """(wall-clock age in seconds, content) of the slot's heartbeat; (inf, None) if there is none
+    yet.  Content that does not parse reads as None with its age still valid.
+
+    The age is ``time.time()`` minus the file's mtime, at least 0: informational (tests, tools),
+    wrong by the size of any wall-clock step since the last write.  Liveness is not judged by it
+    (``hpbroker.workers.liveness`` watches for changes on the monotonic clock)."""
     path = heartbeat_path(run_dir, slot)
     try:
-        age = time.time() - os.stat(path).st_mtime
+        age = max(0.0, time.time() - os.stat(path).st_mtime)
     except OSError:
         return float("inf"), None
     try:

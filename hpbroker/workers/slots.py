@@ -58,15 +58,14 @@ class SlotState(enum.Enum):
 
 @dataclass(slots=True)
 class Slot:
-    """One slot and its current process.  Times are ``time.monotonic()`` seconds except
-    ``ready_wall``, which is ``time.time()`` to compare with heartbeat file mtimes."""
+    """One slot and its current process.  Times are ``time.monotonic()`` seconds (a wall-clock
+    step moves none of them; liveness is ``hpbroker.workers.liveness``'s, on the same clock)."""
 
     index: int
     state: SlotState = SlotState.DEAD
     pid: int = 0
     forked_at: float = 0.0
     ready_at: float = 0.0
-    ready_wall: float = 0.0
     kill_at: float | None = None  # when to SIGKILL a process that was asked to stop
     deaths: deque[float] = field(default_factory=deque)
     forks: int = 0  # processes forked into the slot since the broker started
@@ -92,12 +91,12 @@ class Slot:
 
     def forked(self, pid: int, now: float) -> None:
         assert not self.alive, f"slot {self.index} forked while {self.state.value}"
-        self.state, self.pid, self.forked_at, self.kill_at, self.ready_at, self.ready_wall = \
-            SlotState.BOOTING, pid, now, None, 0.0, 0.0
+        self.state, self.pid, self.forked_at, self.kill_at, self.ready_at = \
+            SlotState.BOOTING, pid, now, None, 0.0
         self.forks += 1
 
-    def became_ready(self, now: float, wall: float) -> None:
-        self.state, self.ready_at, self.ready_wall = SlotState.SERVING, now, wall
+    def became_ready(self, now: float) -> None:
+        self.state, self.ready_at = SlotState.SERVING, now
 
     def reaped(self, now: float, *, count_death: bool) -> int:
         """Mark the process gone; returns the deaths within the restart window (this one counted

@@ -53,7 +53,7 @@ def test_a_retried_slot_serves_at_once_and_settles_after_serving_long_enough():
     assert "crash-looping (failed to boot (exit status 3)); it is retried in 0.5 s" in slot.condition(0.5)
     slot.forked(42, 1.0)
     assert slot.crash_looping and "retried now" in slot.condition(1.0)
-    slot.became_ready(2.0, time.time())
+    slot.became_ready(2.0)
     assert slot.serving and not slot.crash_looping and slot.backoff_s == 1.0
     assert not slot.settled(2.0 + BACKOFF_RESET_S - 0.1), "still on probation"
     assert slot.settled(2.0 + BACKOFF_RESET_S) and slot.backoff_s == 0 and slot.condition(99.0) == "serving"
