@@ -206,6 +206,13 @@ class ClusterMetadata:
             return answer
         raise none_answered(failures, what)
 
+    def move_on(self, error: HPBrokerError) -> None:
+        """The broker asked did not answer another request (``error``): move to the next
+        address that answers a metadata request (remembering its answer), as :meth:`request`
+        does; :func:`none_answered` when none does."""
+        self.update(self.fail_over(error, lambda other: _ask(other, [], self._timeout_s),
+                                   "a metadata request"))
+
     def candidates(self, tried: set[BrokerAddress]) -> list[BrokerAddress]:
         """Where to ask next, but ``tried``: the brokers the last metadata named (sorted), then
         the bootstrap addresses from the one after the broker asked now, each once."""

@@ -431,6 +431,7 @@ class _Sender(AppendedLookup, IdempotentSending):
         self._poller = zmq.Poller()
         self.links: BrokerLinks | None = None
         self.metadata: ClusterMetadata | None = None
+        self._moved_after: BaseException | None = None  # the InitProducerId failure last moved after
         self._monitoring: MonitoringPublisher | None = None
         self._monitoring_due_s = math.inf
         if config.audit_topic is not None:
@@ -540,6 +541,20 @@ class _Sender(AppendedLookup, IdempotentSending):
         """The bootstrap link's connection, the broker asked for metadata and producer ids: the
         first bootstrap address until it stops answering (then the one the metadata moved to)."""
         return None if self.links is None else self.links.bootstrap.connection
+
+    def _identity_ready(self, now: float) -> bool:
+        """:meth:`IdempotentSending._identity_ready`; when the bootstrap broker did not answer
+        the InitProducerId, the metadata moves to the next broker that answers, asked next."""
+        ready = super()._identity_ready(now)
+        error = self.identity.last_error
+        if not ready and isinstance(error, BrokerNotAvailableError | RequestTimedOutError) \
+                and error is not self._moved_after:
+            self._moved_after = error
+            try:
+                self.metadata.move_on(error)
+            except HPBrokerError as e:
+                logger.warning("[producer %s] no other broker answers either: %s", self._producer.name, e)
+        return ready
 
     def _close(self) -> None:
         if self.links is not None:

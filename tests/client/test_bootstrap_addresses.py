@@ -9,9 +9,11 @@ import time
 
 import pytest
 from harness import free_ports
+from standins import StandInFrontEnd
 
+from hpbroker import protocol
 from hpbroker.client import Admin, Consumer, Producer, TopicPartition
-from hpbroker.errors import BrokerNotAvailableError
+from hpbroker.errors import BrokerNotAvailableError, CoordinationError
 
 
 def dead_addresses(count: int) -> list[str]:
@@ -96,3 +98,24 @@ def test_a_consumer_names_every_address_when_none_answers():
             while time.monotonic() < deadline:
                 consumer.poll(200)
     assert all(address in str(raised.value) for address in addresses), raised.value
+
+
+def test_an_idempotent_producer_asks_the_next_broker_for_its_id_when_the_bootstrap_broker_stops_answering(
+        bootstrap, connection, topic_name, stand_ins):
+    """The first address answers metadata (relaying the real broker's) but not InitProducerId:
+    the producer moves to the broker its metadata named, takes its id there and delivers."""
+    create(bootstrap, topic_name, 1)
+
+    def first(header, request):
+        if isinstance(request, protocol.InitProducerIdRequest):
+            time.sleep(3)  # past the producer's control timeout (request_timeout_ms 2000)
+            return protocol.InitProducerIdResponse(), CoordinationError.code, "late", 0
+        answer = connection.wait_for(connection.send(request, version=header.api_version), 10)
+        return answer.body, answer.header.error_code, answer.header.error_message
+
+    relay = stand_ins(StandInFrontEnd, first)
+    settings = {"audit_topic": None, "request_timeout_ms": 2000, "delivery_timeout_ms": 20_000}
+    with Producer(f"127.0.0.1:{relay.port},{bootstrap}", **settings) as producer:
+        metadata = producer.send_future(topic_name, b"v").result(30)
+    assert metadata.offset == 0
+    assert len(relay.of_type(protocol.InitProducerIdRequest)) == 1
