@@ -45,9 +45,11 @@ where no ack exists before (after) the fault, its start (end) bounds the gap; a 
 ends at the history's end.  Per nemesis: the p50 (median) and max of those per-(fault, partition)
 gaps, per topic.
 
-Attribution to a nemesis (the per-nemesis tables): an event belongs to the fault that started last
-at or before its time (the window of a fault runs from its start to the next fault's start, since
-its effects outlast the heal), or to ``none`` before the first fault.  The time of an acknowledged
+Attribution to a nemesis (the per-nemesis tables): the faults of a mixed step (``mixed``, e.g.
+``kill+split``, set on both) count under that name, not under either nemesis alone, as do their
+unavailability gaps.  An event belongs to the fault that started last at or before its time
+(the window of a fault runs from its start to the next fault's start, since its effects outlast
+the heal), or to ``none`` before the first fault.  The time of an acknowledged
 record is its first ack; of a lost-write or unseen value, its first ack; of a duplicate value, its
 first ack, else its first read; of an inconsistent position, its first observation; of a poll
 anomaly, the later poll; of a phantom, its first read.
@@ -163,6 +165,11 @@ def normalize_acks(acks: Any) -> str:
 
 def _fault_field(fault: Any, name: str) -> Any:
     return fault.get(name) if isinstance(fault, dict) else getattr(fault, name, None)
+
+
+def _attributed(fault: Any) -> str:
+    """The name a fault's effects are counted under: its mixed step's, else its nemesis's."""
+    return str(_fault_field(fault, "mixed") or _fault_field(fault, "nemesis"))
 
 
 def check(history: History, topics: dict[str, dict], faults: list[Any],
@@ -483,12 +490,13 @@ def _unavailability(history: History, topics: dict[str, TopicResult], faults: li
     for fault in faults:
         nemesis = str(_fault_field(fault, "nemesis"))
         start, end = float(_fault_field(fault, "start")), _fault_end(fault, end_of_history)
+        key = _attributed(fault)
         fu = FaultUnavailability(nemesis, str(_fault_field(fault, "target") or ""), start,
                                  _fault_field(fault, "end"), str(_fault_field(fault, "detail") or ""))
         for name, per_partition in acks_by_partition.items():
             fu.unavailable_s[name] = {p: round(_gap(times, start, end), 6)
                                       for p, times in per_partition.items()}
-            gaps.setdefault(nemesis, {}).setdefault(name, []).extend(fu.unavailable_s[name].values())
+            gaps.setdefault(key, {}).setdefault(name, []).extend(fu.unavailable_s[name].values())
         out.append(fu)
     return out, gaps
 
@@ -498,7 +506,7 @@ class _Windows:
 
     def __init__(self, faults: list[Any], end_of_history: float | None) -> None:
         self.starts = np.array([float(_fault_field(f, "start")) for f in faults], dtype=np.float64)
-        self.nemesis = [str(_fault_field(f, "nemesis")) for f in faults]
+        self.nemesis = [_attributed(f) for f in faults]
         self.order = list(dict.fromkeys(self.nemesis))
         self.counts: dict[str, dict[str, dict[str, int]]] = {}  # nemesis -> topic -> key -> count
 

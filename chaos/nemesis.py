@@ -46,8 +46,9 @@ A fault's ``start`` is the wall time its injection began, ``end`` the wall time 
 completed (so the interval covers the recovery too); ``target`` names the hosts hit (``b2``,
 ``zk1``; a split ``minority|majority``, e.g. ``b1,zk3|b2,b3,zk1,zk2``).  Every choice comes from
 the ``rng`` given, so a seeded campaign replays the same targets for the same cluster state.
-Faults never overlap (the schedule's promise), so a nemesis may assume every host is reachable
-and every process runs when it injects.
+Steps never overlap (the schedule's promise), and a step heals and waits for the cluster to be
+back at full ISR before the next one starts; the two faults of a mixed step overlap on purpose,
+the second told to ``avoid`` the first one's target, so two faults never hit one broker.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ import os
 import random
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -88,6 +89,13 @@ class Fault:
     pids: list[int] = field(default_factory=list)
     #: what :meth:`Nemesis.verify` saw ("" until verified; "NOT VERIFIED: ..." when it failed)
     evidence: str = ""
+    #: the schedule's step number (1-based; 0 outside a campaign), and the step's name when it
+    #: is mixed (``kill+split``: both faults of the step carry it; the report attributes by it)
+    step: int = 0
+    mixed: str = ""
+    #: seconds from the end of the step's heal until every partition was led with a full ISR
+    #: again (None: not measured, or not back within the bound)
+    recovered_s: float | None = None
 
 
 class NemesisError(RuntimeError):
@@ -103,7 +111,10 @@ class Nemesis:
         """Why this kind cannot hit ``cluster`` (the clock needs a faketime broker), or None."""
         return None
 
-    def inject(self, cluster: ChaosCluster, rng: random.Random, topics: Sequence[str]) -> Fault:
+    def inject(self, cluster: ChaosCluster, rng: random.Random, topics: Sequence[str],
+               avoid: Collection[str] = ()) -> Fault:
+        """One fault; ``avoid``: hosts (``b2``) another fault of a mixed step holds, not to be
+        picked (ignored by the kinds that hit the whole cluster: split, zk-kill)."""
         raise NotImplementedError
 
     def heal(self, cluster: ChaosCluster, fault: Fault) -> None:
@@ -145,15 +156,16 @@ def _broker_of(target: str) -> int:
     return int(target.removeprefix("b"))
 
 
-def _serving_brokers(cluster: ChaosCluster) -> list[int]:
+def _serving_brokers(cluster: ChaosCluster, avoid: Collection[str] = ()) -> list[int]:
     paused = set(cluster.paused())
-    return [b for b in cluster.alive() if b not in paused]
+    return [b for b in cluster.alive() if b not in paused and f"b{b}" not in avoid]
 
 
-def pick_leader(cluster: ChaosCluster, rng: random.Random, topics: Sequence[str]) -> tuple[int, str]:
+def pick_leader(cluster: ChaosCluster, rng: random.Random, topics: Sequence[str],
+                avoid: Collection[str] = ()) -> tuple[int, str]:
     """(broker id, why): the leader of a random partition of a random topic, else (no topic, no
-    answer, no leader) a random running broker."""
-    running = _serving_brokers(cluster)
+    answer, no leader) a random running broker; never one of ``avoid``."""
+    running = _serving_brokers(cluster, avoid)
     if not running:
         raise RuntimeError("no broker is running")
     if topics:
@@ -172,9 +184,10 @@ def pick_leader(cluster: ChaosCluster, rng: random.Random, topics: Sequence[str]
 class Kill(Nemesis):
     name = "kill"
 
-    def inject(self, cluster: ChaosCluster, rng: random.Random, topics: Sequence[str]) -> Fault:
+    def inject(self, cluster: ChaosCluster, rng: random.Random, topics: Sequence[str],
+               avoid: Collection[str] = ()) -> Fault:
         start = time.time()
-        broker_id, why = pick_leader(cluster, rng, topics)
+        broker_id, why = pick_leader(cluster, rng, topics, avoid)
         pids = [cluster.pid(broker_id), *cluster.worker_pids(broker_id)]
         cluster.kill(broker_id)
         return self._fault(f"b{broker_id}", start, f"kill -9 broker {broker_id} ({why}; pids {pids})", pids)
@@ -192,9 +205,10 @@ class Kill(Nemesis):
 class Pause(Nemesis):
     name = "pause"
 
-    def inject(self, cluster: ChaosCluster, rng: random.Random, topics: Sequence[str]) -> Fault:
+    def inject(self, cluster: ChaosCluster, rng: random.Random, topics: Sequence[str],
+               avoid: Collection[str] = ()) -> Fault:
         start = time.time()
-        broker_id, why = pick_leader(cluster, rng, topics)
+        broker_id, why = pick_leader(cluster, rng, topics, avoid)
         cluster.pause(broker_id)
         return self._fault(f"b{broker_id}", start, f"SIGSTOP broker {broker_id} ({why})",
                            cluster.paused_pids(broker_id))
@@ -217,9 +231,10 @@ class Pause(Nemesis):
 class IsolateLeader(Nemesis):
     name = "isolate-leader"
 
-    def inject(self, cluster: ChaosCluster, rng: random.Random, topics: Sequence[str]) -> Fault:
+    def inject(self, cluster: ChaosCluster, rng: random.Random, topics: Sequence[str],
+               avoid: Collection[str] = ()) -> Fault:
         start = time.time()
-        broker_id, why = pick_leader(cluster, rng, topics)
+        broker_id, why = pick_leader(cluster, rng, topics, avoid)
         cluster.network.cut(f"b{broker_id}")
         return self._fault(f"b{broker_id}", start, f"link of broker {broker_id} down ({why})")
 
@@ -238,7 +253,8 @@ class IsolateLeader(Nemesis):
 class Split(Nemesis):
     name = "split"
 
-    def inject(self, cluster: ChaosCluster, rng: random.Random, topics: Sequence[str]) -> Fault:
+    def inject(self, cluster: ChaosCluster, rng: random.Random, topics: Sequence[str],
+               avoid: Collection[str] = ()) -> Fault:
         start = time.time()
         brokers = [f"b{b}" for b in cluster.broker_ids]
         assert cluster.ensemble is not None
@@ -267,7 +283,8 @@ class Split(Nemesis):
 class ZkKill(Nemesis):
     name = "zk-kill"
 
-    def inject(self, cluster: ChaosCluster, rng: random.Random, topics: Sequence[str]) -> Fault:
+    def inject(self, cluster: ChaosCluster, rng: random.Random, topics: Sequence[str],
+               avoid: Collection[str] = ()) -> Fault:
         start = time.time()
         assert cluster.ensemble is not None
         server = rng.choice(cluster.ensemble.alive())
@@ -292,9 +309,10 @@ class ZkKill(Nemesis):
 class WorkerKill(Nemesis):
     name = "worker-kill"
 
-    def inject(self, cluster: ChaosCluster, rng: random.Random, topics: Sequence[str]) -> Fault:
+    def inject(self, cluster: ChaosCluster, rng: random.Random, topics: Sequence[str],
+               avoid: Collection[str] = ()) -> Fault:
         start = time.time()
-        brokers = [b for b in _serving_brokers(cluster) if cluster.worker_pids(b)]
+        brokers = [b for b in _serving_brokers(cluster, avoid) if cluster.worker_pids(b)]
         if not brokers:
             raise RuntimeError("no running broker has a worker")
         broker_id = rng.choice(brokers)
@@ -321,13 +339,16 @@ class ClockJump(Nemesis):
             return "the cluster has no faketime broker (ChaosCluster(faketime_broker=...))"
         return None
 
-    def inject(self, cluster: ChaosCluster, rng: random.Random, topics: Sequence[str]) -> Fault:
+    def inject(self, cluster: ChaosCluster, rng: random.Random, topics: Sequence[str],
+               avoid: Collection[str] = ()) -> Fault:
         reason = self.unavailable(cluster)
         if reason is not None:
             raise RuntimeError(f"clock: {reason}")
         start = time.time()
         broker_id = cluster.faketime_broker
         assert broker_id is not None
+        if f"b{broker_id}" in avoid or broker_id not in _serving_brokers(cluster):
+            raise NemesisError(f"clock: the faketime broker {broker_id} is held by another fault")
         offset = round(rng.choice((-1, 1)) * rng.uniform(*CLOCK_JUMP_S))
         cluster.set_clock_offset(broker_id, offset)
         return self._fault(f"b{broker_id}", start, f"wall clock of broker {broker_id} {offset:+d} s")
@@ -361,9 +382,10 @@ class ClockJump(Nemesis):
 class DiskFull(Nemesis):
     name = "disk-full"
 
-    def inject(self, cluster: ChaosCluster, rng: random.Random, topics: Sequence[str]) -> Fault:
+    def inject(self, cluster: ChaosCluster, rng: random.Random, topics: Sequence[str],
+               avoid: Collection[str] = ()) -> Fault:
         start = time.time()
-        broker_id = rng.choice(_serving_brokers(cluster))
+        broker_id = rng.choice(_serving_brokers(cluster, avoid))
         filled = cluster.fill_disk(broker_id)
         return self._fault(f"b{broker_id}", start,
                            f"data disk of broker {broker_id} filled ({filled} bytes of filler)")

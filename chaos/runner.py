@@ -53,6 +53,7 @@ __all__ = ["CampaignOptions", "FULL", "NEMESES", "SHORT", "replay_command", "run
 logger = logging.getLogger(__name__)
 
 _SETTLE_TIMEOUT_S = 180.0  # after the faults: every partition led, its ISR full
+_RECOVERY_TIMEOUT_S = 120.0  # after each step's heal: the same, before the next step
 _DRAIN_TIMEOUT_S = 180.0
 _PLANTED_BUG = "HPBROKER_UNSAFE_ACK_BEFORE_REPLICATION"  # test-only: brokers inherit it
 _CATCH_UP_S = 10.0  # the group's last chance to read what the producers settled before it stops
@@ -302,12 +303,20 @@ def _verify(nemesis: Nemesis, cluster: ChaosCluster, fault: Fault, problems: lis
         print(f"chaos: {fault.nemesis} on {fault.target}: {fault.evidence}", flush=True)
 
 
+#: healed first in a mixed step: the other heals (a broker started again) need the network
+_NETWORK_NEMESES = ("split", "isolate-leader")
+
+
 def _run_schedule(cluster: ChaosCluster, steps: list[Step], topics: dict[str, dict[str, Any]], seed: int,
                   faults_path: Path, pause_s: float, faults: list[Fault], problems: list[str]) -> None:
-    """Each step at its time, or ``pause_s`` after the previous heal when that ran late: inject,
-    hold, heal.  The fault in progress when this is interrupted is healed and written too."""
-    rng = random.Random(seed)
-    nemeses: dict[str, Nemesis] = {name: NEMESES[name]() for name in dict.fromkeys(s.nemesis for s in steps)}
+    """Each step at its time, or ``pause_s`` after the previous step recovered when that ran
+    late: inject (and verify), hold, heal, then wait until every partition is led with a full
+    ISR again (bounded; the time is the faults' ``recovered_s``) so that one step's effects do
+    not run into the next one's unreported.  A mixed step injects its second nemesis a third of
+    the hold in, away from the first one's target, and heals both together.  The faults in
+    progress when this is interrupted are healed and written too."""
+    rng = random.Random(f"{seed}/targets")  # not the schedule's stream
+    nemeses: dict[str, Nemesis] = {name: NEMESES[name]() for s in steps for name in s.nemeses}
     started = time.monotonic()
     not_before = started
     with faults_path.open("a") as written:
@@ -315,21 +324,62 @@ def _run_schedule(cluster: ChaosCluster, steps: list[Step], topics: dict[str, di
             wait_s = max(started + step.at_s, not_before) - time.monotonic()
             if wait_s > 0:
                 time.sleep(wait_s)
-            nemesis = nemeses[step.nemesis]
-            fault = nemesis.inject(cluster, rng, list(topics))
-            print(f"chaos: [{number}/{len(steps)}] t={time.monotonic() - started:6.1f} s  {fault.nemesis} "
-                  f"{fault.target}: {fault.detail} (hold {step.hold_s:.1f} s)", flush=True)
+            held: list[Fault] = []
             try:
-                _verify(nemesis, cluster, fault, problems)
-                time.sleep(step.hold_s)
+                for k, name in enumerate(step.nemeses):
+                    if k:
+                        time.sleep(step.hold_s / 3)
+                    fault = nemeses[name].inject(cluster, rng, list(topics), avoid={f.target for f in held})
+                    fault.step, fault.mixed = number, step.name if step.mixed else ""
+                    held.append(fault)
+                    print(f"chaos: [{number}/{len(steps)}] t={time.monotonic() - started:6.1f} s  "
+                          f"{fault.nemesis} {fault.target}: {fault.detail} (step {step.name}, hold "
+                          f"{step.hold_s:.1f} s)", flush=True)
+                    _verify(nemeses[name], cluster, fault, problems)
+                time.sleep(step.hold_s * (2 / 3 if step.mixed else 1))
             finally:
                 try:
-                    nemesis.heal(cluster, fault)
-                finally:  # a heal that raised leaves the fault unhealed (end None), and says so
-                    faults.append(fault)
-                    written.write(json.dumps(dataclasses.asdict(fault)) + "\n")
+                    _heal_step(cluster, nemeses, held)
+                    if held and all(f.healed for f in held):
+                        _recover(cluster, topics, held, problems)
+                finally:  # a heal that raised leaves its fault unhealed (end None), and says so
+                    for fault in held:
+                        faults.append(fault)
+                        written.write(json.dumps(dataclasses.asdict(fault)) + "\n")
                     written.flush()
                     not_before = time.monotonic() + pause_s
+
+
+def _heal_step(cluster: ChaosCluster, nemeses: dict[str, Nemesis], held: list[Fault]) -> None:
+    """Heal a step's faults, the network's first, then in the order they were injected; every
+    one is tried, and the first error raised afterwards."""
+    error: BaseException | None = None
+    for fault in sorted(held, key=lambda f: f.nemesis not in _NETWORK_NEMESES):
+        try:
+            nemeses[fault.nemesis].heal(cluster, fault)
+        except Exception as e:  # the step's other faults are still healed
+            logger.exception("healing %s on %s failed", fault.nemesis, fault.target)
+            error = error or e
+    if error is not None:
+        raise error
+
+
+def _recover(cluster: ChaosCluster, topics: dict[str, dict[str, Any]], held: list[Fault],
+             problems: list[str]) -> None:
+    """Wait (at most :data:`_RECOVERY_TIMEOUT_S`) until every partition is led with a full ISR;
+    the seconds it took go to each fault's ``recovered_s``; a timeout is a problem."""
+    try:
+        took_s = cluster.wait_in_sync(list(topics), _RECOVERY_TIMEOUT_S)
+    except RuntimeError as e:
+        what = " + ".join(f"{f.nemesis} on {f.target}" for f in held)
+        logger.warning("after %s: %s", what, e)
+        problems.append(f"after {what}: {str(e).splitlines()[0][:300]}")
+        print(f"chaos: after {what}: partitions not back to a full ISR within {_RECOVERY_TIMEOUT_S:.0f} s",
+              flush=True)
+        return
+    for fault in held:
+        fault.recovered_s = round(took_s, 3)
+    logger.info("step %d: full ISR %.1f s after the heal", held[0].step, took_s)
 
 
 def heal_everything(cluster: ChaosCluster) -> None:

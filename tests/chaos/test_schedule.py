@@ -1,5 +1,5 @@
 """The seeded fault schedule: the same seed gives the same steps, every nemesis comes first in a
-round-robin pass, faults never overlap and all fit the duration."""
+round-robin pass, alone, then some steps mix two; steps never overlap and all fit the duration."""
 
 from __future__ import annotations
 
@@ -57,8 +57,34 @@ def test_bad_arguments_are_refused_with_the_reason():
 
 
 def test_the_printed_schedule_lists_each_step_and_the_count_per_nemesis():
-    text = format_schedule([Step(1.5, "kill", 8.0), Step(20.25, "split", 9.5), Step(40.0, "kill", 5.0)])
+    text = format_schedule([Step(1.5, "kill", 8.0), Step(20.25, "split", 9.5),
+                            Step(40.0, "kill", 6.0, "pause")])
     lines = text.splitlines()
     assert lines[0].split() == ["#1", "at", "1.5", "s", "kill", "hold", "8.0", "s"]
     assert lines[1].split()[:5] == ["#2", "at", "20.2", "s", "split"]
-    assert lines[-1] == "3 faults: kill 2, split 1"
+    assert lines[2].split() == ["#3", "at", "40.0", "s", "kill+pause", "hold", "6.0", "s", "(mixed:", "pause",
+                                "from", "+2.0", "s)"]
+    assert lines[-1] == "4 faults in 3 steps (1 mixed): kill 2, split 1, pause 1"
+
+
+def test_after_the_first_pass_alone_some_steps_mix_two_different_nemeses():
+    for seed in range(20):
+        steps = _schedule(seed)
+        assert all(s.mixed is None for s in steps[:len(NAMES)])
+        assert steps[len(NAMES)].mixed is not None  # the first step after the first pass
+        mixed = [s for s in steps if s.mixed is not None]
+        assert all(s.mixed != s.nemesis and s.mixed != "clock" for s in mixed)
+        assert 0.1 < len(mixed) / len(steps) < 0.5
+
+
+@pytest.mark.parametrize("seed", range(50))
+def test_the_short_preset_runs_every_nemesis_alone_and_one_mixed_step_whatever_the_seed(seed):
+    """Its worst case: the first pass at the longest gaps and holds, then a mixed step."""
+    from chaos.runner import SHORT
+
+    steps = make_schedule(seed, SHORT.duration_s, list(SHORT.nemeses), mean_gap_s=SHORT.mean_gap_s,
+                          hold_range_s=SHORT.hold_range_s)
+    assert [s.nemesis for s in steps[:len(NAMES)]] == NAMES
+    assert any(s.mixed is not None for s in steps)
+    worst = (len(NAMES) + 1) * (1.5 * SHORT.mean_gap_s + SHORT.hold_range_s[1])
+    assert worst <= SHORT.duration_s
