@@ -202,14 +202,18 @@ def _faults_section(result: Result, faults: list[Any]) -> list[str]:
     rows = []
     for i, fault in enumerate(sorted(faults, key=lambda f: float(_get(f, "start"))), 1):
         start, end = float(_get(fault, "start")), _get(fault, "end")
-        rows.append([i, _get(fault, "nemesis"), f"`{_get(fault, 'target')}`", f"{start - origin:.1f}",
-                     "not healed" if end is None else f"{float(end) - start:.1f}",
-                     _get(fault, "detail") or "",
+        recovered = _get(fault, "recovered_s")
+        healed = end is not None and _get(fault, "healed") is not False
+        rows.append([i, _get(fault, "mixed") or _get(fault, "nemesis"), _get(fault, "nemesis"),
+                     f"`{_get(fault, 'target')}`", f"{start - origin:.1f}",
+                     f"{float(end) - start:.1f}" if healed else "not healed",
+                     "-" if recovered is None else f"{float(recovered):.1f}",
+                     _get(fault, "detail") or "", _get(fault, "evidence") or "-",
                      _seconds(worst.get((_get(fault, "nemesis"), start)))])
     if not rows:
         return ["## Faults", "", "none", ""]
-    return ["## Faults", ""] + _table(["#", "nemesis", "target", "at s", "held s", "detail",
-                                       "longest unavailability s"], rows)
+    return ["## Faults", ""] + _table(["#", "step", "nemesis", "target", "at s", "held s", "full ISR after s",
+                                       "detail", "verified", "longest unavailability s"], rows)
 
 
 def _origin(result: Result, faults: list[Any]) -> float:

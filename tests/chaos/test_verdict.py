@@ -105,6 +105,18 @@ def test_the_report_states_the_verdict_and_its_problems(tmp_path):
     assert doc["ok"]["all"] is False and doc["verdict"]["exit_status"] == 3
 
 
+def test_the_faults_table_says_a_failed_heal_and_the_evidence_and_recovery(tmp_path):
+    (tmp_path / "h").mkdir()
+    result = check(read_histories(tmp_path / "h"), TOPICS, [], {})
+    faults = [Fault("kill", "b2", 10.0, 14.0, "kill -9", True, [7], "pids [7] gone", 1, "", 2.5),
+              Fault("disk-full", "b1", 20.0, None, "filled", False, [], "NOT VERIFIED: 9 bytes free", 2)]
+    write_report(result, faults, {"seed": 1}, tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    assert "| kill | kill | `b2` | 0.0 | 4.0 | 2.5 | kill -9 | pids [7] gone |" in text
+    assert ("| disk-full | disk-full | `b1` | 10.0 | not healed | - | filled | NOT VERIFIED: 9 bytes free |"
+            in text)
+
+
 def test_an_empty_campaign_exits_inconclusive(tmp_path, monkeypatch, capsys):
     """The command line itself refuses to call a campaign that did nothing a success."""
     def nothing_happened(options, seed, steps, topics, out, faults, drained):
