@@ -72,6 +72,7 @@ logger = logging.getLogger(__name__)
 
 CLOCK_JUMP_S = (60.0, 3600.0)  # |offset| of a clock jump, seconds
 _SERVING_TIMEOUT_S = 120.0  # a restarted broker on two busy cores can take a while
+_SIGNAL_TAKES_S = 5.0  # how long a signalled process may take to show its new state
 
 
 @dataclass
@@ -214,10 +215,16 @@ class Pause(Nemesis):
                            cluster.paused_pids(broker_id))
 
     def _verify(self, cluster: ChaosCluster, fault: Fault) -> str:
-        states = {pid: process_state(pid) for pid in fault.pids}
-        if not states or any(state not in ("T", "t") for state in states.values()):
-            raise NemesisError(f"not every pid stopped: states {states or '(no pid recorded)'}")
-        return f"pids {fault.pids} in state T"
+        # a process running on another core acts on SIGSTOP when next scheduled: give it a moment
+        deadline = time.monotonic() + _SIGNAL_TAKES_S
+        while True:
+            states = {pid: process_state(pid) for pid in fault.pids}
+            if states and all(state in ("T", "t") for state in states.values()):
+                return f"pids {fault.pids} in state T"
+            if not states or time.monotonic() > deadline:
+                raise NemesisError(f"not every pid stopped {_SIGNAL_TAKES_S:g} s after SIGSTOP: states "
+                                   f"{states or '(no pid recorded)'}")
+            time.sleep(0.01)
 
     def heal(self, cluster: ChaosCluster, fault: Fault) -> None:
         # Longer than the session timeout, whatever the hold: its ZooKeeper session must expire.

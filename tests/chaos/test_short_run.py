@@ -1,8 +1,10 @@
 """The short chaos campaign (``python -m chaos --short``, about three minutes): every nemesis at
-least once against a real cluster in network namespaces, then the check.  It must exit 0 (no
-lost-write, unseen, inconsistent-offsets or poll-skip on the acks=all topic) and leave its
-report, its faults and its histories behind.  Skipped, with the machine's exact refusal, where
-namespaces, tmpfs, ZooKeeper or libfaketime are not available."""
+least once alone and one mixed step, against a real cluster in network namespaces, then the
+check.  It must exit 0 (verdict OK: no lost-write, unseen, inconsistent-offsets or poll-skip on
+the acks=all topic, every fault verified and healed, the cluster back to full ISR after each
+step, the drain complete) and leave its report, its faults and its histories behind.  Skipped,
+with the machine's exact refusal, where namespaces, nftables, tmpfs, ZooKeeper or libfaketime
+are not available."""
 
 from __future__ import annotations
 
@@ -55,8 +57,16 @@ def test_the_short_campaign_hits_every_nemesis_and_finds_no_acks_all_anomaly(tmp
         assert (out / name).is_file(), f"{name} missing\n{shown}"
     faults = [json.loads(line) for line in (out / "faults.jsonl").read_text().splitlines()]
     assert {fault["nemesis"] for fault in faults} == set(NEMESES), shown
-    assert all(fault["end"] is not None and fault["end"] >= fault["start"] for fault in faults)
+    assert all(fault["healed"] and fault["end"] >= fault["start"] for fault in faults), shown
+    # every fault took effect, and the cluster was back to full ISR after each step
+    assert all(fault["evidence"] and not fault["evidence"].startswith("NOT") for fault in faults), faults
+    assert all(fault["recovered_s"] is not None for fault in faults), faults
+    assert any(fault["mixed"] for fault in faults), "no mixed step ran"
     report = json.loads((out / "report.json").read_text())
+    assert report["verdict"]["verdict"] == "OK" and report["verdict"]["problems"] == [], shown
+    # the final drain read every partition to its end: it, not the group, decided every loss
+    assert all(topic["drained"] == list(range(topic["partitions"]))
+               for topic in report["result"]["topics"].values()), report["result"]["topics"]
     acks_all = [topic for topic in report["result"]["topics"].values() if topic["acks"] == "all"]
     assert acks_all and all(topic["verified"] > 0 for topic in acks_all), shown
     assert sorted(p.name for p in (out / "history").iterdir())[0] == "c-chaos-all-0.history"
