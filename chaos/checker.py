@@ -32,11 +32,16 @@ Anomalies (each counted, with up to :data:`MAX_EXAMPLES` examples):
   one partition with no ``assign`` line between them where the offset did not increase.
 - ``poll-skip``: the same successive pair jumps from offset a to b > a + 1 while some record at an
   offset in (a, b) of that partition was observed by anyone.
+- ``group-skip``: the consumer group as a whole skipped a record: in a partition the drain read
+  completely, an offset the drain read, below the highest offset any group member polled, that
+  no member ever polled (at-least-once broken across members: a group that commits past what it
+  handed out makes the next owner start beyond unread records; per-consumer poll-skip cannot see
+  it, since an ``assign`` separates the two owners).
 - ``phantom``: a value read but never invoked by any producer (corruption, or a record the log
   invented).  Reported, not part of :meth:`Result.ok`.
 
 ``Result.ok(acks)`` holds when no topic of that acks level has a lost-write, unseen,
-inconsistent-offsets or poll-skip (:data:`FATAL_KINDS`).  Anomalies of the other acks levels are
+inconsistent-offsets, poll-skip or group-skip (:data:`FATAL_KINDS`).  Anomalies of the other acks levels are
 counted and reported just the same; they only do not decide ``ok``.
 
 Unavailability: for each fault and each partition of each topic, the longest gap between
@@ -72,9 +77,9 @@ __all__ = ["ANOMALY_KINDS", "FATAL_KINDS", "MAX_EXAMPLES", "Anomaly", "FaultUnav
            "NemesisResult", "Result", "TopicResult", "check", "normalize_acks"]
 
 ANOMALY_KINDS = ("lost-write", "unseen", "duplicate", "inconsistent-offsets", "nonmonotonic-poll",
-                 "poll-skip", "phantom")
+                 "poll-skip", "group-skip", "phantom")
 #: the kinds that make :meth:`Result.ok` false for the acks level asked
-FATAL_KINDS = ("lost-write", "unseen", "inconsistent-offsets", "poll-skip")
+FATAL_KINDS = ("lost-write", "unseen", "inconsistent-offsets", "poll-skip", "group-skip")
 MAX_EXAMPLES = 10
 NO_FAULT = "none"
 DRAIN_CLIENT = "drain"  #: the client name of the final reader
@@ -276,6 +281,7 @@ def _check_topic(th: TopicHistory, history: History, acks: str, partitions: int,
     seen = _Seen(pair_pos, pair_v, pos_p, pos_o, _first_time(pos_id, obs_t, n_pos))
     _positions(r, events, th, history, seen, first_ack, first_read)
     _polls(r, events, th, history, pos_p, pos_o)
+    _group_skips(r, events, th, history, final, first_ack)
     phantom = np.flatnonzero(read_mask & ((flags & INVOKED) == 0))
     examples = [f"{th.values[v]!r} read at {th.topic}/{_where(th, v)}, never invoked"
                 for v in phantom[:MAX_EXAMPLES]]
@@ -454,6 +460,27 @@ def _polls(r: TopicResult, events: _Events, th: TopicHistory, history: History, 
                 for i, n, f in zip(rows[:MAX_EXAMPLES], skipped[skips][:MAX_EXAMPLES],
                                    first_skipped[skips][:MAX_EXAMPLES], strict=True)]
     _record(r, events, "poll-skip", pt[1:][rows], examples, len(rows))
+
+
+def _group_skips(r: TopicResult, events: _Events, th: TopicHistory, history: History, final: _Final,
+                 first_ack: np.ndarray) -> None:
+    """group-skip: offsets of completely drained partitions the drain read below the group's
+    highest poll there, that no group member polled."""
+    ps, pp, po, pv, pt = (_col(th.poll_stream, np.int64), _col(th.poll_partition, np.int64),
+                          _col(th.poll_offset, np.int64), _col(th.poll_value, np.int64),
+                          _col(th.poll_time, np.float64))
+    drains = np.isin(ps, [i for i, name in enumerate(history.streams) if name == DRAIN_CLIENT])
+    group, drained = ~drains, drains & final.decides(pp)
+    stride = int(po.max()) + 2 if len(po) else 1
+    polled = np.unique(pp[group] * stride + po[group])
+    high = _highest_read(pp[group], po[group], pp[drained])  # the group's highest offset in that partition
+    missed = (po[drained] < high) & ~np.isin(pp[drained] * stride + po[drained], polled)
+    rows = np.flatnonzero(drained)[missed]
+    rows = rows[np.unique(pp[rows] * stride + po[rows], return_index=True)[1]]  # one per position
+    times = np.where(np.isfinite(first_ack[pv[rows]]), first_ack[pv[rows]], pt[rows])
+    examples = [f"{th.values[pv[i]]!r} at {th.topic}/{pp[i]}@{po[i]}: read by the drain, never handed to a "
+                f"group member, though the group read that partition further" for i in rows[:MAX_EXAMPLES]]
+    _record(r, events, "group-skip", times, examples, len(rows))
 
 
 # --- faults ------------------------------------------------------------------------------------

@@ -3,8 +3,8 @@
 =================  ======  ==================================================================
 verdict            status  when
 =================  ======  ==================================================================
-``FAILED``         1       the acks=all topics show a lost-write, inconsistent-offsets or
-                           poll-skip (a bug found, whatever else went wrong), or an unseen
+``FAILED``         1       the acks=all topics show a lost-write, inconsistent-offsets,
+                           poll-skip or group-skip (a bug found, whatever else went wrong), or an unseen
                            value while nothing made the run inconclusive
 ``INCONCLUSIVE``   3       no such anomaly, but the run cannot vouch for the cluster: a
                            problem met (a nemesis that could not inject, verify or heal, a
@@ -32,7 +32,7 @@ __all__ = ["EXIT_STATUS", "Verdict", "judge"]
 
 #: the exit status of each verdict
 EXIT_STATUS = {"OK": 0, "FAILED": 1, "INCONCLUSIVE": 3}
-_HARD_KINDS = ("lost-write", "inconsistent-offsets", "poll-skip")
+_HARD_KINDS = ("lost-write", "inconsistent-offsets", "poll-skip", "group-skip")
 
 
 @dataclass

@@ -338,3 +338,18 @@ def test_ten_million_lines_check_in_reasonable_time(tmp_path):  # pragma: no cov
     result = check(read_histories(directory), TOPICS, [])
     print(f"read and checked {4 * n} lines in {time.monotonic() - started:.1f} s")
     assert result.ok("all") and result.topics["all"].verified == n
+
+
+def test_group_skip_is_an_offset_no_member_polled_below_where_the_group_got(tmp_path):
+    """Member c1 reads 0..2, then c2 takes the partition over at 5 (a commit past what c1 was
+    handed): 3 and 4 were never handed to the group, which per-consumer poll-skip cannot see."""
+    records = [(0, o, f"p-{o}") for o in range(8)]
+    files = {"p": _produce("p", "all", records), "c1": _poll("c1", "all", records[:3]),
+             "c2": _poll("c2", "all", records[5:7], t0=150.0),
+             "drain": _poll("drain", "all", records, t0=200.0)}
+    result = _check(tmp_path, files, drained={"all": [0, 1]})
+    assert _counts(result) == {"group-skip": 2}  # 7, beyond the group's highest poll, is no skip
+    assert not result.ok("all")
+    examples = result.topics["all"].anomalies["group-skip"].examples
+    assert "'p-3' at all/0@3" in examples[0] and "'p-4' at all/0@4" in examples[1]
+    assert _counts(_check(tmp_path / "b", files, drained={"all": []})) == {}  # no complete drain: not judged
