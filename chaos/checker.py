@@ -47,8 +47,9 @@ counted and reported just the same; they only do not decide ``ok``.
 Unavailability: for each fault and each partition of each topic, the longest gap between
 consecutive ``ack`` times of that partition among the gaps that overlap [start, end] of the fault;
 where no ack exists before (after) the fault, its start (end) bounds the gap; a fault not healed
-ends at the history's end.  Per nemesis: the p50 (median) and max of those per-(fault, partition)
-gaps, per topic.
+ends at the history's end.  Per nemesis and topic: the p50 (median) and max over its faults of
+each fault's worst partition (a partition the fault did not touch only shows the usual gap
+between two acks, which would pull a median over every partition down to nothing).
 
 Attribution to a nemesis (the per-nemesis tables): the faults of a mixed step (``mixed``, e.g.
 ``kill+split``, set on both) count under that name, not under either nemesis alone, as do their
@@ -523,7 +524,9 @@ def _unavailability(history: History, topics: dict[str, TopicResult], faults: li
         for name, per_partition in acks_by_partition.items():
             fu.unavailable_s[name] = {p: round(_gap(times, start, end), 6)
                                       for p, times in per_partition.items()}
-            gaps.setdefault(key, {}).setdefault(name, []).extend(fu.unavailable_s[name].values())
+            worst = max(fu.unavailable_s[name].values(), default=None)  # the partition it hit hardest
+            if worst is not None:
+                gaps.setdefault(key, {}).setdefault(name, []).append(worst)
         out.append(fu)
     return out, gaps
 
