@@ -42,7 +42,8 @@ effect and returns the evidence (kept in ``Fault.evidence``), or raises :class:`
 ``disk-full``      less than a page free on the broker's data tmpfs
 =================  ==========================================================================
 
-A fault's ``start`` is the wall time its injection began, ``end`` the wall time its healing
+A fault's ``start`` is the wall time its injection began (after any metadata asked to pick
+its target), ``end`` the wall time its healing
 completed (so the interval covers the recovery too); ``target`` names the hosts hit (``b2``,
 ``zk1``; a split ``minority|majority``, e.g. ``b1,zk3|b2,b3,zk1,zk2``).  Every choice comes from
 the ``rng`` given, so a seeded campaign replays the same targets for the same cluster state.
@@ -187,9 +188,9 @@ class Kill(Nemesis):
 
     def inject(self, cluster: ChaosCluster, rng: random.Random, topics: Sequence[str],
                avoid: Collection[str] = ()) -> Fault:
-        start = time.time()
         broker_id, why = pick_leader(cluster, rng, topics, avoid)
         pids = [cluster.pid(broker_id), *cluster.worker_pids(broker_id)]
+        start = time.time()  # after the metadata asked to pick the target: the fault starts here
         cluster.kill(broker_id)
         return self._fault(f"b{broker_id}", start, f"kill -9 broker {broker_id} ({why}; pids {pids})", pids)
 
@@ -208,8 +209,8 @@ class Pause(Nemesis):
 
     def inject(self, cluster: ChaosCluster, rng: random.Random, topics: Sequence[str],
                avoid: Collection[str] = ()) -> Fault:
-        start = time.time()
         broker_id, why = pick_leader(cluster, rng, topics, avoid)
+        start = time.time()
         cluster.pause(broker_id)
         return self._fault(f"b{broker_id}", start, f"SIGSTOP broker {broker_id} ({why})",
                            cluster.paused_pids(broker_id))
@@ -240,8 +241,8 @@ class IsolateLeader(Nemesis):
 
     def inject(self, cluster: ChaosCluster, rng: random.Random, topics: Sequence[str],
                avoid: Collection[str] = ()) -> Fault:
-        start = time.time()
         broker_id, why = pick_leader(cluster, rng, topics, avoid)
+        start = time.time()
         cluster.network.cut(f"b{broker_id}")
         return self._fault(f"b{broker_id}", start, f"link of broker {broker_id} down ({why})")
 

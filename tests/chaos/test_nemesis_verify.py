@@ -83,3 +83,39 @@ def test_a_clock_whose_file_or_process_does_not_say_the_offset_is_not_verified(t
     path.write_text("+120\n")
     with pytest.raises(NemesisError, match="does not run under libfaketime"):
         ClockJump().verify(cluster, fault)  # `sleep` has no LD_PRELOAD
+
+
+class _SlowMetadataCluster:
+    """Answers the leader question slowly, as a loaded broker does; records when the kill came."""
+
+    def __init__(self):
+        self.answered_at = self.killed_at = None
+
+    def alive(self):
+        return [1, 2, 3]
+
+    def paused(self):
+        return []
+
+    def leaders(self, topic):
+        time.sleep(0.5)
+        self.answered_at = time.time()
+        return {0: 2}
+
+    def pid(self, broker_id):
+        return 100 + broker_id
+
+    def worker_pids(self, broker_id):
+        return []
+
+    def kill(self, broker_id):
+        self.killed_at = time.time()
+
+
+def test_a_faults_start_is_its_injection_not_the_metadata_asked_to_pick_its_target():
+    import random
+
+    cluster = _SlowMetadataCluster()
+    fault = Kill().inject(cluster, random.Random(1), ["t"], avoid={"b1"})
+    assert fault.target == "b2" and fault.pids == [102]
+    assert cluster.answered_at <= fault.start <= cluster.killed_at
