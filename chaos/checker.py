@@ -8,8 +8,10 @@ or a ``poll``.  Per topic:
 
 - ``attempted``: invoke lines; ``acknowledged``: distinct values with an ``ack``; ``failed``:
   distinct values with a ``fail`` and no ``ack`` (indeterminate: in the log or not, both fine),
-  ``failed_read`` of them were read; ``read``: distinct positions polled; ``verified``: acknowledged
-  values read at their acknowledged position with the same value.
+  ``failed_read`` of them were read; ``unsettled``: invoked values with neither (their producer
+  was killed before the callback: as indeterminate as a fail); ``read``: distinct positions
+  polled; ``verified``: acknowledged values read at their acknowledged position with the same
+  value.
 
 Anomalies (each counted, with up to :data:`MAX_EXAMPLES` examples):
 
@@ -101,6 +103,8 @@ class TopicResult:
     acknowledged: int = 0
     failed: int = 0
     failed_read: int = 0
+    #: values invoked with neither an ack nor a fail (a producer killed before its callback)
+    unsettled: int = 0
     read: int = 0
     verified: int = 0
     anomalies: dict[str, Anomaly] = field(default_factory=lambda: {k: Anomaly() for k in ANOMALY_KINDS})
@@ -251,6 +255,7 @@ def _check_topic(th: TopicHistory, history: History, acks: str, partitions: int,
     read_mask[pv] = True
     failed = ((flags & FAILED) != 0) & ~acked
     r.acknowledged, r.failed = int(acked.sum()), int(failed.sum())
+    r.unsettled = int((((flags & INVOKED) != 0) & ~acked & ((flags & FAILED) == 0)).sum())
     r.failed_read = int((failed & read_mask).sum())
     r.fail_errors = dict(th.fail_errors.most_common(10))
     first_ack = _first_time(av, at, nv)

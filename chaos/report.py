@@ -129,10 +129,12 @@ def _markdown(result: Result, faults: list[Any], meta: dict) -> str:
     out += _table(["", ""], [[k, ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else v]
                              for k, v in facts if v is not None])
     out += ["## Totals", ""]
-    out += _table(["topic", "acks", "attempted", "acknowledged", "indeterminate", "read", "verified",
-                   *ANOMALY_KINDS],
+    out += _table(["topic", "acks", "attempted", "acknowledged", "indeterminate", "unsettled", "read",
+                   "verified", "drained to the end", *ANOMALY_KINDS],
                   [[t.topic, t.acks, t.attempted, t.acknowledged, f"{t.failed} ({t.failed_read} read)",
-                    t.read, t.verified, *(t.anomalies[k].count for k in ANOMALY_KINDS)]
+                    t.unsettled, t.read, t.verified,
+                    "-" if t.drained is None else f"{len(t.drained)} of {t.partitions} partitions",
+                    *(t.anomalies[k].count for k in ANOMALY_KINDS)]
                    for t in result.topics.values()])
     out += ["## Per nemesis", "",
             "Records and anomalies belong to the fault that started last before them (`none`: before "

@@ -229,6 +229,14 @@ def test_a_failed_write_read_later_is_fine_and_one_never_read_too(tmp_path):
     assert t.fail_errors == {"NotEnoughReplicas": 1, "timeout": 1}
 
 
+def test_a_record_invoked_and_never_settled_is_counted_unsettled(tmp_path):
+    produced = _produce("p", "all", [(0, 0, "p-0")]) + [("invoke", 5.0, "p", "all", "p-1"),
+                                                         ("invoke", 5.1, "p", "all", "p-2"),
+                                                         ("fail", 5.2, "p", "all", "p-2", "timeout")]
+    t = _check(tmp_path, {"p": produced}).topics["all"]
+    assert (t.attempted, t.acknowledged, t.failed, t.unsettled) == (3, 1, 1, 1)
+
+
 def test_an_ack_without_an_offset_never_read_is_unseen(tmp_path):
     produced = [("invoke", 1.0, "p", "all", "p-0"), ("ack", 1.1, "p", "all", 0, -1, "p-0")]
     result = _check(tmp_path, {"p": produced, "c": _poll("c", "all", [(0, 3, "x")])},
