@@ -371,6 +371,17 @@ class ChaosCluster:
         pid = self.pid(broker_id)
         return [] if pid is None or _gone(pid) else _children(pid)
 
+    def slot_pids(self, broker_id: int) -> list[int]:
+        """The live worker of each slot, from the latest start's log (``forked worker slot=S
+        pid=P``): workers only, whatever other children the arbiter has; sorted."""
+        pid = self.pid(broker_id)
+        if pid is None or _gone(pid):
+            return []
+        latest = {int(m[1]): int(m[2]) for m in re.finditer(r"forked worker slot=(\d+) pid=(\d+)",
+                                                              self.log(broker_id))}
+        children = set(_children(pid))
+        return sorted(p for p in latest.values() if p in children)
+
     def alive(self) -> list[int]:
         """The brokers whose arbiter runs (paused ones included), sorted."""
         return sorted(b for b, broker in self._brokers.items()

@@ -320,11 +320,11 @@ class WorkerKill(Nemesis):
     def inject(self, cluster: ChaosCluster, rng: random.Random, topics: Sequence[str],
                avoid: Collection[str] = ()) -> Fault:
         start = time.time()
-        brokers = [b for b in _serving_brokers(cluster, avoid) if cluster.worker_pids(b)]
+        brokers = [b for b in _serving_brokers(cluster, avoid) if cluster.slot_pids(b)]
         if not brokers:
             raise RuntimeError("no running broker has a worker")
         broker_id = rng.choice(brokers)
-        pid = rng.choice(cluster.worker_pids(broker_id))
+        pid = rng.choice(cluster.slot_pids(broker_id))  # a worker, not any child of the arbiter
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 30
         while process_state(pid) not in (None, "Z", "X") and time.monotonic() < deadline:

@@ -88,6 +88,7 @@ def test_each_broker_serves_in_its_namespace_from_a_tmpfs_of_its_own(cluster):
         assert entry[2] == "tmpfs" and "size=65536k" in entry[3], entry
         workers = cluster.worker_pids(broker_id)
         assert len(workers) == 2 and all(process_state(pid) in ("R", "S", "D") for pid in workers)
+        assert cluster.slot_pids(broker_id) == workers  # the logged slots' workers are the children
         # The broker's network namespace is its host's: the pid runs in the same one as `ip netns exec`.
         assert os.readlink(f"/proc/{cluster.pid(broker_id)}/ns/net") == \
             subprocess.run(cluster.host(broker_id).argv("readlink", "/proc/self/ns/net"),

@@ -119,3 +119,19 @@ def test_a_faults_start_is_its_injection_not_the_metadata_asked_to_pick_its_targ
     fault = Kill().inject(cluster, random.Random(1), ["t"], avoid={"b1"})
     assert fault.target == "b2" and fault.pids == [102]
     assert cluster.answered_at <= fault.start <= cluster.killed_at
+
+
+def test_worker_kill_picks_among_the_logged_worker_slots_not_any_child_of_the_arbiter():
+    """The arbiter's children that no ``forked worker`` line names are not workers."""
+    from chaos.cluster import ChaosCluster
+
+    worker, other = subprocess.Popen(["sleep", "60"]), subprocess.Popen(["sleep", "60"])
+    try:
+        arbiter = SimpleNamespace(pid=lambda broker_id: os.getpid(),
+                                  log=lambda broker_id: f"forked worker slot=0 pid=1\n"
+                                                        f"forked worker slot=0 pid={worker.pid}\n")
+        assert ChaosCluster.slot_pids(arbiter, 1) == [worker.pid]
+    finally:
+        for process in (worker, other):
+            process.kill()
+            process.wait()
