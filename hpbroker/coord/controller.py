@@ -390,8 +390,14 @@ class Controller:
             self._wake.notify()
 
     def _on_watch(self, event: Any) -> None:
-        """A one-shot watch on the brokers, a broker's node, the topics or a topic node fired."""
-        brokers = event.path == self.paths.broker_ids or event.path.startswith(self.paths.broker_ids + "/")
+        """A one-shot watch on the brokers, a broker's node, the topics or a topic node fired.
+        kazoo also calls every watcher with a path-less event (type NONE) when the connection is
+        lost or the session closed, having forgotten the watches: nothing to do then, since
+        :meth:`_on_state` queues a pass (which sets them again) once connected."""
+        path = event.path
+        if not path:
+            return
+        brokers = path == self.paths.broker_ids or path.startswith(self.paths.broker_ids + "/")
         self._hand_over(_BROKERS if brokers else _TOPICS)
 
     def _on_state(self, state: str) -> None:
