@@ -12,9 +12,23 @@ reached (no connection within ``connect_timeout_ms``: the request was never hand
 does not answer a metadata request, the other brokers are asked in turn (those the last
 metadata named, then the other bootstrap addresses, ``hpbroker.client.metadata``), and the first
 that answers is asked from then on; when none answers, BrokerNotAvailableError names every
-address tried.  No other retries: a request handed to a broker that then does not answer raises
-RequestTimedOutError (it may or may not have happened), any other call either happened or
+address tried.  A create, alter or delete goes on to the next broker only when it was never
+handed to the one asked.  Whatever a broker answers is the outcome and is raised as it is, error
+12 included (the change is made and goes on; for a create: the topic exists, its leaders
+follow).  An alter or delete handed to a broker that then does not answer raises
+RequestTimedOutError (it may or may not have happened); any other call either happened or
 raised.
+
+**Creating after no answer.**  A create handed to a broker that then does not answer (it may
+have created the topic, then vanished) goes on to the next broker, as one never handed over
+does.  When a create of a topic had no answer, in this call or an earlier one of this Admin, a
+TopicAlreadyExistsError that follows is checked: the topic is described, and if it has the
+partition count asked for (and the replication factor, when one was given) the create is taken
+as done and returns, as if the first attempt had been answered; if it differs,
+TopicAlreadyExistsError says how.  Settings are not compared.  Kafka's admin client leaves this
+to the application; the price of doing it here is that a topic created by someone else at the
+same moment, with the same partitions, is also taken as ours.  Without an attempt that had no
+answer, TopicAlreadyExistsError is raised as it is.
 
 In a cluster (brokers on ZooKeeper) a topic is stored, and so can be altered or deleted, only by
 the broker that created it; any broker describes it.  Alter and delete therefore ask the
@@ -26,21 +40,26 @@ Threads: an Admin, like its connection, belongs to the thread that uses it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 
 from hpbroker import protocol
-from hpbroker.client.connection import BrokerAddress, BrokerConnection, parse_bootstrap
+from hpbroker.client.connection import BrokerAddress, BrokerConnection, Response, parse_bootstrap
 from hpbroker.client.metadata import ClusterMetadata, PartitionInfo, topic_error
 from hpbroker.errors import (
     BrokerNotAvailableError,
     HPBrokerError,
     InvalidReplicationFactorError,
+    RequestTimedOutError,
+    TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
 )
 
 __all__ = ["Admin", "TopicDescription"]
+
+logger = logging.getLogger(__name__)
 
 _CREATE_TOPIC_REPLICATED_VERSION = 1  # CreateTopicRequest's first version with replication_factor
 
@@ -74,6 +93,8 @@ class Admin:
                                                        connect_timeout_s=self._connect_timeout_s,
                                                        timeout_s=self._timeout_s)
         self._leaders: dict[BrokerAddress, BrokerConnection] = {}  # other brokers, by front-end
+        # topics an attempt to create had no answer for: the topic may exist by our doing
+        self._uncertain_creates: set[str] = set()
 
     def __repr__(self) -> str:
         return f"Admin({self._metadata.connection.address})"
@@ -90,11 +111,13 @@ class Admin:
         ``replication_factor``: how many brokers keep a replica of each partition (None: the
         broker's ``default_replication_factor``); InvalidReplicationFactorError when it is below
         1, above the live brokers, or above 1 on a broker without ZooKeeper.  Returns once the
-        broker has created it."""
+        broker has created it.  An attempt with no answer goes on to the next broker, and a
+        TopicAlreadyExistsError after it is checked (module docstring, "Creating after no
+        answer")."""
         entries = [protocol.TopicConfigEntry(key, _config_string(value))
                    for key, value in (configs or {}).items()]
         if replication_factor is None:  # version 0: any broker takes it, and applies its default
-            self._call(protocol.CreateTopicRequest(name, partitions, entries), version=0)
+            self._create(protocol.CreateTopicRequest(name, partitions, entries), 0)
             return
         if isinstance(replication_factor, bool) or not isinstance(replication_factor, int) \
                 or not 1 <= replication_factor <= 0x7FFF:
@@ -102,7 +125,41 @@ class Admin:
                 f"replication factor of topic {name!r} must be an integer from 1, got {replication_factor!r}")
         request = protocol.CreateTopicRequest(name, partitions, entries,
                                               replication_factor=replication_factor)
-        self._call(request, version=_CREATE_TOPIC_REPLICATED_VERSION)
+        self._create(request, _CREATE_TOPIC_REPLICATED_VERSION)
+
+    def _create(self, request: protocol.CreateTopicRequest, version: int) -> None:
+        """Send a CreateTopicRequest (:meth:`_call`).  When an attempt of it had no answer (by
+        this call or an earlier one of this Admin: it may have created the topic), a later
+        TopicAlreadyExistsError is checked against the topic as it is (module docstring,
+        "Creating after no answer")."""
+        try:
+            self._call(request, version=version)
+        except TopicAlreadyExistsError as exists:
+            if request.name not in self._uncertain_creates:
+                raise
+            self._check_created(request, version, exists)
+        self._uncertain_creates.discard(request.name)
+
+    def _check_created(self, request: protocol.CreateTopicRequest, version: int,
+                       exists: TopicAlreadyExistsError) -> None:
+        """Return if topic ``request.name`` is as the request asked (its partition count, and
+        its replication factor when one was given); else raise ``exists``, saying how it
+        differs.  Its settings are not compared."""
+        description = self.describe_topic(request.name)
+        differences = []
+        if len(description.partitions) != request.partitions:
+            differences.append(f"{len(description.partitions)} partitions, not {request.partitions}")
+        if version >= _CREATE_TOPIC_REPLICATED_VERSION \
+                and description.replication_factor != request.replication_factor:
+            differences.append(f"replication factor {description.replication_factor}, "
+                               f"not {request.replication_factor}")
+        if differences:
+            self._uncertain_creates.discard(request.name)
+            raise TopicAlreadyExistsError(
+                f"topic {request.name!r} exists with {' and '.join(differences)}: not the one this "
+                f"client's earlier attempt, which had no answer, asked for ({exists.message})") from exists
+        logger.info("topic %r exists as asked after an attempt to create it had no answer: "
+                    "taken as created", request.name)
 
     def alter_topic(self, name: str, configs: Mapping[str, object | None]) -> None:
         """Change settings of ``name`` (``{"retention_ms": 3_600_000, "flush_ms": None}``): each
@@ -117,6 +174,7 @@ class Admin:
     def delete_topic(self, name: str) -> None:
         """Delete ``name`` and its records; UnknownTopicOrPartitionError if there is none."""
         self._call(protocol.DeleteTopicRequest(name), leader_of=name)
+        self._uncertain_creates.discard(name)  # a topic of that name now is someone else's
 
     def list_topics(self) -> list[str]:
         """The names of every topic, sorted."""
@@ -154,17 +212,39 @@ class Admin:
     def _call(self, request: protocol.Message, *, version: int | None = None,
               leader_of: str | None = None) -> protocol.Message:
         """Send ``request`` to the broker asked now (or to the one storing topic ``leader_of``)
-        and return its answer, raising the broker's error.  A broker asked now that cannot be
-        reached never got the request: the metadata moves to one that answers, and it goes there."""
+        and return its answer, raising the broker's error (module docstring, "Which broker").
+
+        Only a request never handed to the broker asked now (BrokerNotAvailableError at the
+        send) goes to the next broker that takes it.  An answer is the outcome, whatever its
+        error (error 12 included: the change happened, and goes on).  No answer in time
+        (RequestTimedOutError) leaves the outcome unknown: raised as it is, but for a
+        CreateTopicRequest, which is sent to the next broker (:meth:`_create`)."""
         connection = self._connection if leader_of is None else self._leader(leader_of)
+        creating = isinstance(request, protocol.CreateTopicRequest)
+
+        def exchange(broker: BrokerConnection) -> Response:
+            try:
+                return _exchange(broker, request, version, self._timeout_s)
+            except RequestTimedOutError:
+                if creating:  # it may have created the topic: a later "exists" is checked
+                    self._uncertain_creates.add(request.name)
+                raise
+
         try:
-            return connection.call(request, self._timeout_s, version=version)
-        except BrokerNotAvailableError as unreachable:
+            answer = exchange(connection)
+        except BrokerNotAvailableError as unreachable:  # never handed to it
             if connection is not self._connection:  # the topic's leader: only it can answer
                 raise
-            return self._metadata.fail_over(
-                unreachable, lambda other: other.call(request, self._timeout_s, version=version),
-                f"a {type(request).__name__}")
+            error: HPBrokerError = unreachable
+        except RequestTimedOutError as unanswered:  # handed to it: it may have been applied
+            if not creating or connection is not self._connection:
+                raise
+            error = unanswered
+        else:
+            return answer.raise_for_error()
+        moves_on = (BrokerNotAvailableError, RequestTimedOutError) if creating else (BrokerNotAvailableError,)
+        answer = self._metadata.fail_over(error, exchange, f"a {type(request).__name__}", moves_on=moves_on)
+        return answer.raise_for_error()
 
     def _leader(self, name: str) -> BrokerConnection:
         """The connection to the broker storing topic ``name`` (the leader of its partition 0);
@@ -190,6 +270,20 @@ class Admin:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  traceback: TracebackType | None) -> None:
         self.close()
+
+
+def _exchange(connection: BrokerConnection, request: protocol.Message, version: int | None,
+              timeout_s: float) -> Response:
+    """``connection``'s broker's answer to ``request``, its error not raised: whatever it
+    answered is the outcome.  BrokerNotAvailableError: never handed to that broker (no
+    connection within its connect timeout); RequestTimedOutError: handed to it, no answer
+    within ``timeout_s`` (it may or may not have been applied)."""
+    sent = connection.send(request, version=version)
+    try:
+        return connection.wait_for(sent, timeout_s)
+    except RequestTimedOutError:
+        raise RequestTimedOutError(f"no answer from {connection.address} to a {type(request).__name__} "
+                                   f"within {timeout_s} s: it may or may not have been applied") from None
 
 
 def _config_string(value: object) -> str:

@@ -184,18 +184,24 @@ class ClusterMetadata:
             return self.fail_over(unanswered, lambda other: _ask(other, topics, timeout_s),
                                   "a metadata request")
 
-    def fail_over(self, error: HPBrokerError, ask: Callable[[BrokerConnection], T], what: str) -> T:
+    def fail_over(self, error: HPBrokerError, ask: Callable[[BrokerConnection], T], what: str, *,
+                  moves_on: tuple[type[HPBrokerError], ...] = _UNANSWERED) -> T:
         """The broker asked did not answer (``error``): ``ask(connection)`` each other address in
         turn (:meth:`candidates`) until one answers, move there and return its answer.  Raises
-        :func:`none_answered` (every address tried) when none does; an error a broker answered
-        is raised as it is."""
+        :func:`none_answered` (every address tried) when none does; any other error is raised
+        as it is, without asking further.
+
+        ``moves_on``: the errors of ``ask`` that mean "ask the next one" (default: not reachable,
+        or no answer in time, right for requests that may be asked twice, as metadata).  A
+        request that must not be applied twice passes ``(BrokerNotAvailableError,)``: it was
+        never handed to that broker; a timeout may mean it was applied, and ends the round."""
         failures: list[tuple[BrokerAddress, HPBrokerError]] = [(self.connection.address, error)]
         for address in self.candidates({self.connection.address}):
             other = BrokerConnection(address, client_id=self.connection.client_id,
                                      connect_timeout_s=self.connection.connect_timeout_s)
             try:
                 answer = ask(other)
-            except _UNANSWERED as e:
+            except moves_on as e:
                 other.close()
                 failures.append((address, e))
                 continue

@@ -13,7 +13,8 @@ import zmq
 
 from hpbroker import protocol
 
-# handler(header, request) -> (response body, error code, error message[, version to answer in])
+# handler(header, request) -> (response body, error code, error message[, version to answer in]),
+# or None for no answer at all
 Handler = Callable[[protocol.RequestHeader, protocol.Message], tuple]
 
 
@@ -42,7 +43,10 @@ class StandInFrontEnd:
             identity, *frames = self._socket.recv_multipart()
             header, request = protocol.decode_request(frames)
             self.requests.append((header, _copy(request)))
-            body, code, text, *version = self.handler(header, request)
+            answered = self.handler(header, request)
+            if answered is None:  # a broker that took the request and never answers it
+                continue
+            body, code, text, *version = answered
             answer = protocol.encode_response(body, header.correlation_id, code, text,
                                               version=version[0] if version else header.api_version)
             self._socket.send_multipart([identity, *answer])
