@@ -41,6 +41,7 @@ Threads: an Admin, like its connection, belongs to the thread that uses it.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -62,6 +63,7 @@ __all__ = ["Admin", "TopicDescription"]
 logger = logging.getLogger(__name__)
 
 _CREATE_TOPIC_REPLICATED_VERSION = 1  # CreateTopicRequest's first version with replication_factor
+_DESCRIBE_AGAIN_S = 0.1  # pause before describing again a topic a broker said exists
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,9 +145,19 @@ class Admin:
     def _check_created(self, request: protocol.CreateTopicRequest, version: int,
                        exists: TopicAlreadyExistsError) -> None:
         """Return if topic ``request.name`` is as the request asked (its partition count, and
-        its replication factor when one was given); else raise ``exists``, saying how it
-        differs.  Its settings are not compared."""
-        description = self.describe_topic(request.name)
+        its replication factor when one was given); else raise TopicAlreadyExistsError saying
+        how it differs.  Its settings are not compared.  A broker that said the topic exists
+        may describe it a moment later (its metadata follows ZooKeeper's): asked again for up
+        to the request timeout."""
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            try:
+                description = self.describe_topic(request.name)
+                break
+            except UnknownTopicOrPartitionError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(_DESCRIBE_AGAIN_S)
         differences = []
         if len(description.partitions) != request.partitions:
             differences.append(f"{len(description.partitions)} partitions, not {request.partitions}")

@@ -12,7 +12,12 @@ from standins import StandInFrontEnd
 
 from hpbroker import protocol
 from hpbroker.client import Admin
-from hpbroker.errors import InvalidReplicationFactorError, RequestTimedOutError, TopicAlreadyExistsError
+from hpbroker.errors import (
+    InvalidReplicationFactorError,
+    RequestTimedOutError,
+    TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
+)
 
 SETTINGS = {"connect_timeout_ms": 300, "request_timeout_ms": 500}
 
@@ -126,3 +131,21 @@ def test_a_delete_with_no_answer_is_not_sent_to_another_broker(stand_ins):
             pytest.raises(RequestTimedOutError, match="may or may not have been applied"):
         admin.delete_topic("t")
     assert other.requests == []
+
+
+def test_the_check_waits_for_the_answering_brokers_metadata_to_show_the_topic(stand_ins):
+    """The broker that says "exists" may not describe the topic yet: it is asked again."""
+    asked = []
+
+    def lagging(request):
+        asked.append(request)
+        if len(asked) < 3:
+            unknown = protocol.TopicMetadata("t", UnknownTopicOrPartitionError.code)
+            return protocol.MetadataResponse([], [unknown]), 0, ""
+        return described("t", 3, 2)
+
+    silent = stand_ins(StandInFrontEnd, broker())
+    other = stand_ins(StandInFrontEnd, broker(create=exists, metadata=lagging))
+    with Admin([f"127.0.0.1:{silent.port}", f"127.0.0.1:{other.port}"], **SETTINGS) as admin:
+        admin.create_topic("t", 3, replication_factor=2)
+    assert len(asked) == 3
