@@ -854,7 +854,13 @@ class Consumer:
             self._wake_writer.send(b"n")
 
     def close(self) -> None:
-        """Close every connection.  Safe from any thread: a blocked poll or iteration returns."""
+        """Close every connection.  Safe from any thread: a blocked poll or iteration returns.
+        Refused (RuntimeError) inside a rebalance listener, where a poll is running on this
+        very thread: close after it returns."""
+        if self._group is not None and self._group.in_listener:
+            raise RuntimeError("close() is refused inside a rebalance listener, as poll() is: the poll "
+                               "that called the listener is still running; close the consumer after "
+                               "poll() returns (wakeup() makes it return)")
         if self._closed:
             return
         self._closed = True

@@ -76,7 +76,9 @@ runs ahead of the records handed out.
 **Rebalance listener** (Kafka's ``ConsumerRebalanceListener``).  ``on_revoke``, ``on_assign``
 and ``on_lost`` (settings, each ``callable(partitions)`` or None) are called with a non-empty
 set of :class:`~hpbroker.client.consumer.TopicPartition`, on the consumer's thread, inside
-``poll()`` or the iteration, never while a record is handed out:
+``poll()`` or the iteration, never while a record is handed out; and ``on_lost`` also inside
+``commit()`` (the application's, on the thread that calls it), when the commit finds
+partitions no longer owned:
 
 - ``on_revoke`` before partitions are released in a rebalance (step 3, and step 5's release of
   everything): they are still owned, their positions exact, so ``commit()`` commits them;
@@ -91,8 +93,12 @@ A partition dropped and claimed again, also inside one ``poll()``, is told as re
 and then assigned: it restarts at the committed offset, so records handed out before may come
 again.  So the positions of the partitions a member reads move only forward between two calls,
 but across a revoke or loss followed by an assign.  What a listener raises is logged and
-raised by the ``poll()`` (or the iteration step) once the rebalance is over; ``close()`` calls
-no listener (with auto-commit on it commits itself; else ``commit()`` before ``close()``).
+raised by the ``poll()`` (or the iteration step) once the rebalance is over.  Inside a
+listener, at any depth (a ``commit()`` there may call ``on_lost``), ``poll()``, iteration and
+``close()`` are refused with RuntimeError: a listener that wants the consumer closed calls
+``close()`` after ``poll()`` returns (or ``wakeup()`` to make it return).  ``close()`` calls no
+listener, from any thread (with auto-commit on it commits itself, and partitions whose commit
+is refused are dropped untold; else ``commit()`` before ``close()``).
 """
 
 from __future__ import annotations
@@ -102,6 +108,7 @@ import logging
 import os
 import random
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -246,7 +253,10 @@ class GroupMember:
         self._committed: dict[TopicPartition, int] = {}  # what this member last committed or read
         self._announced: set[TopicPartition] = set()  # told to on_assign, not yet revoked or lost
         self._listener_error: BaseException | None = None  # the first a listener raised, to raise
-        self.in_listener = False  # a listener is running (poll() from it is refused)
+        # listeners running (one inside another: a commit in one refused, telling on_lost), and the
+        # thread they run on: poll() and close() from inside one are refused (in_listener)
+        self._listener_depth = 0
+        self._listener_thread: int | None = None
         self._attempts = 0  # failed rebalance passes in a row
         self._retry_at = 0.0
         self._confirm_retry_at = 0.0
@@ -493,7 +503,8 @@ class GroupMember:
         told = set(partitions)
         if listener is None or not told:
             return
-        self.in_listener = True
+        self._listener_depth += 1
+        self._listener_thread = threading.get_ident()
         try:
             listener(told)
         except Exception as e:
@@ -501,7 +512,13 @@ class GroupMember:
             if self._listener_error is None:
                 self._listener_error = e
         finally:
-            self.in_listener = False
+            self._listener_depth -= 1
+
+    @property
+    def in_listener(self) -> bool:
+        """Whether the calling thread is inside a rebalance listener (at any depth): poll(),
+        iteration and close() from there are refused."""
+        return self._listener_depth > 0 and self._listener_thread == threading.get_ident()
 
     def raise_listener_error(self) -> None:
         """Raise (once) the first error a rebalance listener raised since the last call."""
@@ -520,9 +537,10 @@ class GroupMember:
     # --- commits --------------------------------------------------------------------------------
 
     def _commit_positions(self, partitions: Iterable[TopicPartition], positions: Mapping[TopicPartition, int]
-                          | None = None, *, force: bool = False) -> set[TopicPartition]:
+                          | None = None, *, force: bool = False, tell: bool = True) -> set[TopicPartition]:
         """Commit the positions of ``partitions`` that moved since the last commit (all of them
-        with ``force``); partitions found no longer owned are dropped and returned."""
+        with ``force``); partitions found no longer owned are dropped and returned, and told to
+        ``on_lost`` unless ``tell`` is False (at close)."""
         if positions is None:
             positions = self._consumer._group_positions()
         offsets = {tp: positions[tp] for tp in partitions
@@ -536,7 +554,11 @@ class GroupMember:
                 self._committed[tp] = offset
         if refused:
             logger.warning("%s not committed, no longer owned: %s; dropping", self._prefix, _names(refused))
-            self._lose(refused)
+            if tell:
+                self._lose(refused)
+            else:
+                self._drop(refused)
+                self._announced.difference_update(refused)
             self._rebalance_needed = True
         return refused
 
@@ -563,13 +585,15 @@ class GroupMember:
 
     def close(self, positions: Mapping[TopicPartition, int]) -> None:
         """Commit ``positions`` (with auto-commit on and the session intact), then leave: closing
-        the session deletes the registration and the ownership nodes at once."""
+        the session deletes the registration and the ownership nodes at once.  Calls no
+        listener, from whichever thread it runs on: partitions whose commit is refused (no
+        longer owned) are dropped untold."""
         for watch in self._watches:
             watch.cancel()
         try:
             if self.config.enable_auto_commit and self._owned and not self._suspended \
                     and self._losses == self._losses_handled:
-                self._commit_positions(list(self._owned), positions)
+                self._commit_positions(list(self._owned), positions, tell=False)
         except _ZK_ERRORS as e:
             logger.warning("%s the final commit failed: %r", self._prefix, e)
         finally:

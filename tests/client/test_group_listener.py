@@ -13,7 +13,7 @@ from group_harness import create_topic, expire, produce, unique_name, wait_topic
 
 from hpbroker import Consumer, TopicPartition
 from hpbroker.coord.groups import GroupRegistry
-from hpbroker.errors import InvalidConfigError
+from hpbroker.errors import CoordinationError, InvalidConfigError
 
 pytestmark = pytest.mark.zookeeper
 pytest_plugins = ["group_fixtures"]  # group_cluster, group_zk
@@ -187,3 +187,64 @@ def test_poll_inside_a_listener_is_refused(members, topic):
     member = members(unique_name("g"), topic, told)
     with pytest.raises(RuntimeError, match="refused inside a rebalance listener"):
         poll_until(member, told, lambda r: False, timeout_s=20)
+
+
+def test_close_inside_a_listener_is_refused_and_leaves_the_consumer_working(members, topic):
+    told = Told(assign=lambda partitions: member.close())
+    member = members(unique_name("g"), topic, told)
+    with pytest.raises(RuntimeError, match=r"close\(\) is refused inside a rebalance listener"):
+        poll_until(member, told, lambda r: False, timeout_s=20)
+    assert member.assignment() == {TopicPartition(topic, p) for p in range(4)}, "the rebalance completed"
+    records = poll_until(member, told, lambda r: len(r) >= 40)
+    assert sorted(records) == sorted((p, o) for p in range(4) for o in range(10))
+    member.close()  # after the poll: closes
+    with pytest.raises(RuntimeError, match="the consumer is closed"):
+        member.poll(0)
+
+
+def test_poll_stays_refused_in_a_listener_after_a_commit_there_told_on_lost(members, topic):
+    """A listener's commit() that finds a partition no longer owned calls on_lost inside it; back
+    in the outer listener, poll() is still refused."""
+    outcomes: list[BaseException | None] = []
+    lost = TopicPartition(topic, 0)
+
+    def assigned(partitions):
+        if outcomes:
+            return
+        group = member._group
+        assert group.registry.release(topic, 0, group.consumer_id), "its ownership node, gone"
+        for attempt in (lambda: member.commit({lost: 0}), lambda: member.poll(0)):
+            try:
+                attempt()
+                outcomes.append(None)
+            except Exception as e:
+                outcomes.append(e)
+
+    told = Told(assign=assigned)
+    member = members(unique_name("g"), topic, told, kinds=("assign", "revoke", "lost"),
+                     enable_auto_commit=False)
+    poll_until(member, told, lambda r: len(outcomes) == 2)
+    refused_commit, refused_poll = outcomes
+    assert isinstance(refused_commit, CoordinationError), refused_commit
+    assert told.what()[:2] == [("assign", {0, 1, 2, 3}), ("lost", {0})], "on_lost inside on_assign"
+    assert isinstance(refused_poll, RuntimeError), refused_poll
+    assert "refused inside a rebalance listener" in str(refused_poll)
+
+
+def test_close_calls_no_listener_even_when_its_final_commit_is_refused(members, group_zk, topic):
+    """close() from another thread, with auto-commit on and partition 0 no longer owned: its
+    final commit of 0 is refused, and 0 is dropped untold."""
+    told = Told()
+    name = unique_name("g")
+    member = members(name, topic, told, kinds=("assign", "revoke", "lost"),
+                     auto_commit_interval_ms=600_000)
+    poll_until(member, told, lambda r: len(r) >= 40)
+    group = member._group
+    assert group.registry.release(topic, 0, group.consumer_id)
+    closing = threading.Thread(target=member.close)
+    closing.start()
+    closing.join(30)
+    assert not closing.is_alive()
+    assert told.what() == [("assign", {0, 1, 2, 3})]
+    registry = GroupRegistry(group_zk, name)
+    assert [registry.committed(topic, p) for p in range(4)] == [None, 10, 10, 10], "the others committed"
