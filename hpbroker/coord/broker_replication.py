@@ -293,16 +293,16 @@ class BrokerReplication:
             logger.info("[replication] dropped the ISR change of %s-%d to %s: it was made from ISR %s, the "
                         "state holds %s now", topic, partition, list(isr), list(from_isr), list(state.isr))
             return
-        # Never add a broker that is not alive, nor one that is no longer a replica (a reassignment
-        # dropped it since the leader proposed).
-        live = set(self._brokers.ids())
+        # Never add a broker that is not alive, nor one that reports its replica of the partition
+        # offline (the controller removed it for that: its worker slot crash-loops), nor one that
+        # is no longer a replica (a reassignment dropped it since the leader proposed).
         registration = self._topics.get(topic)
         replicas = set(registration.replicas.get(partition, ())) if registration is not None else set()
-        dropped = [b for b in isr if b not in state.isr and (b not in live or b not in replicas)]
+        dropped = [b for b in isr if b not in state.isr and not self._may_join(b, topic, partition, replicas)]
         isr = tuple(b for b in isr if b not in dropped)
         if dropped:
-            logger.info("[replication] %s-%d: not adding %s to the ISR: not alive, or not a replica any more",
-                        topic, partition, dropped)
+            logger.info("[replication] %s-%d: not adding %s to the ISR: not alive, reporting the partition "
+                        "offline, or not a replica any more", topic, partition, dropped)
         if self.broker_id not in isr or state.isr == isr:
             return
         new = PartitionState(self.broker_id, leader_epoch, isr, state.controller_epoch, state.topic_id)
@@ -312,3 +312,15 @@ class BrokerReplication:
             return
         logger.info("[replication] %s-%d: ISR %s -> %s (leader epoch %d)", topic, partition, list(state.isr),
                     list(isr), leader_epoch)
+
+    def _may_join(self, broker_id: int, topic: str, partition: int, replicas: set[int]) -> bool:
+        """Whether ``broker_id`` may be added to the ISR of ``topic``-``partition``: a replica,
+        registered, and not reporting its replica of the partition offline."""
+        if broker_id not in replicas:
+            return False
+        try:
+            registration = self._brokers.get(broker_id)
+        except CoordinationError as e:  # an unreadable registration: not added
+            logger.warning("[replication] broker %d's registration: %s", broker_id, e.message)
+            return False
+        return registration is not None and not registration.offline(topic, partition)

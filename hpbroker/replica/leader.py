@@ -31,7 +31,11 @@ the request's last offset, and consumers read only below it.
 **Shrink**: a follower in the ISR whose ``last_caught_up_ms`` is more than ``lag_time_max_ms``
 old leaves it (Kafka 2.5+: time only, no record-count lag).  **Expand**: a replica outside the
 ISR joins once a fetch of this leader epoch reached both the current HW and the epoch's start
-offset (so it holds every record this leader's epoch may have committed).  The leader itself is
+offset (so it holds every record this leader's epoch may have committed), and only while it
+fetches: at that fetch, or at a check at most ``EXPAND_FETCH_AGE_MAX_MS`` after it (Kafka expands
+only on a fetch).  A replica that stopped fetching (its broker dead, or its worker slot
+crash-looping and the replica reported offline) is never proposed back on the strength of an old
+fetch, so such a proposal cannot undo the controller's removal of it.  The leader itself is
 never dropped.  The ISR proposed lists replicas in assignment order.
 
 Becoming leader resets what is known of the followers (Kafka's ``makeLeader``): fetch offsets are
@@ -47,11 +51,15 @@ from collections.abc import Sequence
 
 from hpbroker.errors import NotEnoughReplicasError
 
-__all__ = ["ISR_CHANGE_RETRY_MS", "LeaderState"]
+__all__ = ["EXPAND_FETCH_AGE_MAX_MS", "ISR_CHANGE_RETRY_MS", "LeaderState"]
 
 # How long a proposed ISR change may stay unconfirmed (no isr_changed) before isr_change proposes
 # the same change again (the write may have failed, or its news may have been lost).
 ISR_CHANGE_RETRY_MS = 5_000
+# How old a follower's last fetch may be for it to join the ISR: it is fetching now.  Above the
+# default replica_fetch_wait_max_ms (a fetch parked at the leader that long is still a fetch);
+# the fetch itself proposes the change at once, this only bounds the timer's checks.
+EXPAND_FETCH_AGE_MAX_MS = 1_000
 _UNKNOWN_OFFSET = -1
 
 
@@ -180,10 +188,11 @@ class LeaderState:
                     wanted.add(replica)
             elif (follower.durable_offset >= high_watermark
                   and follower.durable_offset >= self.leader_epoch_start_offset
-                  and now_ms - follower.last_fetch_ms <= self.lag_time_max_ms):
+                  and now_ms - follower.last_fetch_ms <= min(EXPAND_FETCH_AGE_MAX_MS, self.lag_time_max_ms)):
                 # Only a follower that is fetching: Kafka expands on a fetch.  A follower gone
-                # silent (its broker dead) whose last fetch offset happens to reach the HW must not
-                # be proposed back, or the proposal would hold the HW at that offset.
+                # silent (its broker dead, its replica reported offline) whose last fetch offset
+                # happens to reach the HW must not be proposed back: the proposal would undo the
+                # controller's removal and hold the HW at that offset.
                 wanted.add(replica)
         if wanted == current:
             if self._proposed is not None and now_ms - self._proposed_ms >= ISR_CHANGE_RETRY_MS:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hpbroker.errors import NotEnoughReplicasError
-from hpbroker.replica.leader import ISR_CHANGE_RETRY_MS, LeaderState
+from hpbroker.replica.leader import EXPAND_FETCH_AGE_MAX_MS, ISR_CHANGE_RETRY_MS, LeaderState
 
 LAG_MS = 1000
 
@@ -229,3 +229,20 @@ def test_a_replica_joins_the_isr_only_once_its_durable_offset_reaches_the_high_w
     assert state.isr_change(10, 100) is None
     state.follower_fetched(1, 10, 10, 200, durable_offset=10)
     assert state.isr_change(10, 200) == (0, 1)
+
+
+def test_a_silent_follower_the_controller_removed_is_not_proposed_back_while_it_stays_silent():
+    """Its replica reported offline (its worker slot crash-looping), the controller removed it
+    from the ISR of an idle partition: its last fetch, younger than replica_lag_time_max_ms and
+    at the HW, must not bring it back, or the leader's proposal undoes the removal and acks=all
+    waits for a replica that does not fetch."""
+    state = LeaderState(0, 3, (0, 1, 2), (0, 1, 2), lag_time_max_ms=30_000, min_insync_replicas=1,
+                        now_ms=0)
+    state.follower_fetched(1, 100, 100, 0)
+    state.follower_fetched(2, 100, 100, 0)
+    state.isr_changed((0, 1))  # the controller removed broker 2 (same leader epoch)
+    for now_ms in (EXPAND_FETCH_AGE_MAX_MS + 1, 5_000, 20_000):
+        state.follower_fetched(1, 100, 100, now_ms)  # broker 1 keeps fetching, broker 2 is silent
+        assert state.isr_change(100, now_ms) is None, f"broker 2 proposed back at {now_ms} ms"
+    state.follower_fetched(2, 100, 100, 20_500)  # it fetches again, caught up: back at once
+    assert state.isr_change(100, 20_500) == (0, 1, 2)
