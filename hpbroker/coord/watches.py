@@ -22,10 +22,15 @@ of our own per client (the *re-arm thread*), and:
 - a read is attempted only while the client is connected, and waits at most
   ``_READ_TIMEOUT_S``; a failed read is tried again after a back-off (0.1 s doubling to 2 s) that
   is a deadline, never a sleep, so the thread goes on with other watches meanwhile;
-- after ``_READ_ATTEMPTS`` failed reads a watch waits for the next session event (the client
-  connected again) before it tries again, keeping its back-off;
-- every ``CONNECTED`` (a reconnection or a new session) reads every watch again: the watches
-  set in the old connection may be gone.
+- a watch whose reads keep failing while the client stays connected (a slow ZooKeeper whose
+  answers come after ``_READ_TIMEOUT_S``, an error answered for the node) never gives up: after
+  ``_READ_ATTEMPTS`` failed reads in a row it is logged once (a warning) and tried again with a
+  back-off that keeps doubling up to ``_STREAK_MAX_DELAY_S``, until a read succeeds.  Giving up
+  would leave its node's last change undelivered for as long as the connection holds (a
+  broker keeping an old role for a partition);
+- a watch due while the client is disconnected waits for the next ``CONNECTED``; every
+  ``CONNECTED`` (a reconnection or a new session) reads every watch again, since the watches set
+  in the old connection may be gone (one in a long streak of failures keeps its back-off).
 
 The first call runs on the caller's thread before :func:`watch_data` / :func:`watch_children`
 return (one read, waiting at most ``_FIRST_READ_TIMEOUT_S``).  When ZooKeeper cannot be reached
@@ -70,9 +75,10 @@ DataCallback = Callable[[bytes | None, ZnodeStat | None], None]
 
 _READ_TIMEOUT_S = 3.0  # longest wait for one read on the re-arm thread
 _FIRST_READ_TIMEOUT_S = 10.0  # longest wait for the first read, on the caller's thread
-_READ_ATTEMPTS = 8  # failed reads in a row before a watch waits for the next session event
+_READ_ATTEMPTS = 8  # failed reads in a row before the back-off may grow past _MAX_DELAY_S (and a warning)
 _FIRST_DELAY_S = 0.1  # back-off after a first failed read
-_MAX_DELAY_S = 2.0  # longest back-off between two reads of one watch
+_MAX_DELAY_S = 2.0  # longest back-off between two reads of one watch, for its first _READ_ATTEMPTS
+_STREAK_MAX_DELAY_S = 10.0  # longest back-off once its reads failed _READ_ATTEMPTS times in a row
 _IDLE_CHECK_S = 1.0  # how often an idle re-arm thread looks whether its client was stopped
 
 # Failures that mean "ZooKeeper cannot be reached now": retried; anything else is logged.
@@ -186,7 +192,7 @@ class _ChildrenWatch(Watch):
 class _Rearm:
     """The re-arm thread of one kazoo client (module docstring).  ``due`` is a heap of
     (deadline, sequence, watch); a watch is in it at most once (``_queued``), or parked in
-    ``_parked`` until the next CONNECTED."""
+    ``_parked`` (it came due while the client was disconnected) until the next CONNECTED."""
 
     _by_client: dict[int, _Rearm] = {}
     _registry_lock = threading.Lock()
@@ -267,11 +273,11 @@ class _Rearm:
         if state == KazooState.CONNECTED:
             with self._cond:
                 watches = list(self._watches)
-            for watch in watches:  # a watch that gave up keeps its back-off, with new attempts
-                gave_up = watch._attempts >= _READ_ATTEMPTS
-                if gave_up:
+            for watch in watches:  # one in a long streak of failures keeps its back-off, in a new streak
+                streak = watch._attempts >= _READ_ATTEMPTS
+                if streak:
                     watch._attempts = 0
-                self.schedule(watch, watch._delay_s if gave_up else 0.0)
+                self.schedule(watch, watch._delay_s if streak else 0.0)
         else:
             with self._cond:
                 self._cond.notify()  # a stopped client ends the thread
@@ -326,20 +332,25 @@ class _Rearm:
             logger.exception("[zookeeper] reading %s for its watch failed", watch.path)
             self._failed(watch, e)
         else:
+            if watch._attempts >= _READ_ATTEMPTS:
+                logger.warning("[zookeeper] the watch on %s is set again, after %d failed reads",
+                               watch.path, watch._attempts)
             watch._attempts, watch._delay_s = 0, _FIRST_DELAY_S
 
     def _failed(self, watch: Watch, error: BaseException) -> None:
+        """A read failed: try again after the watch's back-off, without end (module docstring);
+        one that comes due while the client is disconnected waits for CONNECTED (``_next``)."""
         watch._attempts += 1
-        if watch._attempts >= _READ_ATTEMPTS:
-            logger.warning("[zookeeper] the watch on %s could not be set again in %d reads (%r); "
-                           "it is tried again when the client reconnects", watch.path, watch._attempts, error)
-            with self._cond:
-                self._parked.add(watch)
-            return
-        logger.info("[zookeeper] the watch on %s could not be set again (%r); retrying in %.1f s",
-                    watch.path, error, watch._delay_s)
+        if watch._attempts < _READ_ATTEMPTS:
+            logger.info("[zookeeper] the watch on %s could not be set again (%r); retrying in %.1f s",
+                        watch.path, error, watch._delay_s)
+        elif watch._attempts == _READ_ATTEMPTS:
+            logger.warning("[zookeeper] the watch on %s could not be set again in %d reads (%r); retrying "
+                           "every %.0f s at most until it is", watch.path, watch._attempts, error,
+                           _STREAK_MAX_DELAY_S)
         self.schedule(watch, watch._delay_s)
-        watch._delay_s = min(watch._delay_s * 2, _MAX_DELAY_S)
+        cap = _MAX_DELAY_S if watch._attempts < _READ_ATTEMPTS else _STREAK_MAX_DELAY_S
+        watch._delay_s = min(watch._delay_s * 2, cap)
 
 
 def _start(client: KazooClient, watch: Watch) -> Watch:

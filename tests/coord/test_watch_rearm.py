@@ -1,6 +1,7 @@
 """Watches are set again off kazoo's callback thread: a watch whose re-read keeps failing (every
 read of its node costs the connection, through a proxy that cuts it) never holds up the events
-of the client's other watches, and it recovers once its node can be read again."""
+of the client's other watches, and it recovers once its node can be read again, also when its
+reads keep failing while the connection holds."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from harness import wait_until
 from kazoo.client import KazooClient
 from zk_proxy import ZkProxy
 
+from hpbroker.coord import watches
 from hpbroker.coord.session import connect
 from hpbroker.coord.watches import watch_children, watch_data
 
@@ -53,12 +55,13 @@ def test_a_watch_whose_reads_keep_failing_does_not_delay_the_others(proxied, chr
     # about twice the last: after seven failures the next read is seconds away.
     wait_until(lambda: proxy.cuts >= 7, 60, what="seven failed reads of /a")
     wait_until(lambda: session.client.connected, 10, what="the client connected again")
-    time.sleep(0.3)  # the reads of /b that follow the reconnection are done
+    admin.set("/b", b"marker")  # once delivered, the watch on /b is set in this connection
+    assert seen_b.get(timeout=30) == b"marker"
 
     sent = time.monotonic()
     admin.set("/b", b"1")
     assert seen_b.get(timeout=10) == b"1"
-    assert time.monotonic() - sent < 2.0, "the change of /b waited behind the failing watch on /a"
+    assert time.monotonic() - sent < 5.0, "the change of /b waited behind the failing watch on /a"
 
     proxy.cure(chroot + "/a")
     assert seen_a.get(timeout=15) == b"1"  # the failing watch recovers on its own
@@ -96,4 +99,32 @@ def test_a_children_watch_follows_deletion_and_re_creation_of_its_parent(session
     assert seen.get(timeout=10) == []
     zk.client.create("/parent/y", makepath=True)
     assert seen.get(timeout=10) == ["y"]
+    watch.cancel()
+
+
+def test_a_watch_whose_reads_keep_timing_out_while_connected_never_gives_up(proxied, chroot, monkeypatch):
+    """A slow ZooKeeper: every read of /d is answered after the read's time limit, the connection
+    staying up throughout.  Past ``_READ_ATTEMPTS`` failures the watch keeps trying (its back-off
+    capped), so the change is delivered once reads are answered in time, with no reconnection and
+    no further change of the node to prompt it."""
+    session, proxy, admin = proxied
+    monkeypatch.setattr(watches, "_READ_TIMEOUT_S", 0.3)
+    # Reads at least 1 s apart, each held 0.8 s: the pings queued behind them are answered in time.
+    monkeypatch.setattr(watches, "_FIRST_DELAY_S", 1.0)
+    admin.create("/d", b"0")
+    seen: queue.Queue = queue.Queue()
+    watch = watch_data(session.client, "/d", lambda data, stat: seen.put(data))
+    assert seen.get(timeout=5) == b"0"
+    states: list[str] = []
+    session.client.add_listener(states.append)
+
+    proxy.stall(chroot + "/d", 0.8)
+    admin.set("/d", b"1")  # the watch fires; each read of /d is answered too late
+    wait_until(lambda: proxy.stalls >= watches._READ_ATTEMPTS + 1, 120,
+               what=f"more than {watches._READ_ATTEMPTS} timed-out reads of /d")
+    assert seen.empty()
+    proxy.cure(chroot + "/d")
+    assert seen.get(timeout=watches._STREAK_MAX_DELAY_S + 20) == b"1"
+    assert states == [], "the connection dropped: the test proves nothing"
+    session.client.remove_listener(states.append)
     watch.cancel()

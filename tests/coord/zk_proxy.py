@@ -7,7 +7,10 @@ both int32, followed for path requests by the path as an int32 length and UTF-8 
 request that reads a *poisoned* path (``getData``, ``exists``, ``getChildren``) is not forwarded:
 the connection is cut instead, so the client sees a connection loss for that request, exactly as
 when a network drops at the wrong moment, and reconnects; every other request passes.  ``cuts``
-counts the connections cut that way."""
+counts the connections cut that way.  A read of a *stalled* path (``stall(path, delay_s)``) is
+forwarded only ``delay_s`` after it arrived, holding up the requests behind it: the client waits
+for the answer (its read may time out) while its connection stays up, as with a slow server.
+``stalls`` counts the reads stalled."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import contextlib
 import socket
 import struct
 import threading
+import time
 
 GET_DATA, EXISTS, GET_CHILDREN, GET_CHILDREN2 = 4, 3, 8, 12  # ZooKeeper's OpCode values
 _READS = {GET_DATA, EXISTS, GET_CHILDREN, GET_CHILDREN2}
@@ -27,6 +31,8 @@ class ZkProxy:
         self.port = self._listener.getsockname()[1]
         self._lock = threading.Lock()
         self._poisoned: set[str] = set()
+        self._stalled: dict[str, float] = {}  # path -> delay_s
+        self.stalls = 0
         self._sockets: list[socket.socket] = []
         self.cuts = 0
         self._closed = False
@@ -39,6 +45,11 @@ class ZkProxy:
     def cure(self, path: str) -> None:
         with self._lock:
             self._poisoned.discard(path)
+            self._stalled.pop(path, None)
+
+    def stall(self, path: str, delay_s: float) -> None:
+        with self._lock:
+            self._stalled[path] = delay_s
 
     def close(self) -> None:
         self._closed = True
@@ -80,10 +91,16 @@ class ZkProxy:
                     if len(buffer) < 4 + length:
                         break
                     frame, buffer = buffer[:4 + length], buffer[4 + length:]
-                    if not first and self._reads_poisoned(frame[4:]):
-                        with self._lock:
-                            self.cuts += 1
+                    path = None if first else _path_read(frame[4:])
+                    with self._lock:
+                        poisoned = path in self._poisoned
+                        delay_s = self._stalled.get(path) if path is not None else None
+                        self.cuts += poisoned
+                        self.stalls += delay_s is not None
+                    if poisoned:
                         raise OSError("cut")
+                    if delay_s is not None:
+                        time.sleep(delay_s)
                     first = False
                     server.sendall(frame)
         except OSError:
@@ -91,15 +108,15 @@ class ZkProxy:
         _shut(client)
         _shut(server)
 
-    def _reads_poisoned(self, body: bytes) -> bool:
-        if len(body) < 12:
-            return False
-        _xid, op, path_length = struct.unpack_from(">iii", body)
-        if op not in _READS or path_length < 0:
-            return False
-        path = body[12:12 + path_length].decode("utf-8", "replace")
-        with self._lock:
-            return path in self._poisoned
+
+def _path_read(body: bytes) -> str | None:
+    """The path a request frame's body reads (None: not a read)."""
+    if len(body) < 12:
+        return None
+    _xid, op, path_length = struct.unpack_from(">iii", body)
+    if op not in _READS or path_length < 0:
+        return None
+    return body[12:12 + path_length].decode("utf-8", "replace")
 
 
 def _shut(sock: socket.socket) -> None:
