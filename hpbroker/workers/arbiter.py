@@ -137,6 +137,7 @@ from hpbroker.workers.heartbeat import heartbeat_path
 from hpbroker.workers.liveness import HeartbeatWatch
 from hpbroker.workers.notify import ServiceNotifier
 from hpbroker.workers.ownership import owner_slot
+from hpbroker.workers.replication import UNSAFE_ACK_BEFORE_REPLICATION_ENV, unsafe_ack_before_replication
 from hpbroker.workers.slots import (
     BACKOFF_MAX_S,
     BACKOFF_RESET_S,
@@ -227,6 +228,12 @@ class Arbiter:
             except (OSError, HPBrokerError, ImportError) as e:
                 logger.error("[arbiter] cannot start: %s", e)
                 return EXIT_ERROR
+            if unsafe_ack_before_replication():
+                logger.error("[arbiter] %s=1 in the environment: this broker's leaders answer acks=all "
+                             "produce requests at their own flush, before the in-sync replicas have the "
+                             "records: acknowledged records can be lost when a leader changes.  A "
+                             "test-only switch; never set it in production",
+                             UNSAFE_ACK_BEFORE_REPLICATION_ENV)
             self._notifier.status(f"recovering partitions: starting {len(self._slots)} workers")
             self._notifier.ping_if_due(time.monotonic())  # EXTEND_TIMEOUT_USEC before any READY=1
             for slot in self._slots:  # before the ZeroMQ context exists

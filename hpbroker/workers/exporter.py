@@ -56,6 +56,7 @@ from hpbroker.metrics import Histogram, MetricFamily, MetricsServer, render
 from hpbroker.metrics.exposition import COUNTER, GAUGE, HISTOGRAM
 from hpbroker.metrics.process import cpu_seconds, open_fds, resident_memory_bytes, start_time_seconds
 from hpbroker.protocol import ApiKey
+from hpbroker.workers.replication import unsafe_ack_before_replication
 from hpbroker.workers.stats import read_stats
 
 if TYPE_CHECKING:  # kazoo is loaded only by a broker configured with ZooKeeper
@@ -73,6 +74,9 @@ _G = ("group", "topic", "partition")
 # Every metric the endpoint serves: name -> (type, label names, help).  docs/METRICS.md lists them.
 FAMILIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "hpbroker_broker_info": (GAUGE, ("broker_id", "version"), "Always 1: this broker's id and version."),
+    "hpbroker_unsafe_ack_before_replication": (
+        GAUGE, (), "1 while the test-only HPBROKER_UNSAFE_ACK_BEFORE_REPLICATION=1 is on: acks=all is "
+                   "answered before replication: acknowledged records can be lost.  Never 1 in production."),
     "process_start_time_seconds": (GAUGE, (), "When the arbiter process started, in seconds since 1970."),
     "process_cpu_seconds_total": (COUNTER, (), "CPU time of the arbiter process, in seconds."),
     "process_resident_memory_bytes": (GAUGE, (), "Resident memory of the arbiter process."),
@@ -228,6 +232,7 @@ class MetricsEndpoint:
         self.slots: tuple[SlotView, ...] = ()
         self.stopping = False
         self.offline_replicas = 0  # set by the arbiter: the replicas its registration reports offline
+        self.unsafe_ack_before_replication = unsafe_ack_before_replication()  # the workers inherit it
         # The controller's state (Controller.state: thread-safe, never waits); None: no controller.
         self.controller_state: Callable[[], Mapping[str, Any]] | None = None
         self._peers: FrontendPeers | None = None
@@ -295,6 +300,7 @@ class MetricsEndpoint:
                     for name, (kind, labels, text) in FAMILIES.items()}
         config = self._config
         families["hpbroker_broker_info"].add((config.broker_id, __version__), 1)
+        families["hpbroker_unsafe_ack_before_replication"].add((), int(self.unsafe_ack_before_replication))
         families["process_start_time_seconds"].add((), self._started_s)
         families["process_cpu_seconds_total"].add((), cpu_seconds())
         for name, value in (("process_resident_memory_bytes", resident_memory_bytes()),

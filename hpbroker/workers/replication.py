@@ -77,7 +77,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -115,6 +115,7 @@ __all__ = [
     "LeaderReplica",
     "NoReplica",
     "UNSAFE_ACK_BEFORE_REPLICATION_ENV",
+    "unsafe_ack_before_replication",
     "ReplicaRole",
     "Replication",
 ]
@@ -142,6 +143,14 @@ HIGH_WATERMARK_CHECKPOINT_INTERVAL_S = 5.0
 # Test only, a planted bug for the chaos suite's checker: set to "1" in a broker's environment,
 # its leaders answer acks=all at their own flush, breaking the acks=all promise (docs/REPLICATION.md).
 UNSAFE_ACK_BEFORE_REPLICATION_ENV = "HPBROKER_UNSAFE_ACK_BEFORE_REPLICATION"
+
+
+def unsafe_ack_before_replication(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether UNSAFE_ACK_BEFORE_REPLICATION_ENV is on in ``environ`` (default: this process's
+    environment, which the arbiter's workers inherit): exactly "1".  The arbiter announces it
+    (an ERROR line at start, the ``hpbroker_unsafe_ack_before_replication`` gauge); every worker
+    logs a warning and its leaders act on it."""
+    return (os.environ if environ is None else environ).get(UNSAFE_ACK_BEFORE_REPLICATION_ENV) == "1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -483,7 +492,7 @@ class Replication:
         self._epoch_files: dict[Partition, None] = {}
         self._next_isr_check = 0.0
         self._next_high_watermark_checkpoint = clock() + HIGH_WATERMARK_CHECKPOINT_INTERVAL_S
-        self.unsafe_ack_before_replication = os.environ.get(UNSAFE_ACK_BEFORE_REPLICATION_ENV) == "1"
+        self.unsafe_ack_before_replication = unsafe_ack_before_replication()
         if self.unsafe_ack_before_replication:
             logger.warning("%s=1: acks=all produce requests are answered at this leader's own flush, "
                            "without waiting for the in-sync replicas and without the min_insync_replicas "
