@@ -640,6 +640,10 @@ class Replication:
         if request.replica_id not in leader.state.replicas or request.replica_id == self.broker_id:
             raise NotLeaderOrFollowerError(f"{leader.role.name}: broker {request.replica_id} is not a "
                                            f"follower; the replicas are {list(leader.state.replicas)}")
+        if request.durable_offset < -1:  # -1 alone means "the fetch offset": never take garbage as durable
+            raise InvalidRequestError(f"{leader.role.name}: broker {request.replica_id} fetches from offset "
+                                      f"{request.offset} with durable offset {request.durable_offset}: "
+                                      f"it must be -1 (none) or an offset >= 0")
         log = partition.log
         diverging = diverging_epoch(log.leader_epochs, log.log_end_offset, request.last_fetched_epoch,
                                     request.offset)

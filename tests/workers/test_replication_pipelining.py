@@ -69,6 +69,28 @@ def test_a_durable_offset_past_the_fetch_offset_is_refused(brokers):
         follower.close()
 
 
+def test_a_durable_offset_below_minus_one_is_refused_not_taken_as_durable(brokers):
+    """-1 alone means "the fetch offset"; -2 (garbage, a bug) must not count the fetch offset as
+    flushed on the follower: it would let acks=-1 answer records the follower has not flushed."""
+    leader = leading_for_broker_1(brokers)
+    correlation_id = leader.arbiter.relay(0, produce_request(TOPIC, 0, make_batch("a"), acks=-1,
+                                                             timeout_ms=60_000))
+    follower = TcpClient(leader.worker.port)
+    try:
+        wait_until(lambda: _fetched(follower, replica_fetch(0), 3), what="the leader's records fetched")
+        follower.send(replica_fetch(3, durable_offset=-2), 2)
+        header, response = follower.response(ApiKey.FETCH)
+        assert header.error_code == InvalidRequestError.code, (header, response)
+        assert "durable offset -2: it must be -1 (none) or an offset >= 0" in header.error_message
+        assert leader.arbiter.nothing_within(1.0), "acks=-1 answered though the follower flushed nothing"
+        follower.send(replica_fetch(3), 3)  # then flushed (version 1 style): committed
+        header, response = leader.arbiter.response(ApiKey.PRODUCE)
+        assert (header.correlation_id, header.error_code) == (correlation_id, 0)
+        assert follower.response(ApiKey.FETCH)[0].error_code == 0
+    finally:
+        follower.close()
+
+
 def test_a_version_1_replica_fetch_still_counts_its_offset_as_durable(brokers):
     leader = leading_for_broker_1(brokers)
     assert leader.call(produce_request(TOPIC, 0, make_batch("a"), acks=1))[0].error_code == 0
