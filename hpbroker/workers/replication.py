@@ -457,6 +457,17 @@ class FollowerReplica(_Replica):
         return {"fetch_failed": int(self.failed_offset is not None), "failed_offset": self.failed_offset}
 
 
+class _LeaderBytesFailed(Exception):
+    """The records of a fetch response failed this replica's checks (``append_replicated``
+    raised ``error``): the leader's range is at fault, not this replica's log, whose own
+    CorruptRecordError (a damaged local segment read by a truncation) takes the partition's
+    storage-error path instead."""
+
+    def __init__(self, error: CorruptRecordError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class NoReplica(_Replica):
     """The broker holds the partition's log but is no replica of it in this epoch; it keeps the
     HW it knew (``known_high_watermark``), where a later role starts from."""
@@ -766,13 +777,13 @@ class Replication:
         now = self._clock()
         try:
             fetch_again = self._apply_response(partition, follower, header, response, now)
-        except StorageError as e:
-            logger.error("[%s] replicating failed: %s", follower.role.name, e)
+        except _LeaderBytesFailed as e:  # the leader's bytes failed this replica's checks
+            self._range_failed(follower, str(e.error), now)
+            return
+        except (StorageError, CorruptRecordError) as e:  # this replica's own log: not the leader's fault
+            logger.error("[%s] replicating failed: this replica's log: %s", follower.role.name, e)
             partition.storage_error(e)
             follower.failed(now)
-            return
-        except CorruptRecordError as e:  # the leader's bytes failed this replica's checks
-            self._range_failed(follower, str(e), now)
             return
         except HPBrokerError as e:
             logger.error("[%s] replicating from broker %d failed: %s; retrying", follower.role.name,
@@ -832,7 +843,10 @@ class Replication:
             follower.pipelining_paused = True
             return True
         follower.pipelining_paused = False
-        log.append_replicated(response.payload, immutable=isinstance(response.payload, bytes))
+        try:
+            log.append_replicated(response.payload, immutable=isinstance(response.payload, bytes))
+        except CorruptRecordError as e:  # only here is a CorruptRecordError about the leader's bytes
+            raise _LeaderBytesFailed(e) from e
         if follower.failed_offset is not None:
             logger.info("[%s] replicating from broker %d again: offset %d came intact (log end now %d)",
                         role.name, role.leader, follower.failed_offset, log.log_end_offset)
