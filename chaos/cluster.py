@@ -22,7 +22,8 @@ libfaketime 0.9.10 (Debian 12) answers EINVAL to the absolute monotonic ``clock_
 Python's ``time.sleep`` makes once the monotonic clock is not faked (poll, select, epoll, locks
 and condition waits are unaffected), so that broker also gets ``<directory>/b<id>/site`` on its
 PYTHONPATH, whose ``sitecustomize`` makes ``time.sleep`` wait in ``select`` until its monotonic
-deadline: the broker then meets the clock jump, not a failure of the tool that makes it.
+deadline: the broker then meets the clock jump, not a failure of the tool that makes it
+(:mod:`chaos.faketime`).
 
 Processes are signalled only by their own pid (a broker's arbiter, the pid ``ip netns exec``
 execs into, and its workers, the arbiter's children).  :meth:`ChaosCluster.close` kills every
@@ -37,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import glob
 import logging
 import os
 import re
@@ -50,7 +50,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chaos import netns
+from chaos import faketime, netns
 from chaos.zookeeper import Ensemble
 from hpbroker.client.admin import Admin
 from hpbroker.client.metadata import PartitionInfo
@@ -63,36 +63,13 @@ logger = logging.getLogger(__name__)
 
 PORT = 9092  # every broker's front-end; its data ports follow (fetch port PORT + 1)
 FILLER_NAME = "chaos-filler"  # not a <topic>-<N> name: the broker's scan of its data dir skips it
-_FAKETIME_GLOBS = ("/usr/lib/*/faketime/libfaketime.so.1", "/usr/lib/faketime/libfaketime.so.1",
-                   "/usr/local/lib/faketime/libfaketime.so.1", "/usr/lib64/faketime/libfaketime.so.1")
 _FILL_CHUNK = 1 << 20
-# The faketime broker's sitecustomize (module docstring): time.sleep without clock_nanosleep.
-_FAKETIME_SITECUSTOMIZE = '''"""Written by chaos.cluster for a broker under libfaketime: time.sleep waits in
-select() until its monotonic deadline (libfaketime 0.9.10 fails the absolute monotonic clock_nanosleep)."""
-import select as _select
-import time as _time
-
-
-def _sleep(seconds):
-    if seconds < 0:
-        raise ValueError("sleep length must be non-negative")
-    deadline = _time.monotonic() + seconds
-    while (left := deadline - _time.monotonic()) > 0:
-        _select.select([], [], [], left)
-
-
-_time.sleep = _sleep
-'''
 
 
 def faketime_available() -> str | None:
     """The path of libfaketime (``libfaketime.so.1``, Debian's ``faketime`` package), or None
     when it is not installed."""
-    for pattern in _FAKETIME_GLOBS:
-        for path in sorted(glob.glob(pattern)):
-            if os.path.isfile(path):
-                return path
-    return None
+    return faketime.library()
 
 
 def _tmpfs_refusal() -> str | None:
@@ -330,13 +307,8 @@ class ChaosCluster:
         sitecustomize directory for the faketime broker (module docstring)."""
         env = dict(os.environ)
         if broker_id == self.faketime_broker:
-            site = self._brokers[broker_id].directory / "site"
-            site.mkdir(exist_ok=True)
-            (site / "sitecustomize.py").write_text(_FAKETIME_SITECUSTOMIZE)
-            env.update({"LD_PRELOAD": str(self._faketime_library),
-                        "FAKETIME_TIMESTAMP_FILE": str(self.faketime_path(broker_id)),
-                        "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-                        "PYTHONPATH": os.pathsep.join(filter(None, (str(site), env.get("PYTHONPATH"))))})
+            env = faketime.environment(self._brokers[broker_id].directory / "site",
+                                       self.faketime_path(broker_id), base=env)
         return env
 
     def serving(self, broker_id: int) -> bool:
@@ -466,10 +438,7 @@ class ChaosCluster:
         if broker_id != self.faketime_broker:
             raise ValueError(f"broker {broker_id} does not run under faketime (faketime_broker="
                              f"{self.faketime_broker})")
-        path = self.faketime_path(broker_id)
-        temporary = path.with_name(path.name + ".new")
-        temporary.write_text(f"{round(seconds):+d}\n")
-        os.replace(temporary, path)  # a reader sees the old offset or the new one, never half
+        faketime.set_offset(self.faketime_path(broker_id), seconds)  # the old offset or the new one
         logger.info("[chaos] broker %d wall clock offset %+d s", broker_id, round(seconds))
 
     def fill_disk(self, broker_id: int) -> int:

@@ -7,7 +7,6 @@ operator setting the date, moves it."""
 
 from __future__ import annotations
 
-import glob
 import os
 import signal
 import sys
@@ -16,37 +15,15 @@ import time
 import pytest
 from harness import BrokerProcess, free_ports, pid_alive, wait_until
 
+from chaos import faketime
 from hpbroker.client import Admin, Consumer, Producer, TopicPartition
 
 TOPIC = "clock"
 WORKERS = 2
 TIMEOUT_MS = 1000  # worker_timeout_ms: a step of an hour is 3600 times that
 
-# libfaketime 0.9.10 answers EINVAL to the absolute monotonic clock_nanosleep of time.sleep when the
-# monotonic clock is not faked: the broker's time.sleep waits in select() instead.
-_SITECUSTOMIZE = '''import select as _select
-import time as _time
-
-
-def _sleep(seconds):
-    if seconds < 0:
-        raise ValueError("sleep length must be non-negative")
-    deadline = _time.monotonic() + seconds
-    while (left := deadline - _time.monotonic()) > 0:
-        _select.select([], [], [], left)
-
-
-_time.sleep = _sleep
-'''
-
-
-def _libfaketime() -> str | None:
-    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1")
-                   + glob.glob("/usr/lib/faketime/libfaketime.so.1"))
-    return found[0] if found else None
-
-
-pytestmark = pytest.mark.skipif(_libfaketime() is None, reason="needs libfaketime (apt-get install faketime)")
+pytestmark = pytest.mark.skipif(faketime.library() is None,
+                                reason="needs libfaketime (apt-get install faketime)")
 
 
 class FakeClock:
@@ -57,25 +34,18 @@ class FakeClock:
         self.set(0)
 
     def set(self, seconds: int) -> None:
-        temporary = self.path.with_name(self.path.name + ".new")
-        temporary.write_text(f"{seconds:+d}\n")
-        os.replace(temporary, self.path)  # libfaketime reads the old offset or the new one
+        faketime.set_offset(self.path, seconds)  # libfaketime reads the old offset or the new one
 
 
 @pytest.fixture
 def broker(tmp_path):
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(_SITECUSTOMIZE)
     clock = FakeClock(tmp_path / "faketime")
     port = free_ports(WORKERS + 1)
     argv = [sys.executable, "-m", "hpbroker.cli", "serve", "--port", str(port), "--fetch-port", str(port + 1),
             "--workers", str(WORKERS), "--data-dir", str(tmp_path / "data"), "--host", "127.0.0.1"]
     env = {"HPBROKER_HEARTBEAT_INTERVAL_MS": "50", "HPBROKER_WORKER_TIMEOUT_MS": str(TIMEOUT_MS),
-           "HPBROKER_GRACEFUL_TIMEOUT_MS": "5000",
-           "LD_PRELOAD": _libfaketime(), "FAKETIME_TIMESTAMP_FILE": str(clock.path), "FAKETIME_NO_CACHE": "1",
-           "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, (str(site), os.environ.get("PYTHONPATH"))))}
+           "HPBROKER_GRACEFUL_TIMEOUT_MS": "5000"}
+    env = faketime.environment(tmp_path / "site", clock.path, base=env)
     process = BrokerProcess(argv, tmp_path / "broker.log", env)
     try:
         process.wait_for_log(rf"all {WORKERS} workers serving", timeout_s=30)

@@ -8,7 +8,6 @@ is pending when the wall clock steps back an hour."""
 
 from __future__ import annotations
 
-import glob
 import os
 import sys
 import time
@@ -16,44 +15,15 @@ import time
 import pytest
 from harness import BrokerProcess, free_ports
 
+from chaos import faketime
 from hpbroker.client import Admin, Producer
 
 TOPIC = "steps"
 FLUSH_MS = 3000  # long enough to step the clock while the record is pending
 STEP_S = -3600
 
-# libfaketime 0.9.10 answers EINVAL to the absolute monotonic clock_nanosleep of time.sleep when
-# the monotonic clock is not faked: the broker's time.sleep waits in select() instead.
-_SITECUSTOMIZE = '''import select as _select
-import time as _time
-
-
-def _sleep(seconds):
-    if seconds < 0:
-        raise ValueError("sleep length must be non-negative")
-    deadline = _time.monotonic() + seconds
-    while (left := deadline - _time.monotonic()) > 0:
-        _select.select([], [], [], left)
-
-
-_time.sleep = _sleep
-'''
-
-
-def _libfaketime() -> str | None:
-    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1")
-                   + glob.glob("/usr/lib/faketime/libfaketime.so.1"))
-    return found[0] if found else None
-
-
-pytestmark = pytest.mark.skipif(_libfaketime() is None, reason="needs libfaketime (apt-get install faketime)")
-
-
-def _set_offset(path, seconds: int) -> None:
-    """The broker's wall-clock offset from the host's (libfaketime's timestamp file)."""
-    temporary = path.with_name(path.name + ".new")
-    temporary.write_text(f"{seconds:+d}\n")
-    os.replace(temporary, path)  # libfaketime reads the old offset or the new one
+pytestmark = pytest.mark.skipif(faketime.library() is None,
+                                reason="needs libfaketime (apt-get install faketime)")
 
 
 def _cpu_s(pid: int) -> float:
@@ -65,19 +35,14 @@ def _cpu_s(pid: int) -> float:
 
 @pytest.fixture
 def broker(tmp_path):
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(_SITECUSTOMIZE)
     offset_file = tmp_path / "faketime"
-    _set_offset(offset_file, 0)
+    faketime.set_offset(offset_file, 0)
     port = free_ports(2)
     argv = [sys.executable, "-m", "hpbroker.cli", "serve", "--port", str(port), "--fetch-port", str(port + 1),
             "--workers", "1", "--data-dir", str(tmp_path / "data"), "--host", "127.0.0.1"]
     env = {"HPBROKER_HEARTBEAT_INTERVAL_MS": "50", "HPBROKER_WORKER_TIMEOUT_MS": "3000",
-           "HPBROKER_GRACEFUL_TIMEOUT_MS": "5000",
-           "LD_PRELOAD": _libfaketime(), "FAKETIME_TIMESTAMP_FILE": str(offset_file),
-           "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, (str(site), os.environ.get("PYTHONPATH"))))}
+           "HPBROKER_GRACEFUL_TIMEOUT_MS": "5000"}
+    env = faketime.environment(tmp_path / "site", offset_file, base=env)
     process = BrokerProcess(argv, tmp_path / "broker.log", env)
     try:
         process.wait_for_log(r"all 1 workers serving", timeout_s=30)
@@ -97,7 +62,7 @@ def test_a_record_pending_when_the_wall_clock_steps_back_is_acknowledged_after_f
         sent = time.monotonic()
         future = producer.send_future(TOPIC, b"pending at the step", partition=0)
         time.sleep(FLUSH_MS / 3000)  # the record reaches the worker and waits for its flush
-        _set_offset(offset_file, STEP_S)
+        faketime.set_offset(offset_file, STEP_S)
         cpu_before, cpu_from = _cpu_s(worker), time.monotonic()
         try:
             metadata = future.result(FLUSH_MS / 1000 + 15)  # generous; before the fix: an hour
