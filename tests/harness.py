@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -182,3 +183,36 @@ class Client:
     def close(self) -> None:
         self.socket.close()
         self.context.term()
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent pid of ``pid`` (from /proc), or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+class SlotKiller(threading.Thread):
+    """Sends SIGKILL to each process the broker forks into ``slot``, as soon as its log names it:
+    ``limit`` processes at most, for ``timeout_s`` at most, and only the broker's own children."""
+
+    def __init__(self, broker: BrokerProcess, slot: int, limit: int, timeout_s: float) -> None:
+        super().__init__(daemon=True)
+        self.broker, self.slot, self.limit, self.timeout_s = broker, slot, limit, timeout_s
+        self.killed: list[int] = []
+
+    def run(self) -> None:
+        seen: set[int] = set()
+        deadline = time.monotonic() + self.timeout_s
+        while len(self.killed) < self.limit and time.monotonic() < deadline:
+            for found in re.finditer(rf"forked worker slot={self.slot} pid=(\d+)", self.broker.log()):
+                pid = int(found[1])
+                if pid in seen or len(self.killed) >= self.limit:
+                    continue
+                seen.add(pid)
+                if parent_of(pid) == self.broker.process.pid:
+                    os.kill(pid, signal.SIGKILL)
+                    self.killed.append(pid)
+            time.sleep(0.005)

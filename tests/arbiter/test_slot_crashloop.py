@@ -6,16 +6,13 @@ SIGKILL each time it is forked."""
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import socket
 import sys
-import threading
 import time
 
 import pytest
-from harness import BROKER_TEST_ENV, BrokerProcess, Client, free_ports, start_standin, wait_until
+from harness import BROKER_TEST_ENV, BrokerProcess, Client, SlotKiller, free_ports, start_standin, wait_until
 from scrape import get, scrape
 
 from hpbroker import protocol
@@ -208,38 +205,6 @@ PARTITIONS = 4
 WORKERS = 2
 VICTIM = 1  # the slot whose worker is killed each time it is forked
 KILLS = RESTART_LIMIT + 3  # six deaths in a row, then two of its retries: held back 1, 2, then 4 s
-
-
-class SlotKiller(threading.Thread):
-    """Sends SIGKILL to each process the broker forks into ``slot``, as soon as its log names it:
-    ``limit`` processes at most, for ``timeout_s`` at most, and only the broker's own children."""
-
-    def __init__(self, broker: BrokerProcess, slot: int, limit: int, timeout_s: float) -> None:
-        super().__init__(daemon=True)
-        self.broker, self.slot, self.limit, self.timeout_s = broker, slot, limit, timeout_s
-        self.killed: list[int] = []
-
-    def run(self) -> None:
-        seen: set[int] = set()
-        deadline = time.monotonic() + self.timeout_s
-        while len(self.killed) < self.limit and time.monotonic() < deadline:
-            for found in re.finditer(rf"forked worker slot={self.slot} pid=(\d+)", self.broker.log()):
-                pid = int(found[1])
-                if pid in seen or len(self.killed) >= self.limit:
-                    continue
-                seen.add(pid)
-                if _parent_of(pid) == self.broker.process.pid:
-                    os.kill(pid, signal.SIGKILL)
-                    self.killed.append(pid)
-            time.sleep(0.005)
-
-
-def _parent_of(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (FileNotFoundError, ProcessLookupError):
-        return None
 
 
 class Ledger:

@@ -8,14 +8,11 @@ acknowledged record is read back at the offset it was acknowledged with."""
 
 from __future__ import annotations
 
-import os
-import re
-import signal
 import threading
 import time
 
 import pytest
-from harness import BrokerProcess, wait_until
+from harness import SlotKiller, wait_until
 
 from hpbroker.client import Consumer, Producer, TopicPartition
 from hpbroker.workers.ownership import owner_slot
@@ -26,38 +23,6 @@ pytestmark = [pytest.mark.zookeeper, pytest.mark.slow]
 TOPIC = "crashloop"
 WORKERS = 2
 KILLS = RESTART_LIMIT + 3  # six deaths in a row (crash-looping), then two of its retries
-
-
-class SlotKiller(threading.Thread):
-    """SIGKILLs each process the broker forks into ``slot`` as soon as its log names it: ``limit``
-    processes at most, for ``timeout_s`` at most, only the broker's own children, by pid."""
-
-    def __init__(self, broker: BrokerProcess, slot: int, limit: int, timeout_s: float) -> None:
-        super().__init__(daemon=True)
-        self.broker, self.slot, self.limit, self.timeout_s = broker, slot, limit, timeout_s
-        self.killed: list[int] = []
-
-    def run(self) -> None:
-        seen: set[int] = set()
-        deadline = time.monotonic() + self.timeout_s
-        while len(self.killed) < self.limit and time.monotonic() < deadline:
-            for found in re.finditer(rf"forked worker slot={self.slot} pid=(\d+)", self.broker.log()):
-                pid = int(found[1])
-                if pid in seen or len(self.killed) >= self.limit:
-                    continue
-                seen.add(pid)
-                if _parent_of(pid) == self.broker.process.pid:
-                    os.kill(pid, signal.SIGKILL)
-                    self.killed.append(pid)
-            time.sleep(0.005)
-
-
-def _parent_of(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (FileNotFoundError, ProcessLookupError):
-        return None
 
 
 def _read_all(bootstrap: str, end: int) -> dict[int, bytes]:

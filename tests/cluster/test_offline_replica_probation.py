@@ -12,9 +12,8 @@ import signal
 import time
 
 import pytest
-from harness import free_ports, wait_until
+from harness import SlotKiller, free_ports, wait_until
 from scrape import scrape
-from test_crashlooping_slot_failover import SlotKiller
 
 from hpbroker.client import Consumer, Producer, TopicPartition
 from hpbroker.workers.ownership import owner_slot
