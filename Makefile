@@ -43,7 +43,7 @@ $(EXT): $(INSTALLED) $(EXT_SOURCES)
 build: setup
 
 test: setup
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=20 $(PYTEST_ARGS)
 
 # bench: the pytest-benchmark suite, then loadgen's standard scenarios 1-4 against a real broker
 # (bench/scenarios.py; bench/results/scenarios.{json,md}); SCENARIO_ARGS adds flags, e.g. "--repeat 1".
