@@ -27,7 +27,8 @@ as Jepsen's clients do.
 
 Modules, imports pointing one way: ``cli`` -> ``runner`` -> {``cluster``, ``nemesis``,
 ``schedule``, ``workload``, ``checker``, ``report``}; ``nemesis`` -> ``cluster`` -> {``netns``,
-``zookeeper``}; ``workload`` and ``checker`` -> ``history``; ``report`` -> ``checker``.  The
+``zookeeper``, ``faketime``}; ``workload`` and ``checker`` -> ``history``; ``report`` ->
+``checker``.  The
 suite uses hpbroker's public client API (and ``hpbroker.coord.server`` to find Java and
 ZooKeeper); hpbroker never imports it.
 """
