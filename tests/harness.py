@@ -216,3 +216,23 @@ class SlotKiller(threading.Thread):
                     os.kill(pid, signal.SIGKILL)
                     self.killed.append(pid)
             time.sleep(0.005)
+
+
+def read_partition(bootstrap: str, topic: str, partition: int, end: int,
+                   timeout_s: float = 60) -> dict[int, bytes]:
+    """Every record of ``topic``-``partition`` below ``end`` a consumer reads from offset 0 within
+    ``timeout_s``: offset -> value (fewer when the time runs out)."""
+    from hpbroker.client import Consumer, TopicPartition
+
+    with Consumer(bootstrap, consumer_timeout_ms=3000) as consumer:
+        tp = TopicPartition(topic, partition)
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+        records: dict[int, bytes] = {}
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and len(records) < end:
+            for record in consumer:
+                records[record.offset] = record.value
+                if len(records) >= end:
+                    break
+        return records

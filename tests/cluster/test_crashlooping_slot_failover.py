@@ -12,9 +12,9 @@ import threading
 import time
 
 import pytest
-from harness import SlotKiller, wait_until
+from harness import SlotKiller, read_partition, wait_until
 
-from hpbroker.client import Consumer, Producer, TopicPartition
+from hpbroker.client import Producer
 from hpbroker.workers.ownership import owner_slot
 from hpbroker.workers.slots import BACKOFF_RESET_S, RESTART_LIMIT
 
@@ -23,21 +23,6 @@ pytestmark = [pytest.mark.zookeeper, pytest.mark.slow]
 TOPIC = "crashloop"
 WORKERS = 2
 KILLS = RESTART_LIMIT + 3  # six deaths in a row (crash-looping), then two of its retries
-
-
-def _read_all(bootstrap: str, end: int) -> dict[int, bytes]:
-    with Consumer(bootstrap, consumer_timeout_ms=3000) as consumer:
-        tp = TopicPartition(TOPIC, 0)
-        consumer.assign([tp])
-        consumer.seek(tp, 0)
-        records: dict[int, bytes] = {}
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and len(records) < end:
-            for record in consumer:
-                records[record.offset] = record.value
-                if len(records) >= end:
-                    break
-        return records
 
 
 def test_a_leader_whose_worker_slot_crash_loops_hands_over_and_rejoins(cluster):
@@ -120,6 +105,6 @@ def test_a_leader_whose_worker_slot_crash_loops_hands_over_and_rejoins(cluster):
     producer.join(150)
     assert not failures, failures
 
-    read = _read_all(cluster.bootstrap(*others), max(acknowledged) + 1)
+    read = read_partition(cluster.bootstrap(*others), TOPIC, 0, max(acknowledged) + 1)
     lost = {o: v for o, v in acknowledged.items() if read.get(o) != v}
     assert not lost, f"{len(lost)} acknowledged records lost or moved, e.g. {sorted(lost.items())[:5]}"

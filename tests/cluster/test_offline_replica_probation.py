@@ -12,10 +12,10 @@ import signal
 import time
 
 import pytest
-from harness import SlotKiller, free_ports, wait_until
+from harness import SlotKiller, free_ports, read_partition, wait_until
 from scrape import scrape
 
-from hpbroker.client import Consumer, Producer, TopicPartition
+from hpbroker.client import Producer
 from hpbroker.workers.ownership import owner_slot
 from hpbroker.workers.slots import BACKOFF_RESET_S, RESTART_LIMIT
 
@@ -33,21 +33,6 @@ def _produce(bootstrap: str, first: int, count: int) -> dict[int, bytes]:
         futures = [(b"record %d" % i, producer.send_future(TOPIC, b"record %d" % i, partition=0))
                    for i in range(first, first + count)]
         return {future.result(60).offset: value for value, future in futures}
-
-
-def _read_all(bootstrap: str, end: int) -> dict[int, bytes]:
-    with Consumer(bootstrap, consumer_timeout_ms=3000) as consumer:
-        tp = TopicPartition(TOPIC, 0)
-        consumer.assign([tp])
-        consumer.seek(tp, 0)
-        records: dict[int, bytes] = {}
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and len(records) < end:
-            for record in consumer:
-                records[record.offset] = record.value
-                if len(records) >= end:
-                    break
-        return records
 
 
 def test_a_retried_slot_reports_its_replicas_back_only_after_its_probation(cluster):
@@ -114,6 +99,6 @@ def test_a_retried_slot_reports_its_replicas_back_only_after_its_probation(clust
                    what="leadership back on the preferred replica")
     acknowledged |= _produce(cluster.bootstrap(), 300, 100)
 
-    read = _read_all(cluster.bootstrap(), max(acknowledged) + 1)
+    read = read_partition(cluster.bootstrap(), TOPIC, 0, max(acknowledged) + 1)
     lost = {o: v for o, v in acknowledged.items() if read.get(o) != v}
     assert not lost, f"{len(lost)} acknowledged records lost or moved, e.g. {sorted(lost.items())[:5]}"
