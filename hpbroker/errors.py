@@ -39,6 +39,8 @@ code  class                            retriable  meaning
 24    NotEnoughReplicasError           yes        acks=-1 refused: the ISR is smaller than min_insync_replicas
 25    FencedLeaderEpochError           yes        a replica fetch's leader epoch is older than the leader's
 26    InvalidReplicationFactorError    no         a replication factor below 1 or above the live brokers
+27    AuthenticationError              no         the key, or a data port's fetch token, is not accepted
+28    AuthorizationError               no         the ACLs do not allow the principal this operation
 ====  ===============================  =========  =====================================================
 """
 
@@ -46,6 +48,8 @@ from __future__ import annotations
 
 __all__ = [
     "ERRORS_BY_CODE",
+    "AuthenticationError",
+    "AuthorizationError",
     "BrokerNotAvailableError",
     "CoordinationError",
     "CorruptRecordError",
@@ -290,6 +294,25 @@ class InvalidReplicationFactorError(HPBrokerError):
     code = 26
 
 
+class AuthenticationError(HPBrokerError):
+    """The connection is not authenticated.  Sent by a data port to a connection whose fetch
+    token is missing, malformed, forged, expired, or whose principal's key is no longer on the
+    allowlist (the connection is then closed); raised on the client when the broker refuses the
+    client's CurveZMQ key (not on its allowlist, or the wrong server key), which libzmq reports
+    as a failed handshake rather than as a response.  Get a new token (or fix the key) first:
+    the same request fails again as it is."""
+
+    code = 27
+
+
+class AuthorizationError(HPBrokerError):
+    """The ACLs do not allow the principal the operation on the resource; the message names the
+    three (``principal 'alice' may not produce to topic 'orders'``).  Nothing was appended,
+    created, deleted or changed."""
+
+    code = 28
+
+
 ERRORS_BY_CODE: dict[int, type[HPBrokerError]] = {
     cls.code: cls
     for cls in (
@@ -319,6 +342,8 @@ ERRORS_BY_CODE: dict[int, type[HPBrokerError]] = {
         NotEnoughReplicasError,
         FencedLeaderEpochError,
         InvalidReplicationFactorError,
+        AuthenticationError,
+        AuthorizationError,
     )
 }
 

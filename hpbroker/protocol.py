@@ -55,6 +55,12 @@ __all__ = [
     "REQUEST_TYPES",
     "RESPONSE_TYPES",
     "AlterTopicConfigRequest",
+    "AuthenticateRequest",
+    "AuthenticateResponse",
+    "FetchTokenRequest",
+    "FetchTokenResponse",
+    "GroupCredentialsRequest",
+    "GroupCredentialsResponse",
     "AlterTopicConfigResponse",
     "ApiKey",
     "BrokerInfo",
@@ -123,6 +129,9 @@ class ApiKey:
     DELETE_TOPIC = 5
     ALTER_TOPIC_CONFIG = 6
     INIT_PRODUCER_ID = 7
+    FETCH_TOKEN = 8
+    AUTHENTICATE = 9
+    GROUP_CREDENTIALS = 10
 
 
 # --- field types -----------------------------------------------------------------------------
@@ -609,15 +618,98 @@ class InitProducerIdResponse(Message):
     SCHEMA: ClassVar = (("producer_id", I64), ("producer_epoch", I32))
 
 
+@dataclass(slots=True)
+class FetchTokenRequest(Message):
+    """Ask the front-end for a fetch token: what a data-port connection presents first
+    (:class:`AuthenticateRequest`) on a broker with ``security = "curve"``.  The token names the
+    principal the front-end authenticated (the client's key name) and an expiry; any broker of
+    the cluster accepts it.  It grants nothing by itself: each fetch is still checked against the
+    ACLs.  A broker without security answers error 10."""
+
+    payload: bytes | memoryview = b""
+    API_KEY: ClassVar = ApiKey.FETCH_TOKEN
+    SCHEMA: ClassVar = ()
+
+
+@dataclass(slots=True)
+class FetchTokenResponse(Message):
+    """``token``: opaque printable ASCII (docs/SECURITY.md gives its layout); ``principal``: the
+    name it is bound to; ``expires_at_ms``: when data ports stop accepting it (get the next one
+    before then).  Empty and -1 on error."""
+
+    token: str = ""
+    principal: str = ""
+    expires_at_ms: int = -1
+    payload: bytes | memoryview = b""
+    API_KEY: ClassVar = ApiKey.FETCH_TOKEN
+    SCHEMA: ClassVar = (("token", STRING), ("principal", STRING), ("expires_at_ms", I64))
+
+
+@dataclass(slots=True)
+class AuthenticateRequest(Message):
+    """Data ports only, and there the first request of every connection to a broker with
+    ``security = "curve"`` and ``data_port_auth = "token"``: the token a front-end issued
+    (:class:`FetchTokenResponse`).  Refused (error 27), the connection is closed after the
+    answer; any other request before a successful one gets error 27 and the connection closes.
+    A broker without data-port tokens answers it with error 0 and an empty principal."""
+
+    token: str
+    payload: bytes | memoryview = b""
+    API_KEY: ClassVar = ApiKey.AUTHENTICATE
+    SCHEMA: ClassVar = (("token", STRING),)
+
+
+@dataclass(slots=True)
+class AuthenticateResponse(Message):
+    """The principal the connection now acts as and when its token expires (a connection outlives
+    its token: requests after ``expires_at_ms`` get error 27 and the connection closes)."""
+
+    principal: str = ""
+    expires_at_ms: int = -1
+    payload: bytes | memoryview = b""
+    API_KEY: ClassVar = ApiKey.AUTHENTICATE
+    SCHEMA: ClassVar = (("principal", STRING), ("expires_at_ms", I64))
+
+
+@dataclass(slots=True)
+class GroupCredentialsRequest(Message):
+    """Ask for the ZooKeeper credentials of consumer group ``group`` (a group member writes its
+    registration, partition ownership and offsets under ``/consumers/<group>`` itself).  Needs
+    ``consume`` on the group; a broker without security, or without ZooKeeper, answers error 10."""
+
+    group: str
+    payload: bytes | memoryview = b""
+    API_KEY: ClassVar = ApiKey.GROUP_CREDENTIALS
+    SCHEMA: ClassVar = (("group", STRING),)
+
+
+@dataclass(slots=True)
+class GroupCredentialsResponse(Message):
+    """``zookeeper_user`` and ``zookeeper_password``: the digest credentials to add to the
+    member's ZooKeeper session (``addauth digest user:password``); ``acl_ids``: the digest ids
+    (``user:base64(sha1(user:password))``) to give all rights on every znode the member creates
+    under the group's node, the world getting read only (docs/SECURITY.md).  Empty on error."""
+
+    zookeeper_user: str = ""
+    zookeeper_password: str = ""
+    acl_ids: list[str] = field(default_factory=list)
+    payload: bytes | memoryview = b""
+    API_KEY: ClassVar = ApiKey.GROUP_CREDENTIALS
+    SCHEMA: ClassVar = (("zookeeper_user", STRING), ("zookeeper_password", STRING),
+                        ("acl_ids", _Array(STRING)))
+
+
 REQUEST_TYPES: dict[int, type[Message]] = {
     cls.API_KEY: cls
     for cls in (ProduceRequest, FetchRequest, ListOffsetsRequest, MetadataRequest, CreateTopicRequest,
-                DeleteTopicRequest, AlterTopicConfigRequest, InitProducerIdRequest)
+                DeleteTopicRequest, AlterTopicConfigRequest, InitProducerIdRequest, FetchTokenRequest,
+                AuthenticateRequest, GroupCredentialsRequest)
 }
 RESPONSE_TYPES: dict[int, type[Message]] = {
     cls.API_KEY: cls
     for cls in (ProduceResponse, FetchResponse, ListOffsetsResponse, MetadataResponse, CreateTopicResponse,
-                DeleteTopicResponse, AlterTopicConfigResponse, InitProducerIdResponse)
+                DeleteTopicResponse, AlterTopicConfigResponse, InitProducerIdResponse, FetchTokenResponse,
+                AuthenticateResponse, GroupCredentialsResponse)
 }
 # Every payload-less message still ends its body with payload_length 0.
 assert all({f.name for f in fields(cls)} >= {"payload"} for cls in (*REQUEST_TYPES.values(),

@@ -34,7 +34,7 @@ from hpbroker.coord.paths import parse_connect_string
 from hpbroker.errors import InvalidConfigError
 from hpbroker.io import LogConfig
 
-__all__ = ["BrokerConfig"]
+__all__ = ["BrokerConfig", "super_user_names"]
 
 _ENV_PREFIX = "HPBROKER_"
 _LOG_ENV_PREFIX = "HPBROKER_LOG_"  # then a LogConfig field
@@ -133,6 +133,37 @@ class BrokerConfig:
     #: whether the controller moves each partition's leadership back to its preferred replica
     #: (the first of its replicas) once that replica is in sync again.  Default True.
     auto_leader_rebalance: bool = True
+    #: ``"none"``: no authentication, every client may do everything; ``"curve"``: the front-end
+    #: is a CurveZMQ server that admits only the public keys in ``allowlist_dir``, every request
+    #: is checked against the ACLs, and the data ports serve only token holders
+    #: (docs/SECURITY.md).  Default ``"none"``.
+    security: str = "none"
+    #: the broker's own key pair: the secret key file ``hpbroker keys generate`` wrote (its
+    #: public key is the one clients name as the server key; the key's name is this broker's
+    #: principal).  Required with ``security = "curve"``.  Default empty.
+    server_key_file: str = ""
+    #: directory of the public key files (``NAME.key``) of every principal admitted; re-read on
+    #: SIGHUP.  Required with ``security = "curve"``.  Default empty.
+    allowlist_dir: str = ""
+    #: comma-separated principals (key names) allowed everything whatever the ACLs say; the
+    #: brokers' own keys belong here (or hold ``cluster_action`` on the cluster).  Default empty.
+    super_users: str = ""
+    #: ms a fetch token stays valid after it is issued (clients renew before it ends).  Default
+    #: 600_000 (10 min).  Range [1000, 86_400_000].
+    fetch_token_lifetime_ms: int = 600_000
+    #: how the TCP data ports are protected with ``security = "curve"``: ``"token"`` (every
+    #: connection first presents a fetch token) or ``"loopback"`` (the data ports bind
+    #: 127.0.0.1 and serve without a token: only processes on this host reach them).  Default
+    #: ``"token"``.
+    data_port_auth: str = "token"
+    #: file holding ``user:password``, the ZooKeeper digest credentials of the cluster: every
+    #: znode the broker creates then carries an ACL (all rights to that user, read to the world).
+    #: Required with ``security = "curve"`` and ``zookeeper``.  Default empty.
+    zookeeper_credentials_file: str = ""
+    #: file holding the bearer token ``GET /metrics`` must present (``Authorization: Bearer``).
+    #: With ``security = "curve"`` a metrics endpoint needs a token or a loopback
+    #: ``metrics_host``.  Default empty: no token asked.
+    metrics_token_file: str = ""
     #: log settings of topics that do not override them.
     log: LogConfig = field(default_factory=LogConfig)
 
@@ -169,7 +200,10 @@ class BrokerConfig:
         _check_int("replica_lag_time_max_ms", self.replica_lag_time_max_ms, 100, 2**31 - 1)
         _check_int("replica_fetch_max_bytes", self.replica_fetch_max_bytes, 1024, 64 << 20)
         _check_int("replica_fetch_wait_max_ms", self.replica_fetch_wait_max_ms, 0, 30_000)
-        for name in ("host", "data_dir", "run_dir", "zookeeper", "metrics_host"):
+        _check_int("fetch_token_lifetime_ms", self.fetch_token_lifetime_ms, 1000, 86_400_000)
+        for name in ("host", "data_dir", "run_dir", "zookeeper", "metrics_host", "security", "server_key_file",
+                     "allowlist_dir", "super_users", "data_port_auth", "zookeeper_credentials_file",
+                     "metrics_token_file"):
             if not isinstance(getattr(self, name), str):
                 raise InvalidConfigError(f"{name} must be a string, got {getattr(self, name)!r}")
         if not self.host or not self.data_dir:
@@ -182,6 +216,7 @@ class BrokerConfig:
                 parse_connect_string(self.zookeeper)
             except InvalidConfigError as e:
                 raise InvalidConfigError(f"zookeeper: {e.message}") from None
+        _check_security(self)
         if not isinstance(self.log, LogConfig):
             raise InvalidConfigError(f"log must be a LogConfig, got {type(self.log).__name__}")
         if self.port in range(self.fetch_port, self.fetch_port + self.workers):
@@ -256,6 +291,34 @@ def _from_environment(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[
         else:
             out[name] = raw
     return broker, log
+
+
+_LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def _check_security(config: BrokerConfig) -> None:
+    """The security settings agree with each other (docs/SECURITY.md)."""
+    if config.security not in ("none", "curve"):
+        raise InvalidConfigError(f"security must be 'none' or 'curve', got {config.security!r}")
+    if config.data_port_auth not in ("token", "loopback"):
+        raise InvalidConfigError(f"data_port_auth must be 'token' or 'loopback', got {config.data_port_auth!r}")
+    if config.security != "curve":
+        return
+    missing = [name for name in ("server_key_file", "allowlist_dir") if not getattr(config, name)]
+    if config.zookeeper and not config.zookeeper_credentials_file:
+        missing.append("zookeeper_credentials_file")
+    if missing:
+        raise InvalidConfigError(f"security = 'curve' needs {', '.join(missing)} set")
+    metrics_host = config.metrics_host or config.host
+    if config.metrics_port and not config.metrics_token_file and metrics_host not in _LOOPBACK_HOSTS:
+        raise InvalidConfigError(
+            f"security = 'curve' with a metrics endpoint on {metrics_host}: set metrics_token_file, or "
+            "metrics_host to 127.0.0.1 (the endpoint lists every topic, group and offset)")
+
+
+def super_user_names(config: BrokerConfig) -> frozenset[str]:
+    """``super_users`` as a set of principal names."""
+    return frozenset(name.strip() for name in config.super_users.split(",") if name.strip())
 
 
 def _reject_unknown(values: Mapping[str, Any], known: set[str], section: str) -> None:
