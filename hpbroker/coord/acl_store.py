@@ -1,0 +1,175 @@
+"""The cluster's ACLs in ZooKeeper: one znode, read, changed and watched by every broker and tool.
+
+Node ``<root>/acls`` (next to ``brokers`` and ``consumers``; ``hpbroker.coord.paths`` for the
+root), persistent, JSON::
+
+    {"version": 1, "acls": [{"principal": "alice", "operation": "produce",
+                             "resource_type": "topic", "pattern_type": "literal", "name": "orders"}, ...]}
+
+``acls`` is sorted and holds each entry once (``AclEntry.to_dict``, ``hpbroker.security.acls``).
+A missing node means no ACLs.  Every change is a read followed by a set conditional on the version
+read (a create when the node is missing): two tools adding at the same time both land, the
+loser of a race reads again and retries.  With the cluster's ZooKeeper credentials on the session
+(``Session.credentials``) the node is created with the *private* ACL (``hpbroker.coord.zk_security``):
+only the cluster reads or writes it; without them it is ZooKeeper's default, open to all.
+
+An entry this version cannot parse (written by a newer one, say) is skipped with a warning: an
+allow rule missing only refuses more.  A node whose JSON does not parse at all is a
+CoordinationError to a reader; a watcher keeps what it last had and logs an error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from kazoo.exceptions import BadVersionError, KazooException, NoAuthError, NodeExistsError, NoNodeError
+
+from hpbroker.coord.paths import ZkPaths
+from hpbroker.errors import AuthorizationError, CoordinationError, InvalidConfigError
+from hpbroker.security.acls import AclEntry
+
+__all__ = ["AclsCallback", "acls_path", "add_acls", "decode_acls", "encode_acls", "read_acls", "remove_acls",
+           "watch_acls"]
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1  # the node's "version" field
+_CONFLICT_ATTEMPTS = 50  # lost races in a row before a change gives up
+
+AclsCallback = Callable[[list[AclEntry]], None]
+
+
+def acls_path(paths: ZkPaths | None = None) -> str:
+    """``<root>/acls``."""
+    root = (paths or ZkPaths()).root
+    return ("" if root == "/" else root) + "/acls"
+
+
+def encode_acls(entries: Iterable[AclEntry]) -> bytes:
+    """The node's bytes for ``entries`` (sorted, each once)."""
+    unique = sorted({json.dumps(e.to_dict(), sort_keys=True) for e in entries})
+    return json.dumps({"version": FORMAT_VERSION, "acls": [json.loads(u) for u in unique]},
+                      sort_keys=True).encode()
+
+
+def decode_acls(data: bytes | None, where: str) -> list[AclEntry]:
+    """The entries of the node's ``data`` (None or empty: none).  CoordinationError naming
+    ``where`` when it is not the node's JSON; single entries that do not parse are skipped
+    (logged)."""
+    if not data:
+        return []
+    try:
+        document = json.loads(data)
+        listed = document["acls"]
+        if not isinstance(listed, list):
+            raise TypeError("'acls' is not a list")
+    except (ValueError, KeyError, TypeError) as e:
+        raise CoordinationError(f"{where} does not hold the ACLs' JSON ({e}); repair it with "
+                                "`hpbroker acls` after removing the node") from None
+    entries = []
+    for item in listed:
+        try:
+            entries.append(AclEntry.from_dict(item))
+        except InvalidConfigError as e:
+            logger.warning("[zookeeper] skipped an ACL of %s that does not parse: %s", where, e.message)
+    return entries
+
+
+def _read(client: Any, path: str) -> tuple[list[AclEntry], int | None]:
+    """The entries and the node's version (None: no node)."""
+    try:
+        data, stat = client.get(path)
+    except NoNodeError:
+        return [], None
+    return decode_acls(data, f"znode {path}"), stat.version
+
+
+def _refused(what: str, path: str, session: Any) -> AuthorizationError:
+    credentials = getattr(session, "credentials", None)
+    who = "without credentials" if credentials is None else f"as {credentials.user!r}"
+    return AuthorizationError(f"ZooKeeper refused {what} {path} {who}: only the cluster's credentials may "
+                              "(give --zookeeper-credentials-file)")
+
+
+def read_acls(session: Any, paths: ZkPaths | None = None) -> list[AclEntry]:
+    """Every ACL entry of the cluster ([] when none was ever added)."""
+    path = acls_path(paths)
+    try:
+        return _read(session.client, path)[0]
+    except NoAuthError:
+        raise _refused("reading", path, session) from None
+    except KazooException as e:
+        raise CoordinationError(f"cannot read the ACLs at {path} in ZooKeeper: {e!r}") from None
+
+
+def _change(session: Any, paths: ZkPaths | None, change: Callable[[list[AclEntry]], list[AclEntry]]) -> int:
+    """Apply ``change`` (old entries -> new entries) with a conditional write; returns how many
+    entries the node's set gained or lost."""
+    path = acls_path(paths)
+    client = session.client
+    credentials = getattr(session, "credentials", None)
+    for _ in range(_CONFLICT_ATTEMPTS):
+        try:
+            old, version = _read(client, path)
+            new = change(old)
+            delta = len(set(new) ^ set(old))
+            if set(new) == set(old):
+                return 0
+            if version is None:
+                acl = None
+                if credentials is not None:
+                    from hpbroker.coord.zk_security import private_acl
+
+                    acl = private_acl(credentials)
+                client.create(path, encode_acls(new), acl=acl, makepath=True)
+            else:
+                client.set(path, encode_acls(new), version=version)
+            return delta
+        except (BadVersionError, NodeExistsError):
+            continue  # changed by someone else since it was read: read again
+        except NoAuthError:
+            raise _refused("changing", path, session) from None
+        except KazooException as e:
+            raise CoordinationError(f"cannot change the ACLs at {path} in ZooKeeper: {e!r}") from None
+    raise CoordinationError(f"lost {_CONFLICT_ATTEMPTS} races in a row changing the ACLs at {path}")
+
+
+def add_acls(session: Any, entries: Iterable[AclEntry], paths: ZkPaths | None = None) -> int:
+    """Add ``entries``; returns how many were not there yet (adding one twice is no error)."""
+    wanted = list(entries)
+
+    def add(old: list[AclEntry]) -> list[AclEntry]:
+        have = set(old)
+        return [*old, *(e for e in wanted if e not in have)]
+
+    return _change(session, paths, add)
+
+
+def remove_acls(session: Any, entries: Iterable[AclEntry], paths: ZkPaths | None = None) -> int:
+    """Remove ``entries``; returns how many were there (an absent one is no error)."""
+    unwanted = set(entries)
+    return _change(session, paths, lambda old: [e for e in old if e not in unwanted])
+
+
+def watch_acls(session: Any, callback: AclsCallback, paths: ZkPaths | None = None) -> Any:
+    """Call ``callback(entries)`` now and after every change of the ACLs (``[]`` while the node
+    does not exist), through ``hpbroker.coord.watches``: re-armed after reconnections and
+    expiry; calls after the first come from the session's re-arm thread, so a broker hands the
+    entries to its loop.  A node that does not parse is logged and skipped (the previous
+    entries stay in force).  Returns the watch; ``cancel()`` ends it."""
+    from hpbroker.coord.watches import watch_data
+
+    path = acls_path(paths)
+
+    def changed(data: bytes | None, stat: Any) -> None:
+        try:
+            entries = decode_acls(data, f"znode {path}")
+        except CoordinationError as e:
+            logger.error("[zookeeper] %s; the ACLs in force stay as they were", e.message)
+            return
+        callback(entries)
+
+    return watch_data(session.client, path, changed)
