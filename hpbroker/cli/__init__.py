@@ -12,6 +12,7 @@
 - ``hpbroker cluster``: the live brokers and the controller, from ZooKeeper (``cluster``)
 - ``hpbroker partitions reassign``: move a replicated topic's replicas (``partitions``)
 - ``hpbroker audit``: stored records against the producers' monitoring events, on Spark (``audit``)
+- ``hpbroker keys generate|list|allow|revoke``: CurveZMQ key files and allowlists (``keys``)
 
 Exit status: 0 on success, 1 when the operation failed (the message says why, naming the error:
 ``hpbroker consume: unknown topic or partition: ...``), 2 for bad usage (the message and the usage
@@ -37,13 +38,25 @@ import sys
 from collections.abc import Sequence
 
 from hpbroker import __version__
-from hpbroker.cli import audit, check, cluster, consume, groups, partitions, produce, segments, server, topics
+from hpbroker.cli import (
+    audit,
+    check,
+    cluster,
+    consume,
+    groups,
+    keys,
+    partitions,
+    produce,
+    segments,
+    server,
+    topics,
+)
 from hpbroker.cli.common import stdout_broken
 
 __all__ = ["FILE_COMMANDS", "build_parser", "main"]
 
 #: Subcommands that touch no socket: killed by SIGPIPE on a closed standard output.
-FILE_COMMANDS = frozenset({"version", "dump-log", "check"})
+FILE_COMMANDS = frozenset({"version", "dump-log", "check", "keys"})
 
 
 def _version(_args: argparse.Namespace) -> int:
@@ -58,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpbroker", description="hpbroker log broker")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("version", help="print the version").set_defaults(run=_version)
-    for module in (server, segments, check, topics, produce, consume, groups, cluster, partitions, audit):
+    for module in (server, segments, check, topics, produce, consume, groups, cluster, partitions, audit,
+                   keys):
         module.register(sub)
     _remember_parsers(parser)
     return parser
