@@ -40,6 +40,7 @@ from hpbroker.coord.cluster import ClusterView
 from hpbroker.coord.paths import ZkPaths
 from hpbroker.coord.registry import BrokerRegistration, BrokerRegistry, TopicRegistration, TopicRegistry
 from hpbroker.coord.session import DEFAULT_SESSION_TIMEOUT_S, Session
+from hpbroker.coord.zk_security import ZkCredentials
 from hpbroker.errors import CoordinationError
 
 __all__ = ["RETRY_S", "BrokerMember"]
@@ -54,9 +55,13 @@ class BrokerMember:
     """Keeps this broker's nodes in ZooKeeper in step with the latest snapshot (module docstring)."""
 
     def __init__(self, connect_string: str, *, session_timeout_s: float = DEFAULT_SESSION_TIMEOUT_S,
-                 connect_timeout_s: float | None = None, paths: ZkPaths | None = None) -> None:
+                 connect_timeout_s: float | None = None, paths: ZkPaths | None = None,
+                 credentials: ZkCredentials | None = None) -> None:
+        """``credentials``: the cluster's ZooKeeper credentials (``zookeeper_credentials_file``):
+        every node the broker creates, through this member's session, then carries the cluster
+        ACL (``hpbroker.coord.zk_security``)."""
         self.session = Session(connect_string, session_timeout_s=session_timeout_s,
-                               connect_timeout_s=connect_timeout_s, name="zookeeper")
+                               connect_timeout_s=connect_timeout_s, name="zookeeper", credentials=credentials)
         self.paths = paths or ZkPaths()
         self.brokers = BrokerRegistry(self.session, self.paths)
         self.topics = TopicRegistry(self.session, self.paths)

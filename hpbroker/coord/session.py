@@ -19,6 +19,14 @@ another session is a conflict (CoordinationError), unless the caller's ``takeove
 recognises its data as its own previous incarnation's (a process restarted before ZooKeeper
 expired its old session), in which case the stale node is deleted and replaced.
 
+**Credentials.**  ``Session(..., credentials=ZkCredentials)`` (``hpbroker.coord.zk_security``)
+adds the digest auth to every connection (kazoo's ``auth_data``, sent again after each
+reconnection) and makes the cluster's ACL (all rights to that user, read to the world) kazoo's
+``default_acl``, which covers every ``create`` (sync, async, ``makepath`` parents, transactions)
+and ``ensure_path``; the chroot, when created here, carries it too.  ``acl=`` overrides the
+default ACL (a group member's: ``zk_security.member_acl``), ``auth=`` adds other digest
+credentials (a group's).  Without any, nodes are world-writable, as before.
+
 **Threads.**  kazoo runs a connection thread and a callback thread; state listeners, watches and
 the re-registration run on them, never on the caller's thread.  Every write of an ephemeral node
 holds one lock, so a re-registration and a caller's update cannot interleave and the newest data
@@ -31,13 +39,15 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+from kazoo.security import ACL
 
 from hpbroker.coord.paths import ConnectString, parse_connect_string
+from hpbroker.coord.zk_security import ZkCredentials, cluster_acl
 from hpbroker.errors import CoordinationError
 
 __all__ = ["DEFAULT_SESSION_TIMEOUT_S", "Session", "connect"]
@@ -67,8 +77,14 @@ class Session:
 
     def __init__(self, connect_string: str, *, session_timeout_s: float = DEFAULT_SESSION_TIMEOUT_S,
                  connect_timeout_s: float | None = None, name: str = "zookeeper",
-                 client_id: tuple[int, bytes] | None = None) -> None:
+                 client_id: tuple[int, bytes] | None = None, credentials: ZkCredentials | None = None,
+                 auth: Sequence[ZkCredentials] = (), acl: Sequence[ACL] | None = None) -> None:
         self.connect_string: ConnectString = parse_connect_string(connect_string)
+        self.credentials = credentials
+        self.auth = tuple(dict.fromkeys(([credentials] if credentials else []) + list(auth)))
+        #: what every node this session creates carries; None: world-writable (no credentials)
+        self.default_acl: list[ACL] | None = (list(acl) if acl is not None
+                                              else cluster_acl(credentials) if credentials else None)
         if not session_timeout_s > 0:
             raise CoordinationError(f"session_timeout_s must be positive, got {session_timeout_s!r}")
         self.session_timeout_s = float(session_timeout_s)
@@ -77,7 +93,9 @@ class Session:
         retry = {"max_tries": -1, "delay": 0.05, "backoff": 2, "max_delay": _RECONNECT_MAX_DELAY_S}
         self.client = KazooClient(hosts=str(self.connect_string), timeout=self.session_timeout_s,
                                   client_id=client_id, connection_retry=retry,
-                                  command_retry={"max_tries": 3, "delay": 0.05, "max_delay": 1.0})
+                                  command_retry={"max_tries": 3, "delay": 0.05, "max_delay": 1.0},
+                                  auth_data=[c.auth_data for c in self.auth] or None,
+                                  default_acl=self.default_acl)
         self._lock = threading.RLock()  # held by every ephemeral write
         self._ephemerals: dict[str, _Ephemeral] = {}
         self._session_id: int | None = None  # the session of the last CONNECTED
@@ -114,7 +132,8 @@ class Session:
 
     def _create_chroot(self) -> None:
         """A chrooted client cannot create its chroot's parents: a short-lived plain one does."""
-        plain = KazooClient(hosts=self.connect_string.hosts, timeout=self.session_timeout_s)
+        plain = KazooClient(hosts=self.connect_string.hosts, timeout=self.session_timeout_s,
+                            auth_data=[c.auth_data for c in self.auth] or None, default_acl=self.default_acl)
         try:
             plain.start(timeout=self.connect_timeout_s)
             plain.ensure_path(self.connect_string.chroot)
@@ -263,8 +282,9 @@ class Session:
 
 
 def connect(connect_string: str, *, session_timeout_s: float = DEFAULT_SESSION_TIMEOUT_S,
-            connect_timeout_s: float | None = None, name: str = "zookeeper") -> Session:
+            connect_timeout_s: float | None = None, name: str = "zookeeper",
+            credentials: ZkCredentials | None = None) -> Session:
     """A started :class:`Session` (CoordinationError if no server answers within
-    ``connect_timeout_s``, by default the session timeout)."""
+    ``connect_timeout_s``, by default the session timeout); ``credentials``: the cluster's."""
     return Session(connect_string, session_timeout_s=session_timeout_s, connect_timeout_s=connect_timeout_s,
-                   name=name).start()
+                   name=name, credentials=credentials).start()
