@@ -41,6 +41,14 @@ timeout) is no failure: the next fetch connects at once.
 Input: the decoder holds at most one message being received, refused beyond
 :data:`~hpbroker.protocol.MAX_MESSAGE_BYTES` (the connection is then dropped).
 
+**Fetch tokens.**  Made with ``token`` (a broker whose data ports need one, docs/SECURITY.md), the
+fetcher sends an AuthenticateRequest with a freshly minted token first on every new connection,
+ahead of the fetches queued for it, and again before a fetch once two thirds of the token's
+lifetime have passed, so a long-lived connection never outlives its token.  Responses come in
+request order, so each AuthenticateResponse is read in its place among the fetch responses; a
+refusal (error 27) counts as a connection failure: every fetch on it is lost, and the next
+connect, after the backoff, presents a new token.
+
 **Callbacks** run inside :meth:`~ReplicaFetcher.process`, after the fetcher's state is settled,
 so they may call :meth:`~ReplicaFetcher.fetch` again: ``on_response(topic, partition, header,
 response)`` for each answer (``header.error_code`` set for an error answer; ``response.payload``
@@ -65,7 +73,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpbroker import protocol
-from hpbroker.errors import HPBrokerError, InvalidRequestError
+from hpbroker.errors import AuthenticationError, HPBrokerError, InvalidRequestError
 
 __all__ = ["BACKOFF_INITIAL_S", "BACKOFF_MAX_S", "READ_BYTES_PER_PROCESS", "RESOLVE_POLL_S", "ReplicaFetcher"]
 
@@ -95,6 +103,13 @@ class _Fetch:
     sent_at: float = -1.0  # when its request was queued on a live connection; -1 while waiting for one
 
 
+@dataclass(slots=True)
+class _Authenticate:
+    """An AuthenticateRequest sent on the connection, awaiting its response."""
+
+    correlation_id: int
+
+
 class ReplicaFetcher:
     """Replica fetches from the leader data port ``host:port`` for follower broker ``broker_id``
     (module docstring).  Nothing is connected until the first :meth:`fetch`.
@@ -103,10 +118,13 @@ class ReplicaFetcher:
     fetch is only logged, and the owner must notice it by :meth:`in_flight`).
     ``request_timeout_ms``: how long a connect, or a fetch beyond its ``max_wait_ms``, may go
     unanswered before the connection is given up.  ``broker_id`` -1 sends consumer fetches
-    (records below the high watermark only), for tools and tests."""
+    (records below the high watermark only), for tools and tests.  ``token``: mints ``(token,
+    expires_at_ms)`` for this broker's principal (None: the leader's data ports need no token;
+    the callable's None: no token yet, the connection goes without and the leader refuses it)."""
 
     def __init__(self, broker_id: int, host: str, port: int, *, on_response: ResponseCallback, now: float,
-                 on_lost: LostCallback | None = None, request_timeout_ms: int = 30_000) -> None:
+                 on_lost: LostCallback | None = None, request_timeout_ms: int = 30_000,
+                 token: Callable[[], tuple[str, int] | None] | None = None) -> None:
         self.broker_id = broker_id
         self.host = host
         self.port = port
@@ -124,6 +142,10 @@ class ReplicaFetcher:
         # correlation id -> request of a fetch made while there was no connection (sent on connect)
         self._pending: dict[int, list[bytes | memoryview]] = {}
         self._fetches: deque[_Fetch] = deque()  # in the order sent: the order of the answers
+        # on the connection, the fetches and authentications awaiting answers, in the order sent
+        self._answers: deque[_Fetch | _Authenticate] = deque()
+        self._token = token
+        self._renew_at = 0.0  # when the connection's token is due for renewal (monotonic)
         self._partitions: set[tuple[str, int]] = set()
         self._failures = 0  # connection failures since the last response (the backoff's exponent)
         self._retry_at = now  # no connect before this
@@ -217,6 +239,9 @@ class ReplicaFetcher:
         self._fetches.append(fetch)
         self._partitions.add(key)
         if self._sock is not None:
+            if self._token is not None and time.monotonic() >= self._renew_at:
+                self._authenticate(time.monotonic())
+            self._answers.append(fetch)
             self._queue(fetch, frames)
             if not self._connecting:
                 self._send()
@@ -308,10 +333,31 @@ class ReplicaFetcher:
         if self._connecting:
             self._poller = select.poll()
             self._poller.register(sock.fileno(), select.POLLOUT)
+        self._authenticate(now)
         for fetch in self._fetches:
+            self._answers.append(fetch)
             self._queue(fetch, self._pending.pop(fetch.correlation_id))
         if not self._connecting:
             self._connected()
+
+    def _authenticate(self, now: float) -> None:
+        """Queue an AuthenticateRequest with a new token (module docstring, "Fetch tokens")."""
+        if self._token is None:
+            return
+        minted = self._token()
+        if minted is None:
+            logger.warning("%r: no fetch token to present yet (the broker's security state has not "
+                           "arrived); the leader will refuse the connection", self)
+            self._renew_at = now
+            return
+        token, expires_at_ms = minted
+        correlation_id = next(self._correlation_ids) & 0xFFFFFFFF
+        for frame in protocol.frame_tcp(protocol.encode_request(protocol.AuthenticateRequest(token),
+                                                                correlation_id, self._client_id)):
+            self._out += frame
+        self._answers.append(_Authenticate(correlation_id))
+        left_s = max(0.0, expires_at_ms / 1000 - time.time())
+        self._renew_at = now + left_s * 2 / 3
 
     def _finish_connect(self, now: float) -> None:
         assert self._sock is not None and self._poller is not None
@@ -368,19 +414,39 @@ class ReplicaFetcher:
             try:
                 messages = self._decoder.feed(data)
                 for frames in messages:
-                    responses.append(self._decode(frames))
+                    answered = self._decode(frames)
+                    if answered is not None:
+                        responses.append(answered)
+            except AuthenticationError as e:
+                self._failed(f"the leader refused this broker's fetch token: {e}", now)
+                return
             except HPBrokerError as e:
                 self._failed(f"unparsable response stream: {e}", now)
                 return
             if responses:
                 self._failures = 0
 
-    def _decode(self, frames: list[bytes]) -> tuple[_Fetch, protocol.ResponseHeader, protocol.FetchResponse]:
+    def _decode(self, frames: list[bytes]
+                ) -> tuple[_Fetch, protocol.ResponseHeader, protocol.FetchResponse] | None:
         """The fetch answered by the message ``frames``: the first one sent (data ports answer
-        in order).  InvalidRequestError when the message is not that fetch's response."""
-        if not self._fetches:
+        in order); None for an accepted AuthenticateResponse.  InvalidRequestError when the
+        message is not the response expected, AuthenticationError when the leader refused the
+        token."""
+        if not self._answers:
             raise InvalidRequestError("a response arrived with no fetch in flight")
+        expected = self._answers[0]
+        if isinstance(expected, _Authenticate):
+            header, _ = protocol.decode_response(protocol.ApiKey.AUTHENTICATE, frames)
+            if header.correlation_id != expected.correlation_id:
+                raise InvalidRequestError(f"response with correlation id {header.correlation_id} where the "
+                                          f"authentication (correlation id {expected.correlation_id}) was "
+                                          f"expected")
+            self._answers.popleft()
+            if header.error_code:
+                raise AuthenticationError(f"error {header.error_code}: {header.error_message}")
+            return None
         fetch = self._fetches[0]
+        assert fetch is expected
         header, response = protocol.decode_response(protocol.ApiKey.FETCH, frames,
                                                     version=protocol.response_version(protocol.ApiKey.FETCH,
                                                                                       fetch.version))
@@ -389,6 +455,7 @@ class ReplicaFetcher:
                 f"response with correlation id {header.correlation_id} where the fetch of "
                 f"{fetch.topic}-{fetch.partition} (correlation id {fetch.correlation_id}) was expected")
         assert isinstance(response, protocol.FetchResponse)
+        self._answers.popleft()
         self._fetches.popleft()
         self._partitions.discard((fetch.topic, fetch.partition))
         return fetch, header, response
@@ -436,6 +503,7 @@ class ReplicaFetcher:
         self._connecting = False
         self._poller = None
         self._out.clear()
+        self._answers.clear()
 
     def close(self) -> None:
         """Close the connection; fetches in flight are forgotten (no callback)."""

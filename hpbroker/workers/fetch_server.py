@@ -1,7 +1,8 @@
 """A worker's TCP data port: fetches served with ``sendfile`` straight from the segment files.
 
 Framing is docs/PROTOCOL.md's TCP form (``head_length`` u32, ``payload_length`` u32, head,
-payload).  The port serves FetchRequest and ListOffsetsRequest; any other well-formed request gets
+payload).  The port serves FetchRequest and ListOffsetsRequest (and AuthenticateRequest,
+"Security" below); any other well-formed request gets
 error 10, a fetch for a partition of another worker error 6.  A message whose header parses but
 whose key or version is unknown gets error 9, one whose body does not parse error 10 (the framing
 told where it ends, so the stream stays usable).  A stream that cannot be parsed (a bad length, an
@@ -33,6 +34,16 @@ retention, shutdown) before a slow reader has it all.  So a slot that cannot be 
 that filled it first ``dup``\\s the descriptor; the duplicate reads the same file (deleted or not)
 and is closed when the slot is done.
 
+**Security** (docs/SECURITY.md).  On a broker with ``security = "curve"`` and ``data_port_auth =
+"token"`` the server holds a :class:`~hpbroker.security.data_port.DataPortGuard`.  A connection's
+first request must then be an AuthenticateRequest whose fetch token the guard accepts; any other
+first request, a refused token, and any request after the token's expiry are answered with error
+27 and the connection closed once that answer is sent (nothing after it is read).  Each fetch
+and list-offsets of an authenticated connection is checked against the ACLs for its principal:
+a refusal is answered with error 28 and the connection stays.  A connection may authenticate
+again with a newer token before its own expires.  Without a guard an AuthenticateRequest is
+answered with error 0 and an empty principal, and each request costs one attribute check more.
+
 The listener and every connection sit in one ``epoll`` object, level-triggered, whose own
 descriptor the worker polls with its other sockets: the worker's poll stays four entries long
 however many connections there are.
@@ -52,10 +63,11 @@ import time
 from collections import OrderedDict, deque
 
 from hpbroker import protocol
-from hpbroker.errors import HPBrokerError, InvalidRequestError
+from hpbroker.errors import AuthenticationError, HPBrokerError, InvalidRequestError
 from hpbroker.protocol import ApiKey
+from hpbroker.security.data_port import DataPortGuard
 from hpbroker.workers.handlers import RequestHandler
-from hpbroker.workers.replies import Reply, error_reply
+from hpbroker.workers.replies import Reply, Responder, error_reply
 
 __all__ = ["MAX_QUEUED_RESPONSES", "SERVED_API_KEYS", "FetchServer"]
 
@@ -114,8 +126,8 @@ class _Connection:
     fetches and what queues behind them); ``active_at`` is when a byte last moved or a reply
     was made (``time.monotonic()``), for the idle timeout."""
 
-    __slots__ = ("active_at", "closed", "decoder", "fd", "mask", "peer", "reading", "slots", "sock",
-                 "unfilled")
+    __slots__ = ("active_at", "closed", "decoder", "expires_at_ms", "fd", "mask", "peer", "principal",
+                 "reading", "slots", "sock", "unfilled")
 
     def __init__(self, sock: socket.socket, peer: object, max_request_bytes: int, now: float) -> None:
         self.sock = sock
@@ -128,6 +140,8 @@ class _Connection:
         self.closed = False
         self.mask = select.EPOLLIN
         self.active_at = now
+        self.principal: str | None = None  # who the connection acts for, once authenticated
+        self.expires_at_ms = 0  # when its token expires (ms since the epoch)
 
     def __repr__(self) -> str:
         return f"connection from {self.peer}"
@@ -137,9 +151,13 @@ class FetchServer:
     """The data port of one worker: accepts, reads requests, writes replies in order."""
 
     def __init__(self, listener: socket.socket, handler: RequestHandler, *, max_connections: int,
-                 max_request_bytes: int, max_idle_s: float = 600.0) -> None:
+                 max_request_bytes: int, max_idle_s: float = 600.0,
+                 guard: DataPortGuard | None = None) -> None:
+        """``guard``: set on a broker with ``security = "curve"`` and ``data_port_auth = "token"``
+        (module docstring, "Security"); None serves every connection."""
         self._listener = listener
         self._handler = handler
+        self._guard = guard
         self._max_connections = max_connections
         self._max_request_bytes = max_request_bytes
         self._max_idle_s = max_idle_s
@@ -304,17 +322,65 @@ class FetchServer:
                     return
                 responder(error_reply(header.api_key, header.correlation_id, e, version=header.api_version))
             else:
-                if header.api_key not in SERVED_API_KEYS:  # answered even when an acks=0 produce
-                    error = InvalidRequestError(f"{type(request).__name__} (api_key {header.api_key}) is not "
-                                                f"served on a data port; it serves api keys "
-                                                f"{sorted(SERVED_API_KEYS)}")
-                    responder(error_reply(header.api_key, header.correlation_id, error,
-                                          version=header.api_version))
+                if self._guard is not None:
+                    self._serve_guarded(conn, header, request, responder)
+                elif header.api_key not in SERVED_API_KEYS:  # answered even when an acks=0 produce
+                    if header.api_key == ApiKey.AUTHENTICATE:  # no token needed here: welcome
+                        responder(_authenticated_reply(header, "", -1))
+                    else:
+                        responder(_not_served_reply(header, request))
                 else:
                     self._handler.dispatch(header, request, responder, conn, SERVED_API_KEYS, "tcp")
-            if conn.closed:
+            if conn.closed or not conn.reading:  # (not reading: refused, the rest is not served)
+                break
+        if not conn.closed:
+            self._update_interest(conn)
+
+    def _serve_guarded(self, conn: _Connection, header: protocol.RequestHeader, request: protocol.Message,
+                       responder: Responder) -> None:
+        """A request on a secured data port (module docstring, "Security")."""
+        guard = self._guard
+        assert guard is not None
+        api_key = header.api_key
+        if api_key == ApiKey.AUTHENTICATE:
+            try:
+                principal, expires_at_ms = guard.authenticate(request.token)  # type: ignore[attr-defined]
+            except AuthenticationError as e:
+                logger.info("data port: refused %r: %s", conn, e)
+                self._refuse(conn, header, e, responder)
                 return
-        self._update_interest(conn)
+            if conn.principal is None:
+                logger.debug("data port: %r authenticated as %r", conn, principal)
+            conn.principal, conn.expires_at_ms = principal, expires_at_ms
+            responder(_authenticated_reply(header, principal, expires_at_ms))
+            return
+        if conn.principal is None:
+            self._refuse(conn, header, AuthenticationError(
+                "the first request on a data port of a secured broker must be AuthenticateRequest with a "
+                "fetch token (FetchTokenRequest on the front-end gives one)"), responder)
+            return
+        now_ms = time.time_ns() // 1_000_000
+        if now_ms >= conn.expires_at_ms:
+            self._refuse(conn, header, AuthenticationError(
+                f"the connection's fetch token (principal {conn.principal!r}) expired at "
+                f"{conn.expires_at_ms} ms, {now_ms - conn.expires_at_ms} ms ago; connect again with a new "
+                f"token"), responder)
+            return
+        if api_key not in SERVED_API_KEYS:
+            responder(_not_served_reply(header, request))
+            return
+        error = guard.check(conn.principal, api_key, request)
+        if error is not None:
+            responder(error_reply(api_key, header.correlation_id, error, version=header.api_version))
+            return
+        self._handler.dispatch(header, request, responder, conn, SERVED_API_KEYS, "tcp")
+
+    def _refuse(self, conn: _Connection, header: protocol.RequestHeader, error: AuthenticationError,
+                responder: Responder) -> None:
+        """Answer ``error`` (27), then close the connection once everything before it is sent:
+        nothing more is read from it."""
+        conn.reading = False
+        responder(error_reply(header.api_key, header.correlation_id, error, version=header.api_version))
 
     # --- writing -------------------------------------------------------------------------------
 
@@ -399,3 +465,16 @@ class FetchServer:
         for conn in list(self._connections.values()):
             self._close(conn, "worker stopped")
         self._epoll.close()
+
+
+def _authenticated_reply(header: protocol.RequestHeader, principal: str, expires_at_ms: int) -> Reply:
+    response = protocol.AuthenticateResponse(principal=principal, expires_at_ms=expires_at_ms)
+    head = protocol.encode_response(response, header.correlation_id, version=header.api_version)[0]
+    return Reply(ApiKey.AUTHENTICATE, header.correlation_id, head, api_version=header.api_version)
+
+
+def _not_served_reply(header: protocol.RequestHeader, request: protocol.Message) -> Reply:
+    error = InvalidRequestError(f"{type(request).__name__} (api_key {header.api_key}) is not served on a "
+                                f"data port; it serves api keys {sorted(SERVED_API_KEYS)} (and "
+                                f"{ApiKey.AUTHENTICATE}: AuthenticateRequest)")
+    return error_reply(header.api_key, header.correlation_id, error, version=header.api_version)

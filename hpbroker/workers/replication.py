@@ -489,8 +489,13 @@ class Replication:
 
     def __init__(self, broker_id: int, partitions: PartitionSet, send_control: Callable[..., None], *,
                  fetch_max_bytes: int = 8 << 20, fetch_wait_max_ms: int = 500,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 token: Callable[[], tuple[str, int] | None] | None = None) -> None:
+        """``token``: on a broker whose data ports need a fetch token, what mints one for this
+        broker's own principal (``DataPortGuard.mint_own``); each follower connection
+        authenticates with it first (``hpbroker.replica.fetcher``)."""
         self.broker_id = broker_id
+        self._token = token
         self._partitions = partitions
         self._send_control = send_control
         self._fetch_max_bytes = fetch_max_bytes
@@ -587,7 +592,8 @@ class Replication:
             current.fetcher = None
         elif role.leader_address is not None and role.leader >= 0:
             fetcher = ReplicaFetcher(self.broker_id, role.leader_address[0], role.leader_address[1],
-                                     on_response=self._on_response, on_lost=self._on_lost, now=self._clock())
+                                     on_response=self._on_response, on_lost=self._on_lost, now=self._clock(),
+                                     token=self._token)
         checkpoint, known = self._known_high_watermark(partition)
         follower = FollowerReplica(partition, role, checkpoint, fetcher, known)
         follower.carry_failure(current)

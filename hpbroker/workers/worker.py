@@ -6,8 +6,9 @@ recovers) their logs, connects a DEALER to the arbiter's backend ROUTER with the
 loop until told to stop.  The loop polls four things with one ``zmq.Poller``:
 
 - the DEALER: relayed requests (``hpbroker.workers.handlers``) and control messages (open
-  partitions, apply a topic's new settings, delete a topic; each acknowledged with
-  ``{"op": "ack", "id", "error"}``);
+  partitions, apply a topic's new settings, delete a topic, the broker's security state for the
+  data port, ``hpbroker.security.data_port``; each acknowledged with ``{"op": "ack", "id",
+  "error"}``);
 - a wake-up pipe, written by the flusher thread when a group commit is done and by the signal
   machinery (``signal.set_wakeup_fd``) when a signal arrives;
 - the TCP data port (``hpbroker.workers.fetch_server``), through its epoll descriptor;
@@ -67,7 +68,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -81,6 +82,7 @@ from hpbroker.errors import HPBrokerError, StorageError
 from hpbroker.io.files import pread_full
 from hpbroker.io.log import monotonic_ms
 from hpbroker.io.producer_state import IssuedProducerIds
+from hpbroker.security.data_port import DataPortGuard
 from hpbroker.workers import backend, heartbeat
 from hpbroker.workers.backend import EXIT_BOOT_FAILED, EXIT_OK, PartitionSpec
 from hpbroker.workers.fetch_server import FetchServer
@@ -148,11 +150,15 @@ class Worker:
         self._stats = WorkerStats()
         self._stats_failing = False  # the last stats file write failed (logged once)
         self._heartbeat_failing = False  # the last heartbeat content write failed (logged once)
+        # Data-port security (hpbroker.security.data_port): the state comes in the "security" control
+        # message; until then a secured worker's data port refuses every connection.
+        self._guard = DataPortGuard(config.fetch_token_lifetime_ms) if config.security == "curve" else None
         self._partitions = PartitionSet(config.data_dir, config.log, self._flusher, self._stats,
                                         producer_id_issued=IssuedProducerIds(config.data_dir))
         self._replication = Replication(config.broker_id, self._partitions, self._send_control,
                                         fetch_max_bytes=config.replica_fetch_max_bytes,
-                                        fetch_wait_max_ms=config.replica_fetch_wait_max_ms)
+                                        fetch_wait_max_ms=config.replica_fetch_wait_max_ms,
+                                        token=self._replica_token())
         self._handler = RequestHandler(self._partitions, self._stats, max_wait_ms=config.fetch_max_wait_ms,
                                        replication=self._replication)
         self._server: FetchServer | None = None
@@ -197,7 +203,8 @@ class Worker:
                                        max_connections=self._config.max_connections,
                                        max_request_bytes=min(self._config.max_request_bytes,
                                                              protocol.DATA_PORT_MAX_REQUEST_BYTES),
-                                       max_idle_s=self._config.connections_max_idle_ms / 1000)
+                                       max_idle_s=self._config.connections_max_idle_ms / 1000,
+                                       guard=self._guard if self._config.data_port_auth == "token" else None)
         except (zmq.ZMQError, OSError) as e:
             logger.error("cannot connect to the arbiter at %s or serve the data port: %s",
                          self._backend_address, e)
@@ -410,6 +417,8 @@ class Worker:
                     errors += self._partitions.remove(topic, number)
             elif message.op == "replica_role":
                 errors = self._replication.apply_role(body)
+            elif message.op == "security":
+                errors = self._update_security(body)
             else:
                 raise ValueError(f"unknown control op {message.op!r}")
         except Exception as e:
@@ -417,6 +426,21 @@ class Worker:
             errors = [f"{type(e).__name__}: {e}"]
         self._send_control("ack", id=body.get("id"), error="; ".join(errors) if errors else None)
         self._next_heartbeat = 0.0  # tell the arbiter the new offsets soon
+
+    def _replica_token(self) -> Callable[[], tuple[str, int] | None] | None:
+        """What this broker's replica fetches authenticate with on their leaders' data ports: a
+        token the worker mints for the broker's own principal (None: the data ports need none)."""
+        if self._guard is None or self._config.data_port_auth != "token":
+            return None
+        return self._guard.mint_own
+
+    def _update_security(self, body: dict[str, Any]) -> list[str]:
+        if self._guard is None:
+            logger.warning("ignored a security state: this broker runs with security = %r",
+                           self._config.security)
+            return []
+        self._guard.update({k: v for k, v in body.items() if k != "id"})
+        return []
 
     def _open_partitions(self, specs: Any) -> list[str]:
         if not isinstance(specs, list):

@@ -1,0 +1,143 @@
+"""The worker side of data-port security: who a TCP connection acts for, and what it may read.
+
+A worker with ``security = "curve"`` holds one :class:`DataPortGuard`.  The arbiter feeds it the
+broker's security state with the worker control message ``{"op": "security", ...}`` when the
+worker becomes ready and whenever the allowlist, the ACLs or the token key change
+(:meth:`DataPortGuard.update`); its body::
+
+    {"enabled": true,
+     "token_key": "<64 hex digits>" | null,   # the cluster's fetch-token HMAC key
+     "principals": ["alice", ...],             # the key names on the allowlist now
+     "super_users": ["admin", ...],
+     "acls": [AclEntry.to_dict(), ...],
+     "data_port_auth": "token" | "loopback",
+     "own_principal": "broker-1"}              # this broker's key name (its replica fetches)
+
+Until the first state arrives the guard refuses everything with error 27 ("not ready"): a worker
+never serves a data-port connection it cannot check.
+
+:meth:`DataPortGuard.authenticate` verifies a connection's fetch token
+(``hpbroker.security.tokens``) and that its principal is still on the allowlist: a revoked key's
+token stops working at the next connection, even before it expires (a connection already
+authenticated keeps going until its token expires, as a CurveZMQ connection of a revoked key
+does).  :meth:`DataPortGuard.check` authorises each request on the connection's principal:
+a consumer fetch needs ``consume`` on the topic, a replica fetch ``cluster_action`` on the
+cluster, a list-offsets ``describe`` on the topic (``hpbroker.security.acls``).
+
+Single owner: the worker's event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from hpbroker import protocol
+from hpbroker.errors import AuthenticationError, HPBrokerError, InvalidRequestError
+from hpbroker.protocol import ApiKey
+from hpbroker.security import tokens
+from hpbroker.security.acls import AclEntry, Authorizer, Operation, ResourceType
+
+__all__ = ["DataPortGuard"]
+
+logger = logging.getLogger(__name__)
+
+CLUSTER_RESOURCE = "cluster"  # the name of the one cluster resource
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class DataPortGuard:
+    """Checks data-port connections against the broker's security state (module docstring).
+
+    ``token_lifetime_ms``: how long the tokens this worker mints for its own replica fetches
+    live (the broker's ``fetch_token_lifetime_ms``)."""
+
+    def __init__(self, token_lifetime_ms: int = 600_000) -> None:
+        self._token_lifetime_ms = token_lifetime_ms
+        self._ready = False
+        self._key: bytes | None = None
+        self._principals: frozenset[str] = frozenset()
+        self._authorizer = Authorizer()
+        self.own_principal: str | None = None
+        self.data_port_auth = "token"
+
+    @property
+    def ready(self) -> bool:
+        """Whether a security state has arrived."""
+        return self._ready
+
+    def update(self, body: dict[str, Any]) -> None:
+        """Take a new security state (the control message's body).  ValueError (InvalidConfigError
+        for a bad ACL entry), with the state unchanged, when the body is malformed."""
+        if not isinstance(body, dict):
+            raise ValueError(f"security state must be an object, got {type(body).__name__}")
+        key_hex = body.get("token_key")
+        key = None
+        if key_hex is not None:
+            if not isinstance(key_hex, str):
+                raise ValueError("token_key must be hex text or null")
+            key = bytes.fromhex(key_hex)
+            if len(key) < 16:
+                raise ValueError(f"token_key must be at least 16 bytes, got {len(key)}")
+        principals = body.get("principals", [])
+        super_users = body.get("super_users", [])
+        for name, value in (("principals", principals), ("super_users", super_users)):
+            if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+                raise ValueError(f"{name} must be a list of names, got {value!r}")
+        acls = body.get("acls", [])
+        if not isinstance(acls, list):
+            raise ValueError(f"acls must be a list, got {acls!r}")
+        authorizer = Authorizer([AclEntry.from_dict(entry) for entry in acls], super_users)
+        own = body.get("own_principal")
+        if own is not None and not isinstance(own, str):
+            raise ValueError(f"own_principal must be a name, got {own!r}")
+        removed = self._principals - frozenset(principals)
+        self._key, self._principals, self._authorizer = key, frozenset(principals), authorizer
+        self.own_principal = own or None
+        self.data_port_auth = str(body.get("data_port_auth", "token"))
+        self._ready = True
+        logger.info("security state: %d principals, %d ACLs, %d super users, token key %s%s",
+                    len(self._principals), len(authorizer.entries), len(authorizer.super_users),
+                    "set" if key else "missing",
+                    f"; no longer allowed: {sorted(removed)}" if removed else "")
+
+    def authenticate(self, token: str, now_ms: int | None = None) -> tuple[str, int]:
+        """``(principal, expires_at_ms)`` of a connection presenting ``token``; AuthenticationError
+        saying why not (not ready, malformed, forged, expired, principal no longer allowed)."""
+        key = self._key
+        if not self._ready or key is None:
+            raise AuthenticationError("the data port is not ready: it has not received the broker's "
+                                      "security state yet; connect again shortly")
+        principal, expires_at_ms = tokens.verify(key, token, _now_ms() if now_ms is None else now_ms)
+        if principal not in self._principals:
+            raise AuthenticationError(f"the key of principal {principal!r} is no longer on the broker's "
+                                      f"allowlist (revoked)")
+        return principal, expires_at_ms
+
+    def check(self, principal: str, api_key: int, request: protocol.Message) -> HPBrokerError | None:
+        """None when ``principal`` may make ``request``; else the error to answer (28)."""
+        if not self._ready:
+            return AuthenticationError("the data port is not ready: it has not received the broker's "
+                                       "security state yet")
+        if api_key == ApiKey.FETCH:
+            if request.replica_id >= 0:  # type: ignore[attr-defined]
+                return self._authorizer.check(principal, Operation.CLUSTER_ACTION, ResourceType.CLUSTER,
+                                              CLUSTER_RESOURCE)
+            return self._authorizer.check(principal, Operation.CONSUME, ResourceType.TOPIC,
+                                          request.topic)  # type: ignore[attr-defined]
+        if api_key == ApiKey.LIST_OFFSETS:
+            return self._authorizer.check(principal, Operation.DESCRIBE, ResourceType.TOPIC,
+                                          request.topic)  # type: ignore[attr-defined]
+        return InvalidRequestError(f"api_key {api_key} is not served on a data port")
+
+    def mint_own(self, now_ms: int | None = None) -> tuple[str, int] | None:
+        """A token for this broker's own principal (its replica fetches), ``(token,
+        expires_at_ms)``; None before the state, the token key or the own principal is known."""
+        if self._key is None or not self.own_principal:
+            return None
+        return tokens.mint(self._key, self.own_principal, self._token_lifetime_ms,
+                           _now_ms() if now_ms is None else now_ms)

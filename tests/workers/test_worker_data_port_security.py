@@ -1,0 +1,199 @@
+"""A secured worker's data port: fetch tokens first, then ACLs on every fetch and list-offsets
+(hpbroker.workers.fetch_server, hpbroker.security.data_port), with the state the arbiter sends
+in the "security" control message."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from worker_harness import TcpClient, fetch_request, make_batch, produce_request
+
+from hpbroker import protocol
+from hpbroker.errors import AuthenticationError
+from hpbroker.protocol import ApiKey
+from hpbroker.replica.fetcher import ReplicaFetcher
+from hpbroker.security import tokens
+
+KEY = bytes(range(32))
+SECURE = {"security": "curve", "server_key_file": "unused.key_secret", "allowlist_dir": "unused"}
+
+
+def _state(principals=("alice", "bob", "broker-0"), acls=None, **extra):
+    if acls is None:
+        acls = [{"principal": "alice", "operation": "consume", "resource_type": "topic",
+                 "pattern_type": "literal", "name": "orders"}]
+    return {"enabled": True, "token_key": KEY.hex(), "principals": list(principals), "super_users": [],
+            "acls": acls, "data_port_auth": "token", "own_principal": "broker-0", **extra}
+
+
+def _token(principal="alice", lifetime_ms=600_000, key=KEY, now_ms=None):
+    now_ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+    return tokens.mint(key, principal, lifetime_ms, now_ms)[0]
+
+
+@pytest.fixture
+def secured(start_worker, arbiter):
+    """A secured worker holding orders-0 with 3 records, its security state sent."""
+    worker = start_worker(**SECURE)
+    assert arbiter.call(0, produce_request("orders", 0, make_batch("a")))[0].error_code == 0
+    assert arbiter.control(0, "security", **_state())["error"] is None
+    return worker
+
+
+def _authenticate(client, token, correlation_id=1):
+    client.send(protocol.AuthenticateRequest(token), correlation_id)
+    return client.response(ApiKey.AUTHENTICATE)
+
+
+def _refused_and_closed(client, api_key, match):
+    header, _ = client.response(api_key)
+    assert header.error_code == AuthenticationError.code, header
+    assert match in header.error_message, header.error_message
+    assert client.is_closed_by_peer()
+
+
+def test_fetch_without_a_token_is_refused_and_the_connection_closed(secured):
+    client = TcpClient(secured.port)
+    client.send(fetch_request("orders", 0, 0), 1)
+    client.send(fetch_request("orders", 0, 0), 2)  # never read: the connection closes after 1
+    _refused_and_closed(client, ApiKey.FETCH, "must be AuthenticateRequest")
+
+
+def test_valid_token_is_accepted_and_its_fetches_served(secured):
+    client = TcpClient(secured.port)
+    token = _token()
+    client.send(protocol.AuthenticateRequest(token), 1)
+    client.send(fetch_request("orders", 0, 0), 2)  # pipelined right behind it
+    header, response = client.response(ApiKey.AUTHENTICATE)
+    assert (header.error_code, response.principal) == (0, "alice")
+    assert response.expires_at_ms == tokens.verify(KEY, token, 0)[1]
+    header, response = client.response(ApiKey.FETCH)
+    assert (header.correlation_id, header.error_code) == (2, 0) and len(response.payload) > 0
+    client.send(protocol.ListOffsetsRequest("orders", 0, protocol.LATEST_TIMESTAMP), 3)
+    header, response = client.response(ApiKey.LIST_OFFSETS)  # consume implies describe
+    assert (header.error_code, response.offset) == (0, 3)
+    client.close()
+
+
+@pytest.mark.parametrize("token, match", [
+    (_token(lifetime_ms=1000, now_ms=1_000_000), "expired fetch token"),
+    (_token(key=bytes(32)), "forged fetch token"),
+    (_token()[:-5], "malformed fetch token"),
+    ("", "no fetch token"),
+])
+def test_bad_token_is_refused_and_the_connection_closed(secured, token, match):
+    client = TcpClient(secured.port)
+    client.send(protocol.AuthenticateRequest(token), 1)
+    client.send(fetch_request("orders", 0, 0), 2)
+    _refused_and_closed(client, ApiKey.AUTHENTICATE, match)
+
+
+def test_principal_without_consume_gets_28_and_the_connection_stays(secured):
+    client = TcpClient(secured.port)
+    assert _authenticate(client, _token("bob"))[0].error_code == 0
+    client.send(fetch_request("orders", 0, 0), 2)
+    header, response = client.response(ApiKey.FETCH)
+    assert header.error_code == 28 and len(response.payload) == 0
+    assert "principal 'bob' may not" in header.error_message and "'orders'" in header.error_message
+    client.send(protocol.ListOffsetsRequest("orders", 0, protocol.LATEST_TIMESTAMP), 3)
+    assert client.response(ApiKey.LIST_OFFSETS)[0].error_code == 28
+    client.close()
+
+
+def test_replica_fetch_needs_cluster_action(secured):
+    client = TcpClient(secured.port)
+    assert _authenticate(client, _token("alice"))[0].error_code == 0
+    request = protocol.FetchRequest("orders", 0, 0, 1 << 20, 0, 1, replica_id=1, current_leader_epoch=0)
+    frames = protocol.encode_request(request, 2, "test", version=1)
+    client.sock.sendall(b"".join(bytes(f) for f in protocol.frame_tcp(frames)))
+    header, _ = client.response(ApiKey.FETCH)
+    assert header.error_code == 28 and "cluster_action" in header.error_message
+    client.close()
+
+
+def test_revoked_principal_is_refused_at_its_next_connection(secured, arbiter):
+    kept = TcpClient(secured.port)
+    token = _token("alice")
+    assert _authenticate(kept, token)[0].error_code == 0
+    assert arbiter.control(0, "security", **_state(principals=["bob"]))["error"] is None
+    client = TcpClient(secured.port)
+    client.send(protocol.AuthenticateRequest(token), 1)
+    _refused_and_closed(client, ApiKey.AUTHENTICATE, "no longer on the broker's allowlist")
+    kept.send(fetch_request("orders", 0, 0), 2)  # authenticated before: lives until its token expires
+    assert kept.response(ApiKey.FETCH)[0].error_code == 0
+    kept.close()
+
+
+def test_request_after_the_token_expired_is_refused_and_the_connection_closed(secured):
+    now_ms = time.time_ns() // 1_000_000
+    token, expires_at_ms = tokens.mint(KEY, "alice", 600_000, now_ms - 600_000 + 1500)
+    client = TcpClient(secured.port)
+    assert _authenticate(client, token)[1].expires_at_ms == expires_at_ms
+    client.send(fetch_request("orders", 0, 0), 2)
+    assert client.response(ApiKey.FETCH)[0].error_code == 0
+    while time.time_ns() // 1_000_000 <= expires_at_ms:
+        time.sleep(0.05)
+    client.send(fetch_request("orders", 0, 0), 3)
+    _refused_and_closed(client, ApiKey.FETCH, "expired")
+
+
+def test_everything_is_refused_until_the_security_state_arrives(start_worker):
+    worker = start_worker(**SECURE)
+    client = TcpClient(worker.port)
+    client.send(protocol.AuthenticateRequest(_token()), 1)
+    _refused_and_closed(client, ApiKey.AUTHENTICATE, "not ready")
+
+
+def test_bad_security_state_is_refused_in_the_ack_and_the_old_one_kept(secured, arbiter):
+    bad = _state(acls=[{"principal": "alice", "operation": "fly"}])
+    assert "lacks" in arbiter.control(0, "security", **bad)["error"]
+    client = TcpClient(secured.port)
+    assert _authenticate(client, _token())[0].error_code == 0
+    client.close()
+
+
+def test_unsecured_data_port_answers_authenticate_with_no_principal(start_worker):
+    worker = start_worker()
+    client = TcpClient(worker.port)
+    header, response = _authenticate(client, "anything")
+    assert (header.error_code, response.principal, response.expires_at_ms) == (0, "", -1)
+    client.send(fetch_request("orders", 0, 0), 2)
+    assert client.response(ApiKey.FETCH)[0].error_code == 0
+    client.close()
+
+
+def _pump(fetcher, until, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while not until():
+        assert time.monotonic() < deadline, "timed out"
+        fetcher.process(0, time.monotonic())
+        time.sleep(0.01)
+
+
+def test_replica_fetcher_authenticates_first_on_every_connection(secured):
+    minted = []
+
+    def token():
+        minted.append(tokens.mint(KEY, "alice", 600_000, time.time_ns() // 1_000_000))
+        return minted[-1]
+
+    answers = []
+    fetcher = ReplicaFetcher(-1, "127.0.0.1", secured.port, now=time.monotonic(), token=token,
+                             on_response=lambda t, p, h, r: answers.append((h.error_code, len(r.payload))))
+    fetcher.fetch("orders", 0, 0, leader_epoch=-1, last_fetched_epoch=-1, max_bytes=1 << 20, max_wait_ms=0)
+    _pump(fetcher, lambda: answers)
+    assert answers == [(0, answers[0][1])] and answers[0][1] > 0 and len(minted) == 1
+    fetcher.close()
+
+
+def test_replica_fetcher_whose_token_is_refused_loses_its_fetches(secured):
+    lost, answers = [], []
+    fetcher = ReplicaFetcher(-1, "127.0.0.1", secured.port, now=time.monotonic(),
+                             token=lambda: tokens.mint(bytes(32), "alice", 600_000, time.time_ns() // 10**6),
+                             on_response=lambda *a: answers.append(a),
+                             on_lost=lambda t, p: lost.append((t, p)))
+    fetcher.fetch("orders", 0, 0, leader_epoch=-1, last_fetched_epoch=-1, max_bytes=1 << 20, max_wait_ms=0)
+    _pump(fetcher, lambda: lost)
+    assert lost == [("orders", 0)] and not answers
+    fetcher.close()
