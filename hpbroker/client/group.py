@@ -14,6 +14,17 @@ write refused meanwhile) is a :class:`~hpbroker.errors.CoordinationError` and le
 running: a member that never joined is not retried.  Once it has joined, a member rides out
 ZooKeeper outages and restarts by itself (connection states, below).
 
+**Security.**  A consumer with a key pair (``security=``, ``hpbroker.security.client``) asks
+its bootstrap broker for the group's ZooKeeper credentials (``GroupCredentialsRequest``, which
+needs ``consume`` on the group) before it connects to ZooKeeper, adds them to its session, and
+creates every node under ``/consumers/<group>`` with the group's ACL (all rights to the ids the
+broker named, read to the world); the broker creates the group's node itself, and the member
+waits for it (at most ``zookeeper_timeout_ms``).  A broker that answers error 10 runs without
+security or without ZooKeeper: the member joins without credentials.  ZooKeeper's refusal
+(another group's nodes, or no credentials where the ACLs ask for them) is an
+:class:`~hpbroker.errors.AuthorizationError` naming what was refused, raised by the constructor
+or by ``poll()``, never retried.
+
 **One thread.**  kazoo calls back on its own threads (watches, connection states); those
 callbacks only set a flag and wake the consumer (a wake-up that does not end an iteration).
 Everything else (rebalancing, committing, confirming the lease) runs on the consumer's thread,
@@ -136,7 +147,8 @@ from hpbroker.coord.paths import (
 from hpbroker.coord.registry import BrokerRegistry
 from hpbroker.coord.session import Session
 from hpbroker.coord.watches import watch_data
-from hpbroker.errors import CoordinationError, InvalidConfigError
+from hpbroker.coord.zk_security import GroupCredentials, member_acl, wait_for_node
+from hpbroker.errors import AuthorizationError, CoordinationError, InvalidConfigError, InvalidRequestError
 from hpbroker.records import Record
 
 if TYPE_CHECKING:
@@ -264,10 +276,16 @@ class GroupMember:
         self._watches: list[Any] = []
         self._registration = ConsumerRegistration(self.consumer_id, config.topics, socket.gethostname(),
                                                   os.getpid())
+        credentials = _group_credentials(consumer, config.group, timeout_s, self._prefix)
         self._session = Session(config.zookeeper, session_timeout_s=session_timeout_s,
-                                connect_timeout_s=timeout_s, name=f"group {config.group}")
+                                connect_timeout_s=timeout_s, name=f"group {config.group}",
+                                auth=[credentials.credentials] if credentials else (),
+                                acl=member_acl(credentials.acl_ids) if credentials else None)
         self._session.start()
         try:
+            if credentials is not None:
+                wait_for_node(self._session, self._paths.group(config.group), timeout_s,
+                              "the broker that issued the group's credentials creates it")
             self._session_id = self._session.session_id
             self.registry = GroupRegistry(self._session, config.group, self._paths, timeout_s=timeout_s)
             self._session.client.add_listener(self._on_state)
@@ -277,7 +295,11 @@ class GroupMember:
             for topic in config.topics:
                 self._watches.append(watch_data(self._session.client, self._paths.topic(topic),
                                                 self._changed))
-        except KazooException as e:  # connected, then refused or cut off while joining
+        except AuthorizationError as e:  # the group's ACL does not let this session in
+            self._session.close()
+            raise AuthorizationError(f"{self._prefix} cannot join the group through ZooKeeper at "
+                                     f"{self._session.connect_string}: {e.message}") from None
+        except KazooException as e:  # connected, then cut off while joining
             self._session.close()
             raise CoordinationError(f"{self._prefix} cannot join the group through ZooKeeper at "
                                     f"{self._session.connect_string}: {e!r}") from e
@@ -594,11 +616,33 @@ class GroupMember:
             if self.config.enable_auto_commit and self._owned and not self._suspended \
                     and self._losses == self._losses_handled:
                 self._commit_positions(list(self._owned), positions, tell=False)
-        except _ZK_ERRORS as e:
+        except (*_ZK_ERRORS, AuthorizationError) as e:
             logger.warning("%s the final commit failed: %r", self._prefix, e)
         finally:
             self._session.close()
         logger.info("%s left the group", self._prefix)
+
+
+def _group_credentials(consumer: Consumer, group: str, timeout_s: float, prefix: str
+                       ) -> GroupCredentials | None:
+    """The group's ZooKeeper credentials from the consumer's broker, when the consumer has a key
+    pair (module docstring, "Security"); None without one, or from a broker without security
+    or ZooKeeper (error 10).  AuthorizationError when the principal may not consume the group."""
+    if getattr(consumer.config, "security", None) is None:
+        return None
+    from hpbroker import protocol
+
+    connection = consumer._metadata.connection
+    try:
+        answer = connection.call(protocol.GroupCredentialsRequest(group=group), timeout_s)
+    except InvalidRequestError as e:
+        logger.info("%s broker %s hands out no ZooKeeper credentials (%s): joining without",
+                    prefix, connection.address, e)
+        return None
+    if not answer.zookeeper_user or not answer.acl_ids:
+        raise CoordinationError(f"{prefix} broker {connection.address} answered the group's credentials "
+                                "without a user or ACL ids")
+    return GroupCredentials(answer.zookeeper_user, answer.zookeeper_password, tuple(answer.acl_ids))
 
 
 def _names(partitions: Iterable[tuple[str, int]]) -> str:

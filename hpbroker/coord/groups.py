@@ -28,6 +28,13 @@ Node data is JSON in the format of :mod:`hpbroker.coord.registry` (a ``version``
 fields ignored).  :func:`range_assignment` is the assignment: a pure function of the members'
 subscriptions and the topics' partitions.
 
+**ACLs.**  With security on (docs/SECURITY.md), ``/consumers/<group>`` and everything under it
+carry the group's ACL: all rights to the cluster's and the group's digest ids, read to the
+world (``hpbroker.coord.zk_security``).  ``GroupRegistry(..., acl=)`` is what every node this
+registry creates carries (None: the session's default ACL); a member's session holds the group's
+credentials (a broker hands them out), a tool's the cluster's.  ZooKeeper's refusal (NoAuth: no
+or other credentials) is an :class:`~hpbroker.errors.AuthorizationError` naming what was refused.
+
 Every ZooKeeper call here waits at most :attr:`GroupRegistry.timeout_s` (a
 :class:`~hpbroker.errors.CoordinationError` after that): a consumer's thread must never hang on a
 server that went away.  Reads that pipeline (many partitions) send every request before waiting
@@ -39,11 +46,12 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from kazoo.exceptions import (
+    NoAuthError,
     NodeExistsError,
     NoNodeError,
     RolledBackError,
@@ -54,6 +62,7 @@ from hpbroker.coord.paths import ZkPaths, check_consumer_id, check_group, check_
 from hpbroker.coord.registry import _decoded, _dump, _load, _typed, decode_topic
 from hpbroker.coord.session import Session
 from hpbroker.coord.watches import Watch, watch_children
+from hpbroker.coord.zk_security import refused
 from hpbroker.errors import CoordinationError, HPBrokerError
 
 __all__ = [
@@ -223,11 +232,13 @@ class GroupRegistry:
     members and for tools.  Thread-safe as kazoo is; ``timeout_s`` bounds every call."""
 
     def __init__(self, session: Session, group: str, paths: ZkPaths | None = None, *,
-                 timeout_s: float = 10.0) -> None:
+                 timeout_s: float = 10.0, acl: Sequence[Any] | None = None) -> None:
         self._session = session
         self.group = check_group(group)
         self.paths = paths or ZkPaths()
         self.timeout_s = timeout_s
+        #: what every node this registry creates carries (kazoo ACLs); None: the session's default
+        self.acl = None if acl is None else list(acl)
 
     # --- plumbing -------------------------------------------------------------------------------
 
@@ -238,6 +249,15 @@ class GroupRegistry:
         except self._session.client.handler.timeout_exception:
             raise CoordinationError(f"[group {self.group}] no answer from ZooKeeper within "
                                     f"{self.timeout_s:g} s {what}") from None
+        except NoAuthError:
+            raise self._refused(what) from None
+
+    def _refused(self, what: str) -> Exception:
+        return refused(f"{what} in group {self.group}", self._credentials())
+
+    def _credentials(self) -> Any:
+        auth = getattr(self._session, "auth", ())
+        return auth[-1] if auth else None
 
     def _session_id(self) -> int:
         client_id = self._session.client.client_id
@@ -278,8 +298,11 @@ class GroupRegistry:
 
     def register(self, registration: ConsumerRegistration) -> None:
         """Create or update this member's ephemeral node; re-created after a session expiry."""
-        self._session.register_ephemeral(self.paths.consumer(self.group, registration.consumer_id),
-                                         encode_consumer(registration))
+        try:
+            self._session.register_ephemeral(self.paths.consumer(self.group, registration.consumer_id),
+                                             encode_consumer(registration), acl=self.acl)
+        except NoAuthError:
+            raise self._refused(f"registering {registration.consumer_id}") from None
 
     def unregister(self, consumer_id: str) -> None:
         self._session.unregister_ephemeral(self.paths.consumer(self.group, consumer_id))
@@ -339,8 +362,9 @@ class GroupRegistry:
         else owns it; True also when this session already does."""
         path = self.paths.owner(self.group, topic, partition)
         try:
-            self._wait(self._session.client.create_async(path, encode_owner(consumer_id), ephemeral=True,
-                                                         makepath=True), f"claiming {topic}-{partition}")
+            self._wait(self._session.client.create_async(path, encode_owner(consumer_id), acl=self.acl,
+                                                         ephemeral=True, makepath=True),
+                       f"claiming {topic}-{partition}")
             return True
         except NodeExistsError:
             owner = self.owner(topic, partition)
@@ -433,11 +457,12 @@ class GroupRegistry:
                                     "stop them before writing offsets")
         client = self._session.client
         for topic in sorted({t for t, _ in wanted}):
-            self._wait(client.ensure_path_async(self.paths.owners(self.group, topic)), "creating owners")
+            self._wait(client.ensure_path_async(self.paths.owners(self.group, topic), self.acl),
+                       "creating owners")
 
         def unowned(txn: Any, tp: Partition) -> None:
             path = self.paths.owner(self.group, *tp)
-            txn.create(path, encode_owner("tool"), ephemeral=True)
+            txn.create(path, encode_owner("tool"), acl=self.acl, ephemeral=True)
             txn.delete(path)
 
         owned = self._write_offsets({tp: (offset, "") for tp, offset in wanted.items()}, unowned, guard_ops=2)
@@ -455,7 +480,8 @@ class GroupRegistry:
         exists = {tp: client.exists_async(path) for tp, path in paths.items()}
         pending = {tp: self._wait(result, "reading offsets") is not None for tp, result in exists.items()}
         for topic in sorted({t for (t, _), there in pending.items() if not there}):
-            self._wait(client.ensure_path_async(self.paths.offsets(self.group, topic)), "creating offsets")
+            self._wait(client.ensure_path_async(self.paths.offsets(self.group, topic), self.acl),
+                       "creating offsets")
         refused: set[Partition] = set()
         for _ in range(_WRITE_ATTEMPTS):
             committing = {}
@@ -466,7 +492,7 @@ class GroupRegistry:
                 if there:
                     txn.set_data(paths[tp], data)
                 else:
-                    txn.create(paths[tp], data)
+                    txn.create(paths[tp], data, acl=self.acl)
                 committing[tp] = txn.commit_async()
             again = {}
             for tp, result in committing.items():
@@ -474,6 +500,8 @@ class GroupRegistry:
                 if failed is None:
                     continue
                 index, error = failed
+                if isinstance(error, NoAuthError):  # a guard's or the offset's node: no rights there
+                    raise self._refused(f"committing {tp[0]}-{tp[1]}")
                 if index < guard_ops:
                     refused.add(tp)
                 elif isinstance(error, (NoNodeError, NodeExistsError)):

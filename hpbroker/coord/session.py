@@ -69,6 +69,7 @@ class _Ephemeral:
     data: bytes
     takeover: Takeover | None
     session_id: int | None = None  # the session that last wrote it; None: not written in any
+    acl: list[ACL] | None = None  # None: the session's default ACL
 
 
 class Session:
@@ -165,9 +166,11 @@ class Session:
 
     # --- ephemeral nodes ------------------------------------------------------------------------
 
-    def register_ephemeral(self, path: str, data: bytes, *, takeover: Takeover | None = None) -> None:
+    def register_ephemeral(self, path: str, data: bytes, *, takeover: Takeover | None = None,
+                           acl: Sequence[ACL] | None = None) -> None:
         """Create the ephemeral node ``path`` holding ``data``, or update it; re-created with its
-        latest data after every session expiry until :meth:`unregister_ephemeral`.  Raises
+        latest data after every session expiry until :meth:`unregister_ephemeral`; ``acl``: the
+        node's (and missing parents'), else the session's default ACL.  Raises
         CoordinationError on a conflict, and kazoo's errors when ZooKeeper cannot be reached (the
         node is then written when the next session is established)."""
         with self._lock:
@@ -175,6 +178,7 @@ class Session:
             if entry is None:
                 entry = self._ephemerals[path] = _Ephemeral(data, takeover)
             entry.data, entry.takeover = data, takeover
+            entry.acl = None if acl is None else list(acl)
             try:
                 self._write(path, entry)
             except BaseException:
@@ -199,7 +203,7 @@ class Session:
         client = self.client
         for _ in range(_WRITE_ATTEMPTS):
             try:
-                client.create(path, entry.data, ephemeral=True, makepath=True)
+                client.create(path, entry.data, acl=entry.acl, ephemeral=True, makepath=True)
                 entry.session_id = self._live_session_id()
                 return
             except NodeExistsError:

@@ -62,6 +62,7 @@ __all__ = [
     "get_or_create_token_key",
     "group_acl",
     "group_credentials",
+    "issue_group_credentials",
     "load_credentials",
     "member_acl",
     "private_acl",
@@ -262,6 +263,15 @@ def group_credentials(token_key: bytes, group: str, cluster: ZkCredentials) -> G
 def group_acl(token_key: bytes, group: str, cluster: ZkCredentials) -> list[ACL]:
     """The ACL of ``/consumers/<group>`` and everything under it."""
     return member_acl(group_credentials(token_key, group, cluster).acl_ids)
+
+
+def issue_group_credentials(session: Session, paths: ZkPaths, token_key: bytes, group: str,
+                            cluster: ZkCredentials) -> GroupCredentials:
+    """What a broker answers a GroupCredentialsRequest with, once the ACLs allow it: the group's
+    credentials, after starting :func:`ensure_group_node` (which does not wait)."""
+    issued = group_credentials(token_key, group, cluster)
+    ensure_group_node(session, paths, group, member_acl(issued.acl_ids))
+    return issued
 
 
 def ensure_group_node(session: Session, paths: ZkPaths, group: str, acl: Sequence[ACL]) -> None:
