@@ -17,7 +17,20 @@ A client message on the front-end ROUTER is ``[client_id, head, payload?]``.  Th
   is at hand);
 - **create-topic**, **alter-topic-config** and **delete-topic** go to
   :class:`~hpbroker.workers.admin.TopicAdmin`, which answers once the owning workers have done
-  their part.
+  their part;
+- **fetch-token** and **group-credentials** are answered here from :attr:`Frontend.security`
+  (error 10 on a broker without security; group credentials also need ZooKeeper).
+
+**Security.**  With :attr:`Frontend.security` set to an enabled
+:class:`~hpbroker.security.broker.BrokerSecurity` (``security = "curve"``), each request's
+principal is the key name the CURVE handshake authenticated (its frames' ``User-Id``), and every
+request is checked before anything else is done with it (``hpbroker.workers.request_access``
+lists what each needs): a refused one is answered with error 28 (AuthorizationError, naming
+principal, operation and resource; an acks=0 produce gets no answer), nothing is relayed,
+created or changed; refusals are counted in :attr:`Frontend.error_counts` and logged at INFO,
+at most one line per ``_DENIAL_LOG_INTERVAL_S``.  Metadata lists only the topics the principal
+may describe; one named and not describable gets error 28 in its ``TopicMetadata``.  Without
+security the only cost on a request is one attribute test.
 
 Every response goes out in the version its request was asked in (``api_version``; the nearest
 served for a version refused with error 9), whether answered here or relayed: a relayed
@@ -57,6 +70,8 @@ from hpbroker.broker.topics import (
     parse_topic_config,
 )
 from hpbroker.errors import (
+    AuthenticationError,
+    AuthorizationError,
     CoordinationError,
     HPBrokerError,
     InvalidReplicationFactorError,
@@ -69,18 +84,21 @@ from hpbroker.errors import (
     UnsupportedVersionError,
 )
 from hpbroker.protocol import ApiKey
+from hpbroker.security.acls import Operation, ResourceType
 from hpbroker.workers import backend
 from hpbroker.workers.admin import TopicAdmin
 from hpbroker.workers.heartbeat import read_heartbeat
 from hpbroker.workers.leadership import Leadership
 from hpbroker.workers.ownership import owner_slot
 from hpbroker.workers.peers import FrontendPeers, configure_front
+from hpbroker.workers.request_access import required_access
 from hpbroker.workers.slots import Slot
 
 if TYPE_CHECKING:  # kazoo is loaded only by a broker configured with ZooKeeper
     from hpbroker.coord.broker_replication import BrokerReplication
     from hpbroker.coord.cluster import ClusterSnapshot
     from hpbroker.coord.producer_ids import ProducerIdAllocator
+    from hpbroker.security.broker import BrokerSecurity
 
 __all__ = ["UNKNOWN_API_KEY", "Frontend"]
 
@@ -89,6 +107,7 @@ logger = logging.getLogger(__name__)
 _RELAYED = (ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.LIST_OFFSETS)
 _MAX_ERROR_MESSAGE = 1000  # characters of an error message sent to a client
 UNKNOWN_API_KEY = -1  # Frontend.error_counts' key for every api key not in protocol.REQUEST_TYPES
+_DENIAL_LOG_INTERVAL_S = 10.0  # at most one INFO line about refused requests this often
 # (client_id, api_key, correlation_id, api_version): how TopicAdmin's waiters are answered.
 _Waiter = tuple[bytes, int, int, int]
 # (topic, partition) -> (log_start_offset, high_watermark), from the workers' heartbeats
@@ -143,6 +162,22 @@ class Frontend:
         # name -> topic id of the last replicated topic of that name deleted here: a snapshot that
         # still shows it (it lags ZooKeeper) must not have it stored again.
         self._dropped_ids: dict[str, str] = {}
+        # The enabled BrokerSecurity, or None: the one attribute the unsecured path tests.
+        self._security: BrokerSecurity | None = None
+        self._security_object: BrokerSecurity | None = None
+        self._denials_logged_at = float("-inf")
+        self._denials_unlogged = 0
+
+    @property
+    def security(self) -> BrokerSecurity | None:
+        """The broker's security (set by the arbiter before the front-end binds); None, or one
+        not enabled, serves every request as a broker without security does."""
+        return self._security_object
+
+    @security.setter
+    def security(self, security: BrokerSecurity | None) -> None:
+        self._security_object = security
+        self._security = security if security is not None and security.enabled else None
 
     def configure(self, front: zmq.Socket) -> FrontendPeers:
         """Set the front-end ROUTER's limits and start counting and capping its connections
@@ -181,11 +216,17 @@ class Frontend:
             error = InvalidRequestError(f"request of {size} bytes exceeds max_request_bytes "
                                         f"{self._config.max_request_bytes}")
             self._respond_unless_silent(client, header, request, error)
-        elif header.api_key in _RELAYED:
+            return
+        principal = None
+        if self._security is not None:
+            principal = self._security.principal_of(frames[1])
+            if self._refused(client, header, request, principal):
+                return
+        if header.api_key in _RELAYED:
             self._route(client, header, request, message)
         elif header.api_key == ApiKey.METADATA:
-            self._respond(client, header.api_key, header.correlation_id, self._metadata(request.topics),
-                          header.api_version)
+            self._respond(client, header.api_key, header.correlation_id,
+                          self._metadata(request.topics, principal), header.api_version)
         elif header.api_key == ApiKey.INIT_PRODUCER_ID:
             self._respond(client, header.api_key, header.correlation_id, self._init_producer_id(request),
                           header.api_version)
@@ -195,6 +236,94 @@ class Frontend:
             self._delete(client, header, request)
         elif header.api_key == ApiKey.ALTER_TOPIC_CONFIG:
             self._alter(client, header, request)
+        elif header.api_key == ApiKey.FETCH_TOKEN:
+            self._respond(client, header.api_key, header.correlation_id, self._fetch_token(principal),
+                          header.api_version)
+        elif header.api_key == ApiKey.GROUP_CREDENTIALS:
+            self._respond(client, header.api_key, header.correlation_id, self._group_credentials(request),
+                          header.api_version)
+        elif header.api_key == ApiKey.AUTHENTICATE:
+            self._respond(client, header.api_key, header.correlation_id, InvalidRequestError(
+                "AuthenticateRequest is served on the data ports only; the front-end authenticates by "
+                "the CurveZMQ handshake"), header.api_version)
+
+    # --- security -----------------------------------------------------------------------------------
+
+    def _refused(self, client: bytes, header: protocol.RequestHeader, request: Any,
+                 principal: str | None) -> bool:
+        """Check the request against the ACLs (module docstring); a refused one is answered here
+        (True): nothing else is done with it."""
+        security = self._security
+        assert security is not None
+        error: HPBrokerError | None = None
+        if header.api_key == ApiKey.INIT_PRODUCER_ID:
+            if not security.allows_any(principal, Operation.PRODUCE):
+                error = AuthorizationError(f"principal {principal!r} may not produce to any topic, so it "
+                                           "gets no producer id (no ACL allows it)")
+        elif header.api_key == ApiKey.FETCH_TOKEN:
+            if principal is None:
+                error = AuthenticationError("a fetch token needs an authenticated connection")
+        else:
+            creates = header.api_key in _RELAYED and self._would_auto_create(header, request)
+            for operation, resource_type, name in required_access(header.api_key, request,
+                                                                  creates_topic=creates):
+                error = security.authorize(principal, operation, resource_type, name)
+                if error is not None:
+                    break
+        if error is None:
+            return False
+        self._log_denial(error)
+        if header.api_key == ApiKey.PRODUCE and request.acks == 0:
+            key = (header.api_key, error.code)
+            self.error_counts[key] = self.error_counts.get(key, 0) + 1
+        self._respond_unless_silent(client, header, request, error)
+        return True
+
+    def _would_auto_create(self, header: protocol.RequestHeader, request: Any) -> bool:
+        """Whether :meth:`_auto_create` would try to create the produce's or fetch's topic."""
+        if not self._config.auto_create_topics or header.api_key == ApiKey.LIST_OFFSETS \
+                or request.partition >= self._config.default_partitions:
+            return False
+        topic = self._store.get(request.topic)
+        if topic is not None:
+            return False
+        cluster = self._cluster() if self._cluster is not None else None
+        return cluster is None or request.topic not in cluster.topics
+
+    def _log_denial(self, error: HPBrokerError) -> None:
+        now = self._clock()
+        if now < self._denials_logged_at + _DENIAL_LOG_INTERVAL_S:
+            self._denials_unlogged += 1
+            return
+        logger.info("[arbiter] refused: %s (%d more refused since the last such line)", error.message,
+                    self._denials_unlogged)
+        self._denials_logged_at, self._denials_unlogged = now, 0
+
+    def _describable(self, principal: str | None, name: str) -> bool:
+        return self._security is None or \
+            self._security.authorize(principal, Operation.DESCRIBE, ResourceType.TOPIC, name) is None
+
+    def _fetch_token(self, principal: str | None) -> protocol.FetchTokenResponse | HPBrokerError:
+        if self._security is None or principal is None:
+            return InvalidRequestError("fetch tokens are issued only by a broker with security = 'curve'")
+        try:
+            token, expires_at_ms = self._security.mint_token(principal)
+        except HPBrokerError as e:
+            return e
+        return protocol.FetchTokenResponse(token, principal, expires_at_ms)
+
+    def _group_credentials(self, request: protocol.GroupCredentialsRequest,
+                           ) -> protocol.GroupCredentialsResponse | HPBrokerError:
+        if self._security is None:
+            return InvalidRequestError("group credentials are issued only by a broker with "
+                                       "security = 'curve' and ZooKeeper")
+        try:
+            issued = self._security.group_credentials(request.group)
+        except HPBrokerError as e:
+            logger.info("[arbiter] group credentials of %r refused: %s", request.group, e.message)
+            return e
+        return protocol.GroupCredentialsResponse(issued.zookeeper_user, issued.zookeeper_password,
+                                                 list(issued.acl_ids))
 
     def _route(self, client: bytes, header: protocol.RequestHeader, request: Any,
                message: list[zmq.Frame]) -> None:
@@ -469,17 +598,22 @@ class Frontend:
 
     # --- metadata -----------------------------------------------------------------------------------
 
-    def _metadata(self, names: list[str]) -> protocol.MetadataResponse:
+    def _metadata(self, names: list[str], principal: str | None = None) -> protocol.MetadataResponse:
         """This broker's topics from its store; the others from the cluster's registries when
         ZooKeeper is configured (leader: the live broker storing the partition, -1 and error 15
-        when none does; offsets -1: only the serving broker knows them)."""
+        when none does; offsets -1: only the serving broker knows them).  With security, only
+        the topics ``principal`` may describe: a named one it may not gets error 28."""
         offsets = self._heartbeat_offsets()
         cluster = self._cluster() if self._cluster is not None else None
         wanted = names or sorted({t.name for t in self._store.topics()} | set(_cluster_topics(cluster)))
+        if self._security is not None and not names:
+            wanted = [name for name in wanted if self._describable(principal, name)]
         topics = []
         for name in wanted:
             topic = self._store.get(name)
-            if topic is not None and not topic.deleting:
+            if self._security is not None and names and not self._describable(principal, name):
+                topics.append(protocol.TopicMetadata(name, AuthorizationError.code))
+            elif topic is not None and not topic.deleting:
                 topics.append(protocol.TopicMetadata(
                     name, 0, [self._partition_metadata(topic, p, offsets) for p in range(topic.partitions)],
                     [protocol.TopicConfigEntry(k, v) for k, v in config_to_strings(topic.config)]))
