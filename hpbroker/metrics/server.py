@@ -4,8 +4,12 @@ A :class:`http.server.ThreadingHTTPServer` whose accept loop runs on one daemon 
 client on a daemon thread of its own, so the process's own loop never waits on a scraper.  Paths:
 
 - ``/metrics``: ``render()``'s text, ``text/plain; version=0.0.4; charset=utf-8`` (a query string
-  is ignored); 500 when ``render`` raises (logged);
-- ``/healthz``: 200 with ``health()``'s text when it says healthy, else 503 with it;
+  is ignored); 500 when ``render`` raises (logged).  With a ``token`` (the broker's
+  ``metrics_token_file``, :func:`load_metrics_token`), only a request with the header
+  ``Authorization: Bearer <token>`` gets it (compared in constant time); any other gets 401 with
+  ``WWW-Authenticate: Bearer realm="hpbroker"``, and nothing is rendered;
+- ``/healthz``: 200 with ``health()``'s text when it says healthy, else 503 with it (never
+  behind the token: load balancers probe it, and it names no topic or group);
 - ``/``: a line pointing at ``/metrics``;
 - anything else: 404.  Methods other than GET get 501 (``http.server``'s rule).
 
@@ -24,8 +28,10 @@ starts it decides which signals its threads see (they inherit the starting threa
 
 from __future__ import annotations
 
+import hmac
 import io
 import logging
+import os
 import socket
 import threading
 import time
@@ -34,9 +40,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
+from hpbroker.errors import InvalidConfigError
 from hpbroker.metrics.exposition import CONTENT_TYPE
 
-__all__ = ["MetricsServer"]
+__all__ = ["MetricsServer", "load_metrics_token"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,19 +52,53 @@ DEFAULT_REQUEST_TIMEOUT_S = 10.0  # a client that has not sent its request line 
 DEFAULT_MAX_CLIENTS = 8  # clients served at once; more are closed at once
 _STOP_TIMEOUT_S = 5.0
 _POLL_S = 0.1  # how often the accept loop looks for a stop request: close() waits at most this
+_MAX_TOKEN_BYTES = 4096  # a token file holds one short line
+_MIN_TOKEN_CHARS = 16  # shorter than this is guessable: refused
+_REALM = 'Bearer realm="hpbroker"'
+_REFUSAL_LOG_INTERVAL_S = 60.0  # refused scrapes are logged at most this often
 
 Render = Callable[[], str]
 Health = Callable[[], tuple[bool, str]]
 
 
+def load_metrics_token(path: str | os.PathLike[str]) -> str:
+    """The bearer token in ``path``: its one line, surrounding whitespace stripped, at least
+    16 characters of printable ASCII without spaces (``openssl rand -hex 32`` writes one).
+    InvalidConfigError naming the file and what is wrong with it."""
+    name = os.fspath(path)
+    try:
+        with open(name, "rb") as f:
+            raw = f.read(_MAX_TOKEN_BYTES + 1)
+    except FileNotFoundError:
+        raise InvalidConfigError(f"metrics token file {name}: no such file") from None
+    except OSError as e:
+        raise InvalidConfigError(f"metrics token file {name}: cannot read it: {e.strerror or e}") from None
+    if len(raw) > _MAX_TOKEN_BYTES:
+        raise InvalidConfigError(f"metrics token file {name}: larger than {_MAX_TOKEN_BYTES} bytes; "
+                                 "expected one line, the token")
+    token = raw.strip()
+    if not token:
+        raise InvalidConfigError(f"metrics token file {name}: empty; expected one line, the token")
+    if not all(0x21 <= byte < 0x7F for byte in token):
+        raise InvalidConfigError(f"metrics token file {name}: the token must be one line of printable "
+                                 "ASCII without spaces")
+    if len(token) < _MIN_TOKEN_CHARS:
+        raise InvalidConfigError(f"metrics token file {name}: the token has {len(token)} characters; "
+                                 f"at least {_MIN_TOKEN_CHARS} (openssl rand -hex 32 makes one)")
+    return token.decode("ascii")
+
+
 class MetricsServer:
-    """Serves ``render()`` at ``/metrics`` and ``health()`` at ``/healthz`` (module docstring)."""
+    """Serves ``render()`` at ``/metrics`` and ``health()`` at ``/healthz`` (module docstring).
+    ``token``: the bearer token ``/metrics`` asks for; None: none asked."""
 
     def __init__(self, host: str, port: int, render: Render, health: Health | None = None, *,
                  timeout_s: float = DEFAULT_TIMEOUT_S, request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
-                 max_clients: int = DEFAULT_MAX_CLIENTS) -> None:
+                 max_clients: int = DEFAULT_MAX_CLIENTS, token: str | None = None) -> None:
+        if token is not None and not token:
+            raise InvalidConfigError("the metrics token must not be empty")
         self._http = _HttpServer(host, port, render, health or _always_healthy, timeout_s, request_timeout_s,
-                                 max_clients)
+                                 max_clients, token)
         self._thread: threading.Thread | None = None
 
     @property
@@ -95,8 +136,10 @@ class _HttpServer(ThreadingHTTPServer):
     request_queue_size = 16
 
     def __init__(self, host: str, port: int, render: Render, health: Health, timeout_s: float,
-                 request_timeout_s: float, max_clients: int) -> None:
+                 request_timeout_s: float, max_clients: int, token: str | None) -> None:
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.token = None if token is None else token.encode("ascii")
+        self.refusals_logged_at = float("-inf")  # monotonic time of the last refusal logged
         self.render, self.health, self.client_timeout_s = render, health, timeout_s
         self.request_timeout_s = request_timeout_s
         self.max_clients = max_clients
@@ -167,6 +210,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         path = urlsplit(self.path).path
         if path == "/metrics":
+            if not self._authorized():
+                return
             try:
                 body = self.server.render().encode("utf-8")
             except Exception:
@@ -182,8 +227,30 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._reply(404, f"no {path} here: metrics are at /metrics\n".encode())
 
-    def _reply(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+    def _authorized(self) -> bool:
+        """Whether the request presents the token (always, without one); else answers 401."""
+        expected = self.server.token
+        if expected is None:
+            return True
+        scheme, _, given = self.headers.get("Authorization", "").strip().partition(" ")
+        # compared whatever the scheme, so that the time taken tells nothing either way
+        matches = hmac.compare_digest(given.strip().encode("utf-8", "replace"), expected)
+        if matches and scheme.lower() == "bearer":
+            return True
+        now = time.monotonic()
+        if now - self.server.refusals_logged_at >= _REFUSAL_LOG_INTERVAL_S:  # a prober cannot flood the log
+            self.server.refusals_logged_at = now
+            logger.info("metrics: %s refused: %s bearer token (refusals logged once a minute)",
+                        self.address_string(), "a wrong" if given else "no")
+        self._reply(401, b"the metrics endpoint needs the header Authorization: Bearer <token>\n",
+                    headers={"WWW-Authenticate": _REALM})
+        return False
+
+    def _reply(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8",
+               headers: dict[str, str] | None = None) -> None:
         self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()

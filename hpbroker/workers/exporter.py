@@ -55,6 +55,7 @@ from hpbroker.errors import ERRORS_BY_CODE
 from hpbroker.metrics import Histogram, MetricFamily, MetricsServer, render
 from hpbroker.metrics.exposition import COUNTER, GAUGE, HISTOGRAM
 from hpbroker.metrics.process import cpu_seconds, open_fds, resident_memory_bytes, start_time_seconds
+from hpbroker.metrics.server import load_metrics_token
 from hpbroker.protocol import ApiKey
 from hpbroker.workers.replication import unsafe_ack_before_replication
 from hpbroker.workers.stats import read_stats
@@ -238,8 +239,9 @@ class MetricsEndpoint:
         self._peers: FrontendPeers | None = None
         self._groups: GroupOffsetsPoller | None = None
         self._reports = _ReportAges()
+        token = load_metrics_token(config.metrics_token_file) if config.metrics_token_file else None
         self._server = MetricsServer(config.metrics_host or config.host, config.metrics_port, self.render,
-                                     self.health)
+                                     self.health, token=token)
 
     @property
     def address(self) -> tuple[str, int]:
