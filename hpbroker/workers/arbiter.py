@@ -102,8 +102,22 @@ recovery within the unit's start timeout (a start that hangs before the loop run
 **Stop.**  SIGTERM or SIGINT: stop accepting connections and reading requests (responses still
 flow back to the clients), SIGTERM every worker, reap them until ``graceful_timeout_ms``, then
 SIGKILL the rest; close the sockets and exit 0.  A second SIGTERM or SIGINT, or SIGQUIT, kills
-the workers at once.  SIGHUP is logged and ignored (no reload).  Log lines start with
-``[arbiter]``.
+the workers at once.  Log lines start with ``[arbiter]``.
+
+**Security** (``security = "curve"``, ``hpbroker.security.broker``, docs/SECURITY.md).  The
+server key and the allowlist directory are read during start, before the first fork: a bad one
+stops the broker (exit status 1, the error naming the file).  The ZAP handler (a thread of the
+arbiter's ZeroMQ context) starts, and the front-end ROUTER becomes a CURVE server in its domain,
+before the ROUTER binds: no connection is ever admitted that the allowlist did not admit.  Its
+thread dying is fatal: the loop checks it every turn and halts.  SIGHUP reads the allowlist
+again (a key removed is refused from its next connection, and its open connections' requests
+are refused too); nothing else is reloaded, and without security SIGHUP is only logged.  With
+ZooKeeper the broker's session carries the cluster's credentials (``zookeeper_credentials_file``),
+the cluster's fetch token key is read once joined, and the ACLs are watched: a kazoo thread only
+hands the loop the new entries.  Every worker is sent the security state (the ``security``
+control: token key, principals, super users, ACLs) when it reports ready and whenever the
+allowlist, the ACLs or the key change.  With ``data_port_auth = "loopback"`` the data ports bind
+127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -130,6 +144,7 @@ from hpbroker.broker.config import BrokerConfig
 from hpbroker.broker.topics import TopicStore
 from hpbroker.errors import HPBrokerError, InvalidConfigError
 from hpbroker.io.files import lock_directory, make_directory
+from hpbroker.security.broker import BrokerSecurity
 from hpbroker.workers import backend
 from hpbroker.workers.exporter import MetricsEndpoint, SlotView
 from hpbroker.workers.frontend import Frontend
@@ -153,6 +168,8 @@ if TYPE_CHECKING:  # kazoo is loaded only by a broker configured with ZooKeeper
     from hpbroker.coord.member import BrokerMember
     from hpbroker.coord.producer_ids import ProducerIdAllocator
     from hpbroker.coord.registry import BrokerRegistration, TopicRegistration
+    from hpbroker.coord.zk_security import ZkCredentials
+    from hpbroker.security.acls import AclEntry
 
 __all__ = ["EXIT_ERROR", "EXIT_OK", "KILL_GRACE_S", "Arbiter", "WorkerMain"]
 
@@ -217,6 +234,10 @@ class Arbiter:
         self._started = False  # sockets bound and ZooKeeper joined: READY=1 may go
         self._slots_by_identity = {backend.worker_identity(s.index): s for s in self._slots}
         self._heartbeats: HeartbeatWatch | None = None  # once the run directory is known
+        self._security: BrokerSecurity | None = None  # made in _setup, before any fork
+        self._zk_credentials: ZkCredentials | None = None  # the cluster's, from zookeeper_credentials_file
+        # ACLs as a kazoo thread last saw them, for the loop to take (a deque: append and pop are atomic)
+        self._acl_updates: collections.deque[list[AclEntry]] = collections.deque(maxlen=1)
 
     # --- life cycle -------------------------------------------------------------------------------
 
@@ -245,6 +266,11 @@ class Arbiter:
                 self._halt("cannot bind")
                 self._wait_all(self._stop_deadline)
                 return self._exit_status
+            except HPBrokerError as e:
+                logger.error("[arbiter] cannot secure the front-end: %s", e.message)
+                self._halt("cannot secure the front-end")
+                self._wait_all(self._stop_deadline)
+                return self._exit_status
             self._start_metrics()
             if not self._join_zookeeper():
                 self._wait_all(self._stop_deadline)
@@ -267,6 +293,12 @@ class Arbiter:
         config = self.config
         make_directory(config.data_dir)
         self._lock_fd = lock_directory(config.data_dir)
+        # The server key and the allowlist are read now: a bad one stops the start before any fork.
+        self._security = BrokerSecurity(config)
+        if config.zookeeper and config.zookeeper_credentials_file:
+            from hpbroker.coord.zk_security import load_credentials
+
+            self._zk_credentials = load_credentials(config.zookeeper_credentials_file)
         store = self._store = TopicStore(config.data_dir)
         run_dir = config.run_dir or os.path.join(os.path.abspath(config.data_dir), RUN_DIR_NAME)
         if config.run_dir or len(f"{run_dir}/backend.sock".encode()) <= _MAX_IPC_PATH:
@@ -283,8 +315,11 @@ class Arbiter:
         for slot in self._slots:
             _remove_heartbeat(self._run_dir, slot.index)
         self._heartbeats = HeartbeatWatch(self._run_dir)
+        data_host = config.host
+        if self._security.enabled and config.data_port_auth == "loopback":
+            data_host = "127.0.0.1"  # the data ports serve this host only: no token needed
         for slot in self._slots:
-            self._listeners.append(_data_listener(config.host, config.fetch_port + slot.index,
+            self._listeners.append(_data_listener(data_host, config.fetch_port + slot.index,
                                                   min(config.max_connections, socket.SOMAXCONN)))
         if self._worker_main is None:
             from hpbroker.workers.worker import run_worker
@@ -293,6 +328,7 @@ class Arbiter:
         self._frontend = Frontend(config, store, self._slots, self._run_dir,
                                   admin_timeout_s=config.admin_timeout_ms / 1000,
                                   cluster=lambda: self._member.cluster.snapshot if self._member else None)
+        self._frontend.security = self._security
         if config.metrics_port:
             frontend = self._frontend
             self._metrics = MetricsEndpoint(config, self._run_dir, lambda: dict(frontend.error_counts))
@@ -319,6 +355,8 @@ class Arbiter:
             host = f"[{host}]"
         if self._metrics is not None:  # before the bind, so that it sees every connection
             self._metrics.watch_peers(peers)
+        assert self._security is not None  # its ZAP handler runs before the bind: no unchecked client
+        self._security.secure_front(self._context, self._front)
         self._front.bind(f"tcp://{host}:{config.port}")
         self._front_endpoint = self._front.getsockopt_string(zmq.LAST_ENDPOINT)
         assert self._frontend is not None
@@ -336,12 +374,15 @@ class Arbiter:
         from hpbroker.coord.member import BrokerMember
 
         timeout_s = config.zookeeper_session_timeout_ms / 1000
-        member = BrokerMember(config.zookeeper, session_timeout_s=timeout_s, connect_timeout_s=timeout_s)
+        member = BrokerMember(config.zookeeper, session_timeout_s=timeout_s, connect_timeout_s=timeout_s,
+                              credentials=self._zk_credentials)
         assert self._store is not None
         self._member_version = self._store.version
         signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)  # inherited by every kazoo thread
         try:
             member.start(*self._cluster_snapshot())
+            self._member = member  # left in _leave_zookeeper even when what follows fails
+            self._start_security(member)
             if self._metrics is not None:  # its thread, too, with the signals blocked
                 self._metrics.watch_groups(member.session, config.metrics_lag_interval_ms / 1000,
                                            self._topic_names())
@@ -352,8 +393,27 @@ class Arbiter:
             return False
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
-        self._member = member
         return True
+
+    def _start_security(self, member: BrokerMember) -> None:
+        """With security on: take the cluster's token key and watch the ACLs (called with the
+        loop's signals blocked).  The watch's callback runs on a kazoo thread: it only hands the
+        entries to the loop (:meth:`_security_turn`)."""
+        security = self._security
+        if security is None or not security.enabled:
+            return
+        security.attach_zookeeper(member.session, member.paths, self._zk_credentials)
+        try:
+            from hpbroker.coord.acl_store import watch_acls
+        except ImportError:
+            logger.warning("[arbiter] no ACL store in this build: only super users are allowed anything")
+            return
+
+        def acls_changed(entries: list[AclEntry]) -> None:
+            self._acl_updates.append(list(entries))
+            self._wake_loop()
+
+        watch_acls(member.session, acls_changed)
 
     def _start_replication(self, member: BrokerMember) -> None:
         """Follow the replicated topics' partition states and run this broker's controller
@@ -527,6 +587,8 @@ class Arbiter:
 
     def _leave_zookeeper(self) -> None:
         self._stop_producer_ids()  # its thread may be using the session
+        if self._security is not None:
+            self._security.detach_zookeeper()
         if self._replication is not None:  # resigns as controller while the session lives
             self._replication.close()
             self._replication = None
@@ -550,6 +612,8 @@ class Arbiter:
         for sock in (self._front, self._back):
             if sock is not None:
                 sock.close()
+        if self._security is not None:  # its ZAP handler's sockets, before the context ends
+            self._security.close()
         if self._context is not None:
             self._context.term()
         self._front = self._back = self._context = None
@@ -615,7 +679,19 @@ class Arbiter:
         self._kill_all(signal.SIGKILL)
 
     def handle_hup(self) -> None:
-        logger.info("[arbiter] SIGHUP: reloading the configuration is not supported; ignored")
+        """Read the allowlist again (security on); nothing else is reloaded."""
+        security = self._security
+        if security is None or not security.enabled:
+            logger.info("[arbiter] SIGHUP: security is off, nothing to reload (the configuration is read "
+                        "only at start)")
+            return
+        added, removed = security.reload()
+        logger.info("[arbiter] SIGHUP: allowlist reloaded: %d keys%s%s", len(security.principals()),
+                    f"; added {', '.join(sorted(added))}" if added else "",
+                    f"; removed {', '.join(sorted(removed))} (refused from their next request)"
+                    if removed else "")
+        if added or removed:
+            self._push_security()
 
     # --- workers ----------------------------------------------------------------------------------
 
@@ -767,6 +843,7 @@ class Arbiter:
         if slot.backoff_s:
             logger.warning("[arbiter] worker slot=%d serves again after crash-looping; it is no longer held "
                            "back once it has served %g s without dying", slot.index, BACKOFF_RESET_S)
+        self._push_security(slot)  # before its data port is told to serve anything
         assert self._frontend is not None
         self._frontend.admin.slot_ready(slot.index)
         self._frontend.leadership.mark_dirty()  # its partitions' roles, after their open
@@ -929,7 +1006,11 @@ class Arbiter:
                     self._on_ready(slot, message.body)
                 elif message.op == "ack":
                     control_id = message.body.get("id")
-                    if self._frontend.leadership.owns(control_id):
+                    if control_id is None:  # the security state's: nobody waits for it
+                        if message.body.get("error"):
+                            logger.error("[arbiter] worker slot=%d could not take the security state: %s",
+                                         slot.index, message.body.get("error"))
+                    elif self._frontend.leadership.owns(control_id):
                         self._frontend.leadership.acked(slot.index, control_id, message.body.get("error"),
                                                         time.monotonic())
                     else:
@@ -990,6 +1071,9 @@ class Arbiter:
             else:
                 self._check_slot(slot, now)
         assert self._frontend is not None and self._store is not None
+        self._security_turn()
+        if self._stopping:  # the ZAP handler died
+            return
         self._frontend.admin.expire(now)
         self._replication_turn()
         if self._member is not None:
@@ -1005,6 +1089,36 @@ class Arbiter:
         if self._metrics is not None and self._store.version != self._metrics_version:
             self._metrics_version = self._store.version
             self._metrics.set_topics(self._topic_names())
+
+    def _security_turn(self) -> None:
+        """Halt when the ZAP handler has died; take ACL changes and hand the workers the new state."""
+        security = self._security
+        if security is None or not security.enabled:
+            return
+        if not security.check_alive():
+            logger.critical("[arbiter] the ZAP authenticator's thread has died: no connection can be "
+                            "authenticated; stopping")
+            self._halt("the ZAP authenticator died")
+            return
+        changed = False
+        while self._acl_updates:
+            entries = self._acl_updates.popleft()
+            if security.set_acls(entries):
+                changed = True
+                logger.info("[arbiter] ACLs changed: %d entries", len(entries))
+        if changed:
+            self._push_security()
+
+    def _push_security(self, slot: Slot | None = None) -> None:
+        """Send the workers (``slot``'s alone, or every serving one) the security state (the
+        ``security`` control: ``BrokerSecurity.worker_state``).  Security off: nothing."""
+        security, frontend = self._security, self._frontend
+        if security is None or not security.enabled or frontend is None:
+            return
+        state = security.worker_state()
+        for target in (slot,) if slot is not None else self._slots:
+            if target is not None and target.serving:
+                frontend.send_control(target.index, "security", state)
 
     def _check_slot(self, slot: Slot, now: float) -> None:
         """SIGABRT a worker that is late to boot or silent; SIGKILL one that ignored its signal."""

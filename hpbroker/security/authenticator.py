@@ -1,0 +1,212 @@
+"""The front-end's ZAP handler: it admits the CurveZMQ public keys on the allowlist, and names
+each connection's principal.
+
+**The allowlist** is a directory of public key files, ``NAME.key`` as ``zmq.auth`` writes them
+(``public-key = "<40 z85 characters>"``; the KEYS tooling's ``hpbroker keys``).  Only files
+directly in it count (``revoked/`` beside them does not).  ``NAME`` is the key's *principal*:
+every message the front-end ROUTER receives on a connection made with that key carries the
+ZeroMQ metadata property ``User-Id`` = ``NAME``.  Two names for one public key: the first in
+sorted order wins (a WARNING says so).
+
+**The handler** is pyzmq's ``ThreadAuthenticator``: a thread with a REP socket bound to
+``inproc://zeromq.zap.01`` in the broker's ZeroMQ context, answering libzmq's ZAP requests (RFC
+27).  :meth:`AllowlistAuthenticator.start` reads the directory first (a missing or unreadable
+directory, or a bad key file in it, is an InvalidConfigError naming the path), then binds and
+starts the thread, and returns once the thread answers: a socket configured with
+``ZAP_DOMAIN`` after that never meets a moment without its handler.  Only the CURVE mechanism
+in the domain :data:`ZAP_DOMAIN` is admitted; everything else (NULL, PLAIN, another domain, a
+malformed request) gets status 400.
+
+**Reload** (:meth:`AllowlistAuthenticator.reload`, on SIGHUP): the directory is read again; a bad
+file is logged and skipped and the others apply; a directory that cannot be read keeps the set
+it had (ERROR).  The new set replaces the old one in one assignment, which the handler's thread
+reads once per request: a request is judged against one set, old or new, never a mixture.  A
+key removed is refused on its next connection; connections already made stay (the front-end's
+authorisation denies requests from principals no longer on the list:
+``hpbroker.security.broker``).
+
+**Threads.**  :meth:`start`, :meth:`reload`, :meth:`stop` are the owner's (the arbiter's loop);
+the handler's thread only reads :attr:`_keys`.  :meth:`alive` tells whether the handler's thread
+still runs: when it has died, no new connection can complete its handshake, and the broker
+halts (``BrokerSecurity.check_alive``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from collections.abc import Mapping
+
+import zmq
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
+
+from hpbroker.errors import InvalidConfigError
+
+__all__ = ["ZAP_DOMAIN", "AllowlistAuthenticator", "read_allowlist", "read_public_key"]
+
+logger = logging.getLogger(__name__)
+
+ZAP_DOMAIN = "hpbroker"  # the front-end's ZAP domain (ZAP_DOMAIN socket option)
+KEY_SUFFIX = ".key"  # a public key file: NAME.key
+_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")  # a principal: a key file's stem
+_ZAP_VERSION = b"1.0"
+_REFUSAL_LOG_INTERVAL_S = 10.0  # one WARNING per this long while connections are refused
+
+
+def read_public_key(path: str) -> bytes:
+    """The z85 public key (40 bytes) of a ``zmq.auth`` key file; InvalidConfigError naming the
+    path when it cannot be read or holds no valid public key."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read(65536)
+    except OSError as e:
+        raise InvalidConfigError(f"cannot read key file {path}: {e.strerror or e}") from None
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith(b"public-key"):
+            _, _, value = line.partition(b"=")
+            key = value.strip().strip(b"'\"")
+            if len(key) != 40:
+                raise InvalidConfigError(f"key file {path}: public-key must be 40 z85 characters, "
+                                         f"got {len(key)}")
+            try:
+                z85.decode(key)
+            except (ValueError, KeyError, IndexError):
+                raise InvalidConfigError(f"key file {path}: public-key is not z85") from None
+            return key
+    raise InvalidConfigError(f"key file {path} holds no public-key line (not a zmq.auth key file)")
+
+
+def read_allowlist(directory: str, *, strict: bool) -> dict[bytes, str]:
+    """The allowlist in ``directory``: z85 public key -> principal name.  ``strict``: a bad key
+    file is an InvalidConfigError; otherwise it is logged (WARNING) and skipped.  A directory that
+    cannot be listed is always an InvalidConfigError."""
+    try:
+        entries = sorted(os.listdir(directory))
+    except OSError as e:
+        raise InvalidConfigError(f"cannot read the allowlist directory {directory}: "
+                                 f"{e.strerror or e}") from None
+    keys: dict[bytes, str] = {}
+    for entry in entries:
+        if not entry.endswith(KEY_SUFFIX):
+            continue
+        path = os.path.join(directory, entry)
+        name = entry[:-len(KEY_SUFFIX)]
+        try:
+            if not os.path.isfile(path):
+                continue
+            if not _NAME.fullmatch(name):
+                raise InvalidConfigError(f"key file {path}: {name!r} is not a valid key name "
+                                         "(1 to 100 of A-Z a-z 0-9 . _ -, not starting with '.')")
+            key = read_public_key(path)
+        except InvalidConfigError as e:
+            if strict:
+                raise
+            logger.warning("[security] allowlist: skipped %s: %s", path, e.message)
+            continue
+        if key in keys:
+            logger.warning("[security] allowlist: %s holds the same public key as %r; the key's "
+                           "principal stays %r", path, keys[key], keys[key])
+            continue
+        keys[key] = name
+    return keys
+
+
+class AllowlistAuthenticator(ThreadAuthenticator):
+    """pyzmq's ZAP handler thread, admitting the keys in ``allowlist_dir`` (module docstring)."""
+
+    def __init__(self, context: zmq.Context, allowlist_dir: str) -> None:
+        super().__init__(context=context, log=logging.getLogger(__name__ + ".zap"))
+        self.allowlist_dir = allowlist_dir
+        self._keys: Mapping[bytes, str] = {}  # z85 public key -> name; replaced whole, never mutated
+        self._refusals = 0  # refused since the last refusal logged (the handler's thread's)
+        self._refusal_logged_at = -float("inf")
+
+    def start(self) -> None:
+        """Read the allowlist (InvalidConfigError when it cannot be), then bind the ZAP endpoint
+        and start the handler's thread; returns once the thread serves."""
+        self._keys = read_allowlist(self.allowlist_dir, strict=True)
+        try:
+            super().start()
+        except (zmq.ZMQError, RuntimeError) as e:
+            self.stop()
+            raise InvalidConfigError(f"cannot start the ZAP authenticator: {e}") from None
+        logger.info("[security] allowlist %s: %d keys (%s)", self.allowlist_dir, len(self._keys),
+                    ", ".join(sorted(self._keys.values())) or "none")
+
+    def reload(self) -> tuple[frozenset[str], frozenset[str]]:
+        """Read the allowlist again (module docstring): the names (added, removed); a name whose
+        public key changed counts in both."""
+        try:
+            keys = read_allowlist(self.allowlist_dir, strict=False)
+        except InvalidConfigError as e:
+            logger.error("[security] allowlist not reloaded, the %d keys loaded before stay: %s",
+                         len(self._keys), e.message)
+            return frozenset(), frozenset()
+        before = {(name, key) for key, name in self._keys.items()}
+        after = {(name, key) for key, name in keys.items()}
+        self._keys = keys
+        added = frozenset(name for name, _ in after - before)
+        removed = frozenset(name for name, _ in before - after)
+        return added, removed
+
+    def principals(self) -> frozenset[str]:
+        """The names on the allowlist now."""
+        return frozenset(self._keys.values())
+
+    def alive(self) -> bool:
+        """Whether the handler's thread runs."""
+        return self.is_alive()
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        """The principal of a key on the allowlist (``User-Id``); empty when it is not on it."""
+        return self._keys.get(z85.encode(client_public_key), "")
+
+    async def handle_zap_message(self, msg: list[bytes]) -> None:
+        """Answer one ZAP request (RFC 27): 200 with the key's name as User-Id for a CURVE key on
+        the allowlist in our domain, 400 for anything else.  Never raises: the thread must live."""
+        if len(msg) < 2:
+            logger.error("[security] ZAP request of %d frames dropped: cannot be answered", len(msg))
+            return
+        request_id = msg[1]
+        try:
+            status, text, user_id = self._judge(msg)
+        except Exception:  # the handler's thread must outlive a request it cannot judge
+            logger.exception("[security] ZAP request failed")
+            status, text, user_id = b"500", b"internal error", b""
+        try:
+            self.zap_socket.send_multipart([_ZAP_VERSION, request_id, status, text, user_id, b""])
+        except zmq.ZMQError as e:
+            logger.error("[security] cannot answer a ZAP request: %s", e)
+
+    def _judge(self, msg: list[bytes]) -> tuple[bytes, bytes, bytes]:
+        if len(msg) < 6 or msg[0] != _ZAP_VERSION:
+            return b"400", b"malformed ZAP request", b""
+        domain, address, mechanism, credentials = msg[2], msg[3], msg[5], msg[6:]
+        who = address.decode("utf-8", "replace")
+        if mechanism != b"CURVE" or len(credentials) != 1 or len(credentials[0]) != 32:
+            self._refused(f"a {mechanism.decode('ascii', 'replace')} connection from {who}: only CURVE is "
+                          "accepted")
+            return b"400", b"CURVE required", b""
+        if domain.decode("utf-8", "replace") != ZAP_DOMAIN:
+            return b"400", b"unknown domain", b""
+        key = z85.encode(credentials[0])
+        name = self._keys.get(key)  # one read: the set in force for this request
+        if name is None:
+            self._refused(f"key {key.decode('ascii')} from {who}: not on the allowlist")
+            return b"400", b"unknown key", b""
+        logger.debug("[security] admitted %r from %s", name, who)
+        return b"200", b"OK", name.encode()
+
+    def _refused(self, what: str) -> None:
+        """Log a refusal: the first at once, then at most one line per
+        :data:`_REFUSAL_LOG_INTERVAL_S` with the count (a client retrying cannot flood the log)."""
+        self._refusals += 1
+        now = time.monotonic()
+        if now - self._refusal_logged_at >= _REFUSAL_LOG_INTERVAL_S:
+            logger.warning("[security] refused %s (%d connections refused since the last such line)", what,
+                           self._refusals)
+            self._refusals, self._refusal_logged_at = 0, now

@@ -1,0 +1,259 @@
+"""The broker's security: the one object the arbiter holds (docs/SECURITY.md).
+
+:class:`BrokerSecurity` gathers what ``security = "curve"`` needs on the arbiter's side:
+
+- **the server key** (``server_key_file``, a ``zmq.auth`` secret key file ``NAME.key_secret``):
+  read and checked when the object is made (the broker's start, before any worker is forked):
+  a missing file, one without a secret key, or a secret key whose public key is not the one
+  beside it in the file stops the start with an InvalidConfigError naming the path.  ``NAME``
+  is the broker's own principal (:attr:`BrokerSecurity.own_principal`): the one its followers'
+  replica fetches carry, which the other brokers' allowlists must hold and their ACLs allow
+  ``cluster_action`` (or list among ``super_users``).
+- **the allowlist** (``hpbroker.security.authenticator``): read once when the object is made,
+  so that a bad directory stops the start before anything else; its ZAP handler started by
+  :meth:`BrokerSecurity.secure_front`, which then makes the front-end ROUTER a CURVE server
+  (``CURVE_SERVER``, ``CURVE_SECRETKEY``, ``ZAP_DOMAIN``, ``ZAP_ENFORCE_DOMAIN``) -- all before
+  the ROUTER binds.  With ``ZAP_ENFORCE_DOMAIN`` libzmq refuses a handshake when no handler
+  answers rather than admitting it, and the handler is running before the bind anyway: no
+  connection is ever admitted without the allowlist's say.
+- **ACLs** (``hpbroker.security.acls``): :meth:`BrokerSecurity.authorize` answers every request
+  the front-end checks.  A principal no longer on the allowlist (its key removed, SIGHUP) is
+  refused with AuthenticationError (27) on the connections it still holds, before any ACL is
+  looked at.  ACLs come from ZooKeeper (:meth:`set_acls`, from the arbiter's loop); standalone
+  there are none, and only ``super_users`` are allowed anything.
+- **the token key** (32 bytes): the HMAC key of fetch tokens (``hpbroker.security.tokens``).
+  Random at start; with ZooKeeper the cluster's (:meth:`attach_zookeeper`), so that a token
+  minted by one broker's worker (a follower's replica fetch) is good at the others' data ports.
+- **the workers' state** (:meth:`worker_state`): what a worker needs to check its data port
+  connections; the arbiter pushes it to every worker as the ``security`` control.
+
+With ``security = "none"`` (:attr:`enabled` false) every method is a no-op: nothing is read,
+:meth:`principal_of` is None, :meth:`authorize` None.  Only the arbiter's loop thread calls it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import zmq
+
+from hpbroker.broker.config import BrokerConfig, super_user_names
+from hpbroker.errors import AuthenticationError, HPBrokerError, InvalidConfigError, InvalidRequestError
+from hpbroker.security import tokens
+from hpbroker.security.acls import AclEntry, Authorizer
+from hpbroker.security.authenticator import ZAP_DOMAIN, AllowlistAuthenticator, read_allowlist
+
+if TYPE_CHECKING:  # kazoo is loaded only by a broker configured with ZooKeeper
+    from hpbroker.coord.paths import ZkPaths
+    from hpbroker.coord.session import Session
+    from hpbroker.coord.zk_security import GroupCredentials, ZkCredentials
+
+__all__ = ["BrokerSecurity", "ServerKey", "load_server_key"]
+
+logger = logging.getLogger(__name__)
+
+SECRET_SUFFIX = ".key_secret"  # a secret key file: NAME.key_secret
+
+
+class ServerKey:
+    """The broker's key pair (z85, 40 bytes each) and its name."""
+
+    __slots__ = ("name", "public_key", "secret_key")
+
+    def __init__(self, name: str, public_key: bytes, secret_key: bytes) -> None:
+        self.name, self.public_key, self.secret_key = name, public_key, secret_key
+
+
+def load_server_key(path: str) -> ServerKey:
+    """Read and check ``server_key_file`` (module docstring); InvalidConfigError naming the path."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read(65536)
+    except OSError as e:
+        raise InvalidConfigError(f"cannot read server_key_file {path}: {e.strerror or e}") from None
+    fields: dict[bytes, bytes] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        for field in (b"public-key", b"secret-key"):
+            if line.startswith(field):
+                fields.setdefault(field, line.partition(b"=")[2].strip().strip(b"'\""))
+    if b"secret-key" not in fields:
+        raise InvalidConfigError(f"server_key_file {path} holds no secret-key: give the secret key "
+                                 f"file (NAME{SECRET_SUFFIX}, from `hpbroker keys generate NAME`), not the "
+                                 "public one")
+    secret = fields[b"secret-key"]
+    try:
+        if len(secret) != 40:
+            raise ValueError
+        public = zmq.curve_public(secret)
+    except (ValueError, zmq.ZMQError):
+        raise InvalidConfigError(f"server_key_file {path}: secret-key must be 40 z85 characters "
+                                 f"(got {len(secret)} characters that are not a CurveZMQ key)") from None
+    if b"public-key" in fields and fields[b"public-key"] != public:
+        raise InvalidConfigError(f"server_key_file {path}: its public-key is not the secret key's (the file "
+                                 "was edited or pieced together from two key pairs)")
+    name = os.path.basename(path)
+    name = name[:-len(SECRET_SUFFIX)] if name.endswith(SECRET_SUFFIX) else Path(name).stem
+    return ServerKey(name, public, secret)
+
+
+class BrokerSecurity:
+    """The arbiter's security object (module docstring).  Made in the broker's start, before
+    any worker is forked; InvalidConfigError there stops the start."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.enabled = config.security == "curve"
+        self.own_principal = ""
+        self.super_users = super_user_names(config)
+        self._config = config
+        self._key: ServerKey | None = None
+        self._authenticator: AllowlistAuthenticator | None = None
+        self._principals: frozenset[str] = frozenset()
+        self._acls: tuple[AclEntry, ...] = ()
+        self._authorizer = Authorizer((), self.super_users)
+        self.token_key: bytes | None = None
+        self._zookeeper: tuple[Session, ZkPaths, ZkCredentials] | None = None
+        if not self.enabled:
+            return
+        self._key = load_server_key(config.server_key_file)
+        self.own_principal = self._key.name
+        # Read now, strictly, so that a bad directory stops the start before anything is forked;
+        # the authenticator reads it again when it starts.
+        self._principals = frozenset(read_allowlist(config.allowlist_dir, strict=True).values())
+        self.token_key = os.urandom(tokens.TOKEN_KEY_BYTES)
+        logger.info("[security] CurveZMQ on: broker key %r (%s), allowlist %s with %d keys, super users %s, "
+                    "data ports by %s", self.own_principal, self._key.public_key.decode("ascii"),
+                    config.allowlist_dir, len(self._principals),
+                    ", ".join(sorted(self.super_users)) or "none", config.data_port_auth)
+
+    # --- the front-end ------------------------------------------------------------------------
+
+    def secure_front(self, context: zmq.Context, front: zmq.Socket) -> None:
+        """Start the ZAP handler in ``context`` and make ``front`` a CURVE server in its domain.
+        Call before ``front`` binds; InvalidConfigError (the broker halts) when it cannot."""
+        if not self.enabled:
+            return
+        assert self._key is not None and self._authenticator is None
+        authenticator = AllowlistAuthenticator(context, self._config.allowlist_dir)
+        authenticator.start()
+        self._authenticator = authenticator
+        self._principals = authenticator.principals()
+        front.setsockopt(zmq.CURVE_SERVER, 1)
+        front.setsockopt(zmq.CURVE_SECRETKEY, self._key.secret_key)
+        front.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN.encode())
+        front.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
+
+    def principal_of(self, frame: zmq.Frame) -> str | None:
+        """The principal of the connection a message frame came on (its ``User-Id``); None when
+        security is off."""
+        if not self.enabled:
+            return None
+        try:
+            return frame.get("User-Id") or None
+        except zmq.ZMQError:
+            return None
+
+    def authorize(self, principal: str | None, operation: Any, resource_type: Any,
+                  name: str) -> HPBrokerError | None:
+        """None when ``principal`` may do ``operation`` on the resource (always, security off);
+        else the error to answer: AuthenticationError for a principal no longer on the
+        allowlist, AuthorizationError (28) for one no ACL allows."""
+        if not self.enabled:
+            return None
+        if principal and principal not in self._principals:
+            return AuthenticationError(f"key {principal!r} is no longer on the broker's allowlist (revoked)")
+        return self._authorizer.check(principal, operation, resource_type, name)
+
+    def allows_any(self, principal: str | None, operation: Any) -> bool:
+        """Whether some ACL allows ``principal`` ``operation`` somewhere (always, security off)."""
+        if not self.enabled:
+            return True
+        return bool(principal) and principal in self._principals \
+            and self._authorizer.allows_any(principal, operation)
+
+    # --- changes (the arbiter's loop) ---------------------------------------------------------
+
+    def principals(self) -> frozenset[str]:
+        """The names on the allowlist now."""
+        return self._principals
+
+    def reload(self) -> tuple[frozenset[str], frozenset[str]]:
+        """Read the allowlist again (SIGHUP): the names (added, removed)."""
+        if self._authenticator is None:
+            return frozenset(), frozenset()
+        added, removed = self._authenticator.reload()
+        self._principals = self._authenticator.principals()
+        return added, removed
+
+    def set_acls(self, entries: Iterable[AclEntry]) -> bool:
+        """Take the ACLs as they are now in ZooKeeper; True when they changed."""
+        acls = tuple(dict.fromkeys(entries))
+        if acls == self._acls:
+            return False
+        self._acls = acls
+        self._authorizer = Authorizer(acls, self.super_users)
+        return True
+
+    def check_alive(self) -> bool:
+        """False when the ZAP handler's thread has died (fatal: no connection can be admitted)."""
+        return self._authenticator is None or self._authenticator.alive()
+
+    # --- ZooKeeper ----------------------------------------------------------------------------
+
+    def attach_zookeeper(self, session: Session, paths: ZkPaths, credentials: ZkCredentials | None) -> None:
+        """Take the cluster's token key (blocking: at start) and keep the session for group
+        credentials.  HPBrokerError when ZooKeeper refuses or holds no proper key."""
+        if not self.enabled or credentials is None:
+            return
+        from hpbroker.coord.zk_security import get_or_create_token_key
+
+        self.token_key = get_or_create_token_key(session, paths, credentials=credentials)
+        self._zookeeper = (session, paths, credentials)
+
+    def detach_zookeeper(self) -> None:
+        self._zookeeper = None
+
+    def group_credentials(self, group: str) -> GroupCredentials:
+        """The ZooKeeper credentials of ``group`` (``hpbroker.coord.zk_security``), its node made
+        with the group's ACL (asynchronously: this never waits on ZooKeeper).  InvalidRequestError
+        when security or ZooKeeper is off."""
+        if not self.enabled or self._zookeeper is None or self.token_key is None:
+            raise InvalidRequestError("group credentials are issued only by a broker with security = 'curve' "
+                                      "and ZooKeeper")
+        from hpbroker.coord.zk_security import ensure_group_node, group_credentials, member_acl
+
+        session, paths, credentials = self._zookeeper
+        issued = group_credentials(self.token_key, group, credentials)
+        ensure_group_node(session, paths, group, member_acl(issued.acl_ids))
+        return issued
+
+    # --- tokens and workers -------------------------------------------------------------------
+
+    def mint_token(self, principal: str) -> tuple[str, int]:
+        """A fetch token for ``principal``: ``(token, expires_at_ms)``, valid for
+        ``fetch_token_lifetime_ms``.  InvalidRequestError when security is off."""
+        if not self.enabled or self.token_key is None:
+            raise InvalidRequestError("fetch tokens are issued only by a broker with security = 'curve'")
+        return tokens.mint(self.token_key, principal, self._config.fetch_token_lifetime_ms,
+                           int(time.time() * 1000))
+
+    def worker_state(self) -> dict[str, Any]:
+        """The ``security`` control's body (JSON-able): what a worker checks its data port
+        connections with."""
+        if not self.enabled:
+            return {"enabled": False}
+        return {"enabled": True, "token_key": self.token_key.hex() if self.token_key is not None else None,
+                "principals": sorted(self._principals), "super_users": sorted(self.super_users),
+                "acls": [entry.to_dict() for entry in self._acls],
+                "data_port_auth": self._config.data_port_auth, "own_principal": self.own_principal}
+
+    def close(self) -> None:
+        """Stop the ZAP handler; before the ZeroMQ context ends."""
+        if self._authenticator is not None:
+            self._authenticator.stop()
+            self._authenticator = None
