@@ -13,6 +13,7 @@
 - ``hpbroker partitions reassign``: move a replicated topic's replicas (``partitions``)
 - ``hpbroker audit``: stored records against the producers' monitoring events, on Spark (``audit``)
 - ``hpbroker keys generate|list|allow|revoke``: CurveZMQ key files and allowlists (``keys``)
+- ``hpbroker acls add|list|remove``: who may do what, kept in ZooKeeper (``acls``)
 
 Exit status: 0 on success, 1 when the operation failed (the message says why, naming the error:
 ``hpbroker consume: unknown topic or partition: ...``), 2 for bad usage (the message and the usage
@@ -39,6 +40,7 @@ from collections.abc import Sequence
 
 from hpbroker import __version__
 from hpbroker.cli import (
+    acls,
     audit,
     check,
     cluster,
@@ -72,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("version", help="print the version").set_defaults(run=_version)
     for module in (server, segments, check, topics, produce, consume, groups, cluster, partitions, audit,
-                   keys):
+                   keys, acls):
         module.register(sub)
     _remember_parsers(parser)
     return parser
