@@ -80,7 +80,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, NamedTuple
@@ -90,6 +90,7 @@ import zmq
 from hpbroker import protocol
 from hpbroker.client.columns import RecordColumns, check_columns
 from hpbroker.client.connection import parse_bootstrap
+from hpbroker.client.fetch_tokens import FetchTokens
 from hpbroker.client.fetcher import CompletedFetch, FetchConfig, ListedOffset, PartitionFetcher
 from hpbroker.client.metadata import ClusterMetadata, MetadataRefreshes
 from hpbroker.errors import (
@@ -264,6 +265,7 @@ class Consumer:
                                                        connect_timeout_s=connect_timeout_s,
                                                        timeout_s=self.config.request_timeout_ms / 1000)
         self._refreshes = MetadataRefreshes(self._metadata, timeout_s=self.config.request_timeout_ms / 1000)
+        self._fetch_tokens: FetchTokens | None = None  # made by the first secured fetcher
         self._states: dict[TopicPartition, _PartitionState] = {}
         #: records stepped over in damaged ranges (``skip_damaged_ranges``), since creation.
         self.damaged_records_skipped = 0
@@ -700,7 +702,20 @@ class Consumer:
                                  f"{tp} is not being served (error {info.error_code}, data port "
                                  f"{info.fetch_port})")
         return PartitionFetcher(tp.topic, tp.partition, info.host, info.fetch_port, self.config.fetch,
-                                self.config.client_id, columns=self.config.columns)
+                                self.config.client_id, columns=self.config.columns, token=self._fetch_token())
+
+    def _fetch_token(self) -> Callable[[bool], str | None] | None:
+        """What a secured consumer's fetchers authenticate their data connections with: a fetch
+        token asked over the metadata connection (any broker's token serves the whole cluster,
+        ``hpbroker.client.fetch_tokens``); None without security."""
+        connection = self._metadata.connection
+        if connection.security is None:
+            return None
+        if self._fetch_tokens is None:
+            self._fetch_tokens = FetchTokens(connection.security, lambda _address: self._metadata.connection,
+                                             timeout_s=self.config.request_timeout_ms / 1000)
+        tokens = self._fetch_tokens
+        return lambda fresh=False: tokens.token_for(self._metadata.connection.address, fresh=fresh)
 
     def _receive(self, state: _PartitionState) -> None:
         fetcher = state.fetcher

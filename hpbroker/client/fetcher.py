@@ -56,6 +56,18 @@ for) come back as ``CompletedFetch.payload``, a view of the receive buffer that 
 next :meth:`PartitionFetcher.receive`, for readers that decode batches their own way (the Spark
 data source's columnar decoder, ``hpbroker.spark``).
 
+**Fetch tokens.**  A broker with ``security = "curve"`` serves its data ports only to
+connections that authenticate first (docs/PROTOCOL.md, ``AuthenticateRequest``).  A fetcher made
+with ``token=`` (``hpbroker.client.fetch_tokens``) sends an AuthenticateRequest right after each
+connect and reads its answer before its first request.  A refused token (error 27: expired,
+revoked key, another cluster's) is dropped and a fresh one asked for once, on a new connection
+(the broker closes a refused one); refused again, the connect raises
+:class:`~hpbroker.errors.AuthenticationError`.  A connection is made again, between requests,
+once two thirds of its token's lifetime have passed, so it never outlives its token; a request
+answered with error 27 all the same (the clocks disagree) raises AuthenticationError from
+:meth:`PartitionFetcher.receive` with the connection dropped, and the next request connects
+with a fresh token.
+
 Threads: a fetcher belongs to the thread of its consumer.
 """
 
@@ -66,11 +78,13 @@ import itertools
 import socket
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hpbroker import protocol
 from hpbroker.client.columns import RecordColumns, new_builder
 from hpbroker.errors import (
+    AuthenticationError,
     CorruptRecordError,
     DamagedRangeError,
     HPBrokerError,
@@ -152,7 +166,11 @@ class PartitionFetcher:
 
     def __init__(self, topic: str, partition: int, host: str, port: int, config: FetchConfig,
                  client_id: str = "hpbroker-python", *, raw: bool = False,
-                 columns: tuple[str, ...] | None = None) -> None:
+                 columns: tuple[str, ...] | None = None,
+                 token: Callable[[bool], str | None] | None = None) -> None:
+        """``token(fresh)``: the fetch token to authenticate each connection with (module
+        docstring, "Fetch tokens"; ``fresh``: the last one was refused); None, or a token of
+        None: the data port needs none."""
         self.topic = topic
         self.partition = partition
         self.host = host
@@ -171,6 +189,8 @@ class PartitionFetcher:
         self._sent_at = 0.0
         self._limit_s = 0.0  # how long the request in flight may go unanswered
         self._correlation_ids = itertools.count(1)
+        self._token = token
+        self._renew_at = float("inf")  # when to connect again with a newer token (monotonic)
 
     def __repr__(self) -> str:
         return f"PartitionFetcher({self.topic}-{self.partition} via {self.host}:{self.port})"
@@ -232,6 +252,8 @@ class PartitionFetcher:
         frames = protocol.frame_tcp(protocol.encode_request(request, next(self._correlation_ids) & 0xFFFFFFFF,
                                                             self._client_id, version))
         try:
+            if self._sock is not None and time.monotonic() >= self._renew_at:
+                self.disconnect()  # nothing in flight: connect again with a newer token
             if self._sock is None:
                 self._connect()
             assert self._sock is not None
@@ -245,15 +267,56 @@ class PartitionFetcher:
         self._total = -1
 
     def _connect(self) -> None:
-        timeout_s = self._config.connect_timeout_ms / 1000
-        sock = socket.create_connection((self.host, self.port), timeout=timeout_s)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if self._config.receive_buffer_bytes:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self._config.receive_buffer_bytes)
-        # Blocking mode: sends (a request is a few dozen bytes) go out whole; receives pass
-        # MSG_DONTWAIT, so each one takes what has arrived and never waits.
-        sock.settimeout(None)
-        self._sock = sock
+        for fresh in (False, True):
+            timeout_s = self._config.connect_timeout_ms / 1000
+            sock = socket.create_connection((self.host, self.port), timeout=timeout_s)
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if self._config.receive_buffer_bytes:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self._config.receive_buffer_bytes)
+                if self._token is not None and not self._authenticate(sock, fresh):
+                    sock.close()
+                    continue  # refused: once more with a fresh token
+            except BaseException:
+                sock.close()
+                raise
+            # Blocking mode: sends (a request is a few dozen bytes) go out whole; receives pass
+            # MSG_DONTWAIT, so each one takes what has arrived and never waits.
+            sock.settimeout(None)
+            self._sock = sock
+            return
+
+    def _authenticate(self, sock: socket.socket, fresh: bool) -> bool:
+        """Present a token on the new connection ``sock`` and read the answer (module docstring,
+        "Fetch tokens"): True when accepted or none is needed, False when refused and
+        ``fresh`` is not yet tried; AuthenticationError when a fresh one is refused too."""
+        assert self._token is not None
+        token = self._token(fresh)
+        if token is None:
+            self._renew_at = float("inf")
+            return True
+        request = protocol.encode_request(protocol.AuthenticateRequest(token),
+                                          next(self._correlation_ids) & 0xFFFFFFFF, self._client_id)
+        sock.settimeout(self._config.request_timeout_ms / 1000)
+        sock.sendall(b"".join(protocol.frame_tcp(request)))
+        head_length, payload_length = _TCP_PREFIX.unpack(_recv_exactly(sock, _TCP_PREFIX.size))
+        if head_length == 0 or head_length + payload_length > protocol.DATA_PORT_MAX_REQUEST_BYTES:
+            raise InvalidRequestError(f"{self.host}:{self.port} answered an AuthenticateRequest with a "
+                                      f"message of {head_length} + {payload_length} bytes")
+        frames = [_recv_exactly(sock, head_length)]
+        if payload_length:
+            frames.append(_recv_exactly(sock, payload_length))
+        header, response = protocol.decode_response(protocol.ApiKey.AUTHENTICATE, frames)
+        if header.error_code == 0:
+            assert isinstance(response, protocol.AuthenticateResponse)
+            left_s = max(0.0, response.expires_at_ms / 1000 - time.time()) if response.expires_at_ms >= 0 \
+                else float("inf")
+            self._renew_at = time.monotonic() + left_s * 2 / 3
+            return True
+        if header.error_code == AuthenticationError.code and not fresh:
+            return False
+        raise error_for_code(header.error_code, f"data port {self.host}:{self.port} refused the fetch token "
+                                                f"for {self.topic}-{self.partition}: {header.error_message}")
 
     def receive(self) -> CompletedFetch | ListedOffset | None:
         """Take what has arrived of the response in flight: None until it is whole.  For a fetch,
@@ -282,6 +345,10 @@ class PartitionFetcher:
         assert isinstance(response, protocol.FetchResponse)
         fetch_offset = self._fetch_offset
         self._fetch_offset = -1
+        if header.error_code == AuthenticationError.code:  # the token ran out here: connect again
+            self.disconnect()
+            raise AuthenticationError(f"fetch of {self.topic}-{self.partition} from offset {fetch_offset} at "
+                                      f"{self.host}:{self.port}: {header.error_message}")
         if header.error_code:
             error = self._broker_error(header, response, fetch_offset)
             return CompletedFetch(fetch_offset, [], fetch_offset, response.high_watermark,
@@ -473,3 +540,15 @@ class PartitionFetcher:
         self._total = -1
 
     close = disconnect
+
+
+def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+    """``size`` bytes from the blocking ``sock``; ConnectionError when it closes first."""
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError(f"the data port closed the connection {size - len(data)} bytes before "
+                                  f"the end of its answer to an AuthenticateRequest")
+        data += chunk
+    return bytes(data)

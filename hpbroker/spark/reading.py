@@ -18,6 +18,10 @@ without Spark::
   the read goes on from the log start.
 - **Corruption.**  A batch that fails its CRC, or whose records do not decode, raises
   CorruptRecordError naming topic, partition and offset, after the records before it.
+- **Security.**  Against a broker with ``security = "curve"`` the metadata is asked as the
+  CurveZMQ client ``ReadConfig.security`` (default: the environment's or client config file's,
+  ``hpbroker.security.client.resolve_client_security``), and the data connection presents a
+  fetch token asked over the same kind of connection (``hpbroker.client.fetch_tokens``).
 - **Faults.**  A lost connection, or a partition not (yet) served, is retried with backoff
   (metadata asked again, in case the partition moved) until it has failed for ``timeout_ms``.
 """
@@ -28,10 +32,12 @@ import select
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from hpbroker.client.connection import parse_bootstrap
+from hpbroker.client.connection import BrokerAddress, BrokerConnection, parse_bootstrap
+from hpbroker.client.fetch_tokens import FetchTokens
 from hpbroker.client.fetcher import CompletedFetch, FetchConfig, PartitionFetcher
 from hpbroker.client.metadata import ClusterMetadata
 from hpbroker.errors import (
@@ -45,6 +51,9 @@ from hpbroker.errors import (
 )
 from hpbroker.spark.columns import COLUMNS, ColumnBuilder, record_batch
 from hpbroker.spark.planning import OffsetRange
+
+if TYPE_CHECKING:
+    from hpbroker.security.client import ClientSecurity
 
 __all__ = ["ReadConfig", "read_range"]
 
@@ -64,6 +73,8 @@ class ReadConfig:
     timeout_ms: int = 30_000
     #: raise when the range starts below the log start (records deleted); else skip them.
     fail_on_data_loss: bool = True
+    #: the client's key pair and the broker's public key; None: the environment's, if any.
+    security: ClientSecurity | None = None
 
     def __post_init__(self) -> None:
         for name, low in (("fetch_max_bytes", 1024), ("records_per_batch", 1), ("timeout_ms", 1)):
@@ -116,6 +127,10 @@ class _RangeFetches:
         self.fetcher: PartitionFetcher | None = None
         self.failing_since: float | None = None
         self.attempts = 0
+        self.security = _security(config)
+        self._token_connection: BrokerConnection | None = None  # what fetch tokens are asked over
+        self._tokens = FetchTokens(self.security, self._connect_for_tokens,
+                                   timeout_s=config.timeout_ms / 1000)
 
     def __iter__(self) -> Iterator[tuple[int, memoryview | bytes]]:
         offset, end = self.split.start, self.split.end
@@ -166,18 +181,34 @@ class _RangeFetches:
         split = self.split
         metadata = ClusterMetadata.for_bootstrap(parse_bootstrap(self.bootstrap), client_id="hpbroker-spark",
                                                  connect_timeout_s=min(5.0, self.config.timeout_ms / 1000),
-                                                 timeout_s=self.config.timeout_ms / 1000)
+                                                 timeout_s=self.config.timeout_ms / 1000,
+                                                 security=self.security)
         try:  # the first bootstrap address that answers
             info = metadata.partition(split.topic, split.partition, refresh=True)
+            answered = metadata.connection.address
         finally:
             metadata.close()
         if info.error_code or not info.fetch_port:
             raise error_for_code(info.error_code or PartitionNotAvailableError.code,
                                  f"{split.topic}-{split.partition} is not being served (error "
                                  f"{info.error_code})")
+        token = None
+        if self.security is not None:
+            tokens = self._tokens
+            token = lambda fresh=False: tokens.token_for(answered, fresh=fresh)  # noqa: E731
         self.fetcher = PartitionFetcher(split.topic, split.partition, info.host, info.fetch_port,
-                                        self.fetch_config, "hpbroker-spark", raw=True)
+                                        self.fetch_config, "hpbroker-spark", raw=True, token=token)
         return self.fetcher
+
+    def _connect_for_tokens(self, address: BrokerAddress) -> BrokerConnection:
+        connection = self._token_connection
+        if connection is None or connection.address != address:
+            if connection is not None:
+                connection.close()
+            connection = self._token_connection = BrokerConnection(
+                address, client_id="hpbroker-spark",
+                connect_timeout_s=min(5.0, self.config.timeout_ms / 1000), security=self.security)
+        return connection
 
     def _after_error(self, offset: int, completed: CompletedFetch) -> int:
         """Where to go on after a response that ended in an error (or raise it)."""
@@ -214,3 +245,14 @@ class _RangeFetches:
 
     def close(self) -> None:
         self._forget_fetcher()
+        if self._token_connection is not None:
+            self._token_connection.close()
+            self._token_connection = None
+
+
+def _security(config: ReadConfig) -> ClientSecurity | None:
+    if config.security is not None:
+        return config.security
+    from hpbroker.security.client import resolve_client_security
+
+    return resolve_client_security()

@@ -197,3 +197,87 @@ def test_replica_fetcher_whose_token_is_refused_loses_its_fetches(secured):
     _pump(fetcher, lambda: lost)
     assert lost == [("orders", 0)] and not answers
     fetcher.close()
+
+
+# --- the consumer's fetcher (hpbroker.client.fetcher) ---------------------------------------------
+
+
+def _fetch_one(fetcher, offset=0, timeout_s=10.0):
+    fetcher.fetch(offset)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        completed = fetcher.receive()
+        if completed is not None:
+            return completed
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def _fetcher(port, token):
+    from hpbroker.client.fetcher import FetchConfig, PartitionFetcher
+
+    return PartitionFetcher("orders", 0, "127.0.0.1", port, FetchConfig(fetch_max_wait_ms=0), token=token)
+
+
+def test_partition_fetcher_authenticates_each_connection(secured):
+    asked = []
+
+    def token(fresh):
+        asked.append(fresh)
+        return _token()
+
+    fetcher = _fetcher(secured.port, token)
+    completed = _fetch_one(fetcher)
+    assert completed.error is None and len(completed.records) == 3 and asked == [False]
+    fetcher.close()
+
+
+def test_partition_fetcher_asks_a_fresh_token_once_when_refused(secured):
+    asked = []
+
+    def token(fresh):
+        asked.append(fresh)
+        return _token() if fresh else _token(lifetime_ms=1000, now_ms=1_000_000)  # expired
+
+    fetcher = _fetcher(secured.port, token)
+    completed = _fetch_one(fetcher)
+    assert completed.error is None and len(completed.records) == 3 and asked == [False, True]
+    fetcher.close()
+
+
+def test_partition_fetcher_raises_authentication_error_when_the_fresh_token_is_refused_too(secured):
+    fetcher = _fetcher(secured.port, lambda fresh: _token(key=bytes(32)))
+    with pytest.raises(AuthenticationError, match="refused the fetch token.*forged"):
+        fetcher.fetch(0)
+    fetcher.close()
+
+
+def _list_latest(fetcher, timeout_s=10.0):
+    fetcher.list_offsets(protocol.LATEST_TIMESTAMP)
+    deadline = time.monotonic() + timeout_s
+    while (listed := fetcher.receive()) is None:
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+    return listed
+
+
+def test_partition_fetcher_connects_again_with_a_new_token_before_the_old_expires(secured):
+    now_ms = time.time_ns() // 1_000_000
+    short, expires_at_ms = tokens.mint(KEY, "alice", 600_000, now_ms - 600_000 + 1500)
+    given = [short, _token()]
+    asked = []
+
+    def token(fresh):
+        asked.append(fresh)
+        return given[len(asked) - 1]
+
+    fetcher = _fetcher(secured.port, token)
+    assert _list_latest(fetcher).offset == 3 and asked == [False]
+    time.sleep(1.1)  # past two thirds of the 1.5 s the first token had left
+    assert _list_latest(fetcher).offset == 3 and asked == [False, False]  # connected again, new token
+    deadline = time.monotonic() + 10
+    while time.time_ns() // 1_000_000 <= expires_at_ms:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert _list_latest(fetcher).error is None  # the first token expired: this connection has the second
+    fetcher.close()
