@@ -26,12 +26,18 @@ import argparse
 import json
 from typing import Any
 
-from hpbroker.cli.common import add_zookeeper, reports_errors
+from hpbroker.cli.common import (
+    add_zookeeper,
+    add_zookeeper_credentials,
+    reports_errors,
+    zookeeper_credentials,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     cluster = sub.add_parser("cluster", help="the live brokers and the controller, from ZooKeeper")
     add_zookeeper(cluster)
+    add_zookeeper_credentials(cluster)
     cluster.set_defaults(run=_run)
 
 
@@ -41,7 +47,8 @@ def _run(args: argparse.Namespace) -> int:
     from hpbroker.coord.registry import BrokerRegistry
     from hpbroker.coord.session import connect
 
-    session = connect(args.zookeeper, session_timeout_s=10.0, name="cluster")
+    session = connect(args.zookeeper, session_timeout_s=10.0, name="cluster",
+                      credentials=zookeeper_credentials(args))
     try:
         paths = ZkPaths()
         brokers = BrokerRegistry(session, paths).brokers()

@@ -36,6 +36,30 @@ def add_zookeeper(parser: argparse.ArgumentParser) -> None:
                         help=f"ZooKeeper (default ${ZOOKEEPER_VARIABLE}, else {DEFAULT_ZOOKEEPER})")
 
 
+ZOOKEEPER_CREDENTIALS_VARIABLE = "HPBROKER_ZOOKEEPER_CREDENTIALS_FILE"
+
+
+def add_zookeeper_credentials(parser: argparse.ArgumentParser) -> None:
+    """``--zookeeper-credentials-file FILE`` for the commands that write ZooKeeper: the cluster's
+    ``user:password`` (the brokers' ``zookeeper_credentials_file``), needed once its znodes
+    carry ACLs (docs/SECURITY.md).  Read it with :func:`zookeeper_credentials`."""
+    parser.add_argument("--zookeeper-credentials-file", metavar="FILE",
+                        default=os.environ.get(ZOOKEEPER_CREDENTIALS_VARIABLE) or None,
+                        help=f"the cluster's ZooKeeper credentials, user:password (default "
+                             f"${ZOOKEEPER_CREDENTIALS_VARIABLE}, else none)")
+
+
+def zookeeper_credentials(args: argparse.Namespace):  # -> ZkCredentials | None (kazoo loaded lazily)
+    """The credentials ``--zookeeper-credentials-file`` names, or None; InvalidConfigError
+    naming the file when it cannot be used."""
+    path = getattr(args, "zookeeper_credentials_file", None)
+    if not path:
+        return None
+    from hpbroker.coord.zk_security import load_credentials
+
+    return load_credentials(path)
+
+
 def add_bootstrap(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", "-b", metavar="HOST:PORT",
                         default=os.environ.get(BOOTSTRAP_VARIABLE, DEFAULT_BOOTSTRAP),

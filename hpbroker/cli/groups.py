@@ -17,7 +17,13 @@ from __future__ import annotations
 
 import argparse
 
-from hpbroker.cli.common import add_bootstrap, add_zookeeper, reports_errors
+from hpbroker.cli.common import (
+    add_bootstrap,
+    add_zookeeper,
+    add_zookeeper_credentials,
+    reports_errors,
+    zookeeper_credentials,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,6 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     reset.add_argument("--execute", action="store_true", help="write the offsets (default: only show them)")
     for action in actions.choices.values():
         add_zookeeper(action)
+        add_zookeeper_credentials(action)
         add_bootstrap(action)
     groups.set_defaults(run=_run)
 
@@ -49,7 +56,8 @@ def _run(args: argparse.Namespace) -> int:
     from hpbroker.coord.groups import GroupRegistry, list_groups
     from hpbroker.coord.session import connect
 
-    session = connect(args.zookeeper, session_timeout_s=10.0, name="groups")
+    session = connect(args.zookeeper, session_timeout_s=10.0, name="groups",
+                      credentials=zookeeper_credentials(args))
     try:
         if args.action == "list":
             for group in list_groups(session):
@@ -58,6 +66,11 @@ def _run(args: argparse.Namespace) -> int:
         registry = GroupRegistry(session, args.group)
         if args.action == "describe":
             return _describe(registry, args.bootstrap)
+        if args.execute:  # the nodes it creates get the group's ACL, when the cluster has ACLs
+            from hpbroker.coord.paths import ZkPaths
+            from hpbroker.coord.zk_security import tool_group_acl
+
+            registry.acl = tool_group_acl(session, ZkPaths(), args.group)
         return _reset(registry, args)
     finally:
         session.close()

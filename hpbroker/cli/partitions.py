@@ -20,7 +20,12 @@ from __future__ import annotations
 
 import argparse
 
-from hpbroker.cli.common import add_zookeeper, reports_errors
+from hpbroker.cli.common import (
+    add_zookeeper,
+    add_zookeeper_credentials,
+    reports_errors,
+    zookeeper_credentials,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,6 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     reassign.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
                           help="give up (exit 1) after this long; run it again to go on (default 600)")
     add_zookeeper(reassign)
+    add_zookeeper_credentials(reassign)
     reassign.set_defaults(run=_reassign)
 
 
@@ -43,7 +49,8 @@ def _reassign(args: argparse.Namespace) -> int:
     from hpbroker.coord.session import connect
 
     targets = parse_targets(args.replicas)
-    session = connect(args.zookeeper, session_timeout_s=10.0, name="reassign")
+    session = connect(args.zookeeper, session_timeout_s=10.0, name="reassign",
+                      credentials=zookeeper_credentials(args))
     try:
         Reassignment(session, ZkPaths(), args.topic, targets, progress=lambda line: print(line, flush=True)) \
             .run(args.timeout)

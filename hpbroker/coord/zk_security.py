@@ -33,6 +33,7 @@ mode 0600: it is the cluster's write access to ZooKeeper.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -68,6 +69,7 @@ __all__ = [
     "private_acl",
     "refused",
     "token_key_path",
+    "tool_group_acl",
     "wait_for_node",
     "world_writable",
 ]
@@ -272,6 +274,24 @@ def issue_group_credentials(session: Session, paths: ZkPaths, token_key: bytes, 
     issued = group_credentials(token_key, group, cluster)
     ensure_group_node(session, paths, group, member_acl(issued.acl_ids))
     return issued
+
+
+def tool_group_acl(session: Session, paths: ZkPaths, group: str) -> list[ACL] | None:
+    """For a tool that writes a group's nodes (``hpbroker groups reset-offsets``) with the
+    cluster's credentials: the group's ACL, with ``/consumers`` (the cluster's ACL) and the
+    group's node (the group's) made first if missing; the nodes it then creates stay writable
+    by the group's members.  None for a session without credentials (no ACLs).  Blocking."""
+    credentials = session.credentials
+    if credentials is None:
+        return None
+    acl = group_acl(get_or_create_token_key(session, paths), group, credentials)
+    try:
+        session.client.ensure_path(paths.consumers)
+        with contextlib.suppress(NodeExistsError):
+            session.client.create(paths.group(group), b"", acl=acl)
+    except NoAuthError:
+        raise refused(f"creating {paths.group(group)}", credentials) from None
+    return acl
 
 
 def ensure_group_node(session: Session, paths: ZkPaths, group: str, acl: Sequence[ACL]) -> None:
