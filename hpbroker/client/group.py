@@ -628,11 +628,11 @@ def _group_credentials(consumer: Consumer, group: str, timeout_s: float, prefix:
     """The group's ZooKeeper credentials from the consumer's broker, when the consumer has a key
     pair (module docstring, "Security"); None without one, or from a broker without security
     or ZooKeeper (error 10).  AuthorizationError when the principal may not consume the group."""
-    if getattr(consumer.config, "security", None) is None:
+    connection = consumer._metadata.connection
+    if getattr(connection, "security", None) is None:
         return None
     from hpbroker import protocol
 
-    connection = consumer._metadata.connection
     try:
         answer = connection.call(protocol.GroupCredentialsRequest(group=group), timeout_s)
     except InvalidRequestError as e:
