@@ -1,0 +1,160 @@
+"""ACLs enforced by a real broker with ``security = "curve"`` and ZooKeeper: an allowlisted client
+whose ACLs lack a permission gets error 28 and nothing changes (no record appended, no topic
+created, deleted or altered); once ``hpbroker acls add`` grants it, the same request succeeds
+without a restart.  The client side is pyzmq's CURVE directly; ``ops`` is a super user that looks."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import zmq
+import zmq.auth
+from harness import start_broker, wait_until
+
+from hpbroker import protocol, records
+
+pytestmark = [pytest.mark.zookeeper, pytest.mark.slow]
+
+WORKERS = 1
+
+
+class Keys:
+    def __init__(self, root: Path, names: list[str]) -> None:
+        self.secrets = root / "secrets"
+        self.allowlist = root / "allowlist"
+        self.secrets.mkdir()
+        self.allowlist.mkdir()
+        for name in names:
+            zmq.auth.create_certificates(str(self.secrets), name)
+            shutil.copy(self.secrets / f"{name}.key", self.allowlist / f"{name}.key")
+
+    def pair(self, name: str) -> tuple[bytes, bytes]:
+        return zmq.auth.load_certificate(str(self.secrets / f"{name}.key_secret"))  # type: ignore[return-value]
+
+
+class CurveClient:
+    """A DEALER on the broker's front-end, authenticated as ``name``."""
+
+    def __init__(self, context: zmq.Context, port: int, keys: Keys, name: str) -> None:
+        self.socket = context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.curve_publickey, self.socket.curve_secretkey = keys.pair(name)
+        self.socket.curve_serverkey = keys.pair("broker")[0]
+        self.socket.connect(f"tcp://127.0.0.1:{port}")
+        self.correlation_id = 0
+
+    def ask(self, message: protocol.Message, timeout_s: float = 10.0):
+        self.correlation_id += 1
+        self.socket.send_multipart(protocol.encode_request(message, self.correlation_id, "acl-test"))
+        if not self.socket.poll(int(timeout_s * 1000)):
+            raise AssertionError(f"no response to {type(message).__name__} in {timeout_s} s")
+        header, body = protocol.decode_response(message.API_KEY, self.socket.recv_multipart())
+        assert header.correlation_id == self.correlation_id
+        return header, body
+
+
+@pytest.fixture
+def secured(tmp_path, zookeeper, chroot):
+    """A broker with CURVE, ZooKeeper ACLs and ``ops`` as super user; ``(alice, ops, acls)``
+    where ``acls(*args)`` runs ``hpbroker acls ...`` with the cluster's credentials."""
+    keys = Keys(tmp_path, ["broker", "alice", "ops"])
+    credentials = tmp_path / "zookeeper.credentials"
+    credentials.write_text("hpbroker:cluster-secret\n")
+    credentials.chmod(0o600)
+    zk_connect = zookeeper.connect_string + chroot
+    env = {"HPBROKER_SECURITY": "curve", "HPBROKER_SERVER_KEY_FILE": str(keys.secrets / "broker.key_secret"),
+           "HPBROKER_ALLOWLIST_DIR": str(keys.allowlist), "HPBROKER_SUPER_USERS": "ops",
+           "HPBROKER_ZOOKEEPER": zk_connect, "HPBROKER_ZOOKEEPER_CREDENTIALS_FILE": str(credentials)}
+    broker, port = start_broker(tmp_path / "data", tmp_path / "broker.log", workers=WORKERS, env=env)
+    context = zmq.Context()
+
+    def acls(*args: str) -> None:
+        done = subprocess.run([sys.executable, "-m", "hpbroker.cli", "acls", *args, "--zookeeper", zk_connect,
+                               "--zookeeper-credentials-file", str(credentials)],
+                              capture_output=True, text=True, timeout=60, env=os.environ.copy())
+        assert done.returncode == 0, done.stderr
+
+    try:
+        yield CurveClient(context, port, keys, "alice"), CurveClient(context, port, keys, "ops"), acls
+    finally:
+        context.destroy(linger=0)
+        broker.stop()
+
+
+def log_end(client: CurveClient, topic: str) -> int:
+    header, body = client.ask(protocol.ListOffsetsRequest(topic, 0, protocol.LATEST_TIMESTAMP))
+    assert header.error_code == 0, header.error_message
+    return body.offset
+
+
+def topic_metadata(client: CurveClient, topic: str) -> protocol.TopicMetadata:
+    header, body = client.ask(protocol.MetadataRequest([topic]))
+    assert header.error_code == 0
+    return body.topics[0]
+
+
+def succeeds_once_allowed(client: CurveClient, message: protocol.Message, what: str):
+    """Send ``message`` until it is no longer refused (the brokers take a new ACL from their
+    ZooKeeper watch, moments after it is written); every refused try is error 28."""
+    answers = []
+
+    def allowed() -> bool:
+        header, body = client.ask(message)
+        answers.append((header, body))
+        assert header.error_code in (0, 28), header.error_message
+        return header.error_code == 0
+
+    wait_until(allowed, 20, interval_s=0.1, what=what)
+    return answers[-1]
+
+
+def test_requests_without_acls_are_refused_and_change_nothing_until_acls_allow_them(secured):
+    alice, ops, acls = secured
+
+    # create: refused, no topic; allowed once the ACL is added
+    header, _ = alice.ask(protocol.CreateTopicRequest("orders", 1))
+    assert header.error_code == 28
+    assert header.error_message == "principal 'alice' may not create topic 'orders' (no ACL allows it)"
+    assert topic_metadata(ops, "orders").error_code == 6
+    acls("add", "--principal", "alice", "--operation", "create", "--topic", "orders")
+    succeeds_once_allowed(alice, protocol.CreateTopicRequest("orders", 1), "alice's create to be allowed")
+    wait_until(lambda: topic_metadata(ops, "orders").error_code == 0, 20, what="the topic to exist")
+    end = log_end(ops, "orders")
+
+    # produce: refused, nothing appended; allowed once the ACL is added
+    produce = protocol.ProduceRequest("orders", 0, acks=1,
+                                      payload=records.build_batch([b"a", b"b"], producer="acl-test"))
+    header, _ = alice.ask(produce)
+    assert header.error_code == 28
+    assert header.error_message == "principal 'alice' may not produce to topic 'orders' (no ACL allows it)"
+    assert log_end(ops, "orders") == end
+    acls("add", "--principal", "alice", "--operation", "produce", "--topic-prefix", "ord")
+    succeeds_once_allowed(alice, produce, "alice's produce to be allowed")
+    assert log_end(ops, "orders") == end + 2
+
+    # alter and delete: refused, the topic unchanged and still there
+    alter = protocol.AlterTopicConfigRequest("orders", [protocol.TopicConfigEntry("retention_ms", "60000")])
+    header, _ = alice.ask(alter)
+    assert header.error_code == 28 and "may not alter topic 'orders'" in header.error_message
+    header, _ = alice.ask(protocol.DeleteTopicRequest("orders"))
+    assert header.error_code == 28 and "may not delete topic 'orders'" in header.error_message
+    metadata = topic_metadata(ops, "orders")
+    assert metadata.error_code == 0
+    assert "retention_ms" not in {entry.key for entry in metadata.configs}
+
+    # metadata: alice sees what she may describe (produce and create imply it), nothing else
+    header, _ = ops.ask(protocol.CreateTopicRequest("payroll", 1))
+    assert header.error_code == 0
+    _, body = alice.ask(protocol.MetadataRequest([]))
+    assert [t.name for t in body.topics] == ["orders"]
+    assert topic_metadata(alice, "payroll").error_code == 28
+
+    # removing the ACL takes the permission back, without a restart either
+    acls("remove", "--principal", "alice", "--operation", "produce", "--topic-prefix", "ord")
+    wait_until(lambda: alice.ask(produce)[0].error_code == 28, 20, interval_s=0.1,
+               what="alice's produce to be refused again")
