@@ -100,13 +100,14 @@ def topic_metadata(client: CurveClient, topic: str) -> protocol.TopicMetadata:
 
 def succeeds_once_allowed(client: CurveClient, message: protocol.Message, what: str):
     """Send ``message`` until it is no longer refused (the brokers take a new ACL from their
-    ZooKeeper watch, moments after it is written); every refused try is error 28."""
+    ZooKeeper watch, moments after it is written); every refused try is error 28 (or 17,
+    retriable: a producer id block not taken yet)."""
     answers = []
 
     def allowed() -> bool:
         header, body = client.ask(message)
         answers.append((header, body))
-        assert header.error_code in (0, 28), header.error_message
+        assert header.error_code in (0, 17, 28), header.error_message
         return header.error_code == 0
 
     wait_until(allowed, 20, interval_s=0.1, what=what)
@@ -158,3 +159,46 @@ def test_requests_without_acls_are_refused_and_change_nothing_until_acls_allow_t
     acls("remove", "--principal", "alice", "--operation", "produce", "--topic-prefix", "ord")
     wait_until(lambda: alice.ask(produce)[0].error_code == 28, 20, interval_s=0.1,
                what="alice's produce to be refused again")
+
+
+def test_fetch_token_group_credentials_and_producer_ids_follow_the_acls(secured):
+    alice, ops, acls = secured
+    header, body = alice.ask(protocol.FetchTokenRequest())
+    assert header.error_code == 0 and body.principal == "alice" and body.token and body.expires_at_ms > 0
+
+    header, body = alice.ask(protocol.GroupCredentialsRequest("billing"))
+    assert header.error_code == 28
+    assert header.error_message == "principal 'alice' may not consume in group 'billing' (no ACL allows it)"
+    assert body.zookeeper_password == ""
+    header, body = alice.ask(protocol.InitProducerIdRequest())
+    assert header.error_code == 28 and "may not produce to any topic" in header.error_message
+
+    acls("add", "--principal", "alice", "--operation", "consume", "--group", "billing")
+    _, body = succeeds_once_allowed(alice, protocol.GroupCredentialsRequest("billing"),
+                                    "alice's group credentials to be allowed")
+    assert body.zookeeper_user.startswith("group-") and body.zookeeper_password and len(body.acl_ids) == 2
+    acls("add", "--principal", "alice", "--operation", "produce", "--topic", "orders")
+    _, body = succeeds_once_allowed(alice, protocol.InitProducerIdRequest(),
+                                    "alice's producer id to be allowed")
+    assert body.producer_id >= 0
+
+
+def test_a_standalone_secured_broker_allows_only_its_super_users(tmp_path):
+    keys = Keys(tmp_path, ["broker", "alice", "ops"])
+    env = {"HPBROKER_SECURITY": "curve", "HPBROKER_SERVER_KEY_FILE": str(keys.secrets / "broker.key_secret"),
+           "HPBROKER_ALLOWLIST_DIR": str(keys.allowlist), "HPBROKER_SUPER_USERS": "ops"}
+    broker, port = start_broker(tmp_path / "data", tmp_path / "broker.log", workers=WORKERS, env=env)
+    context = zmq.Context()
+    try:
+        alice, ops = CurveClient(context, port, keys, "alice"), CurveClient(context, port, keys, "ops")
+        header, _ = alice.ask(protocol.CreateTopicRequest("orders", 1))
+        assert header.error_code == 28
+        assert topic_metadata(ops, "orders").error_code == 6
+        assert ops.ask(protocol.CreateTopicRequest("orders", 1))[0].error_code == 0
+        assert alice.ask(protocol.MetadataRequest([]))[1].topics == []
+        assert [t.name for t in ops.ask(protocol.MetadataRequest([]))[1].topics] == ["orders"]
+        wait_until(lambda: "refused: principal 'alice' may not create topic 'orders'" in broker.log(),
+                   what="the refusal logged")
+    finally:
+        context.destroy(linger=0)
+        broker.stop()
