@@ -24,15 +24,17 @@ with ZooKeeper ACLs, the ACL node is readable and writable only with the cluster
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
-from hpbroker.cli.common import add_zookeeper, reports_errors
+from hpbroker.cli.common import (
+    add_zookeeper,
+    add_zookeeper_credentials,
+    reports_errors,
+    zookeeper_credentials,
+)
 
 __all__ = ["register"]
-
-CREDENTIALS_VARIABLE = "HPBROKER_ZOOKEEPER_CREDENTIALS_FILE"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -62,10 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _add_connection(parser: argparse.ArgumentParser) -> None:
     add_zookeeper(parser)
-    parser.add_argument("--zookeeper-credentials-file", metavar="FILE",
-                        default=os.environ.get(CREDENTIALS_VARIABLE) or None,
-                        help="the cluster's ZooKeeper credentials, user:password "
-                             f"(default ${CREDENTIALS_VARIABLE})")
+    add_zookeeper_credentials(parser)
 
 
 def entries_of(args: argparse.Namespace) -> list[Any]:
@@ -93,11 +92,7 @@ def entries_of(args: argparse.Namespace) -> list[Any]:
 def _session(args: argparse.Namespace) -> Any:
     from hpbroker.coord.session import connect
 
-    credentials = None
-    if args.zookeeper_credentials_file:
-        from hpbroker.coord.zk_security import load_credentials
-
-        credentials = load_credentials(args.zookeeper_credentials_file)
+    credentials = zookeeper_credentials(args)
     return connect(args.zookeeper, session_timeout_s=10.0, name="acls", credentials=credentials)
 
 
