@@ -14,6 +14,7 @@
 - ``hpbroker audit``: stored records against the producers' monitoring events, on Spark (``audit``)
 - ``hpbroker keys generate|list|allow|revoke``: CurveZMQ key files and allowlists (``keys``)
 - ``hpbroker acls add|list|remove``: who may do what, kept in ZooKeeper (``acls``)
+- ``hpbroker zookeeper secure``: set the ZooKeeper ACLs of an existing tree (``zookeeper``)
 
 Exit status: 0 on success, 1 when the operation failed (the message says why, naming the error:
 ``hpbroker consume: unknown topic or partition: ...``), 2 for bad usage (the message and the usage
@@ -52,6 +53,7 @@ from hpbroker.cli import (
     segments,
     server,
     topics,
+    zookeeper,
 )
 from hpbroker.cli.common import stdout_broken
 
@@ -74,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("version", help="print the version").set_defaults(run=_version)
     for module in (server, segments, check, topics, produce, consume, groups, cluster, partitions, audit,
-                   keys, acls):
+                   keys, acls, zookeeper):
         module.register(sub)
     _remember_parsers(parser)
     return parser

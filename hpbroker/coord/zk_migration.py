@@ -1,0 +1,127 @@
+"""Setting the ACLs of an existing tree: for a cluster turning ZooKeeper ACLs on (or off), as
+Kafka's ``zookeeper-security-migration`` does.  ``hpbroker zookeeper secure`` runs it.
+
+Nodes keep the ACL they were created with, so a cluster whose brokers start with
+``zookeeper_credentials_file`` has their new nodes protected and the old ones still
+world-writable.  :func:`secure_tree` walks everything under the root (and the chroot node, when
+the connect string has one) and sets, by path (``hpbroker.coord.zk_security``):
+
+- ``<root>/security/token_key`` and ``<root>/acls``: the private ACL;
+- ``<root>/consumers/<group>`` and everything below it: that group's ACL (the token key is
+  created if no broker has yet);
+- every other node: the cluster ACL.
+
+``unsecure=True`` sets ZooKeeper's open ACL everywhere instead (turning security off again).
+Nodes that already carry the wanted ACL are left alone, so a second run changes nothing; an
+ephemeral node created meanwhile by a broker already has its ACL.  The session must hold the
+cluster's credentials (a node protected by other credentials is reported, not changed).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kazoo.exceptions import NoAuthError, NoNodeError
+from kazoo.security import OPEN_ACL_UNSAFE
+
+from hpbroker.coord.acl_store import acls_path
+from hpbroker.coord.paths import ZkPaths
+from hpbroker.coord.session import Session
+from hpbroker.coord.zk_security import (
+    cluster_acl,
+    get_or_create_token_key,
+    group_acl,
+    private_acl,
+    token_key_path,
+)
+from hpbroker.errors import CoordinationError
+
+__all__ = ["SecureReport", "secure_tree"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class SecureReport:
+    """What :func:`secure_tree` did: nodes looked at, changed, and refused (path -> why)."""
+
+    seen: int = 0
+    changed: list[str] = field(default_factory=list)
+    refused: dict[str, str] = field(default_factory=dict)
+
+
+def secure_tree(session: Session, paths: ZkPaths, *, unsecure: bool = False, dry_run: bool = False,
+                progress: Callable[[str], None] | None = None) -> SecureReport:
+    """Set the ACL of every node of the cluster's tree (module docstring).  Blocking; meant for
+    a tool.  CoordinationError when the session has no credentials and ``unsecure`` is off."""
+    credentials = session.credentials
+    if credentials is None:
+        raise CoordinationError("setting the cluster's ACLs needs the cluster's credentials "
+                                "(--zookeeper-credentials-file)")
+    client = session.client
+    report = SecureReport()
+    private = {token_key_path(paths), acls_path(paths)}
+    key = None if unsecure else get_or_create_token_key(session, paths)
+    group_acls: dict[str, list[Any]] = {}
+
+    def wanted(path: str) -> list[Any]:
+        if unsecure:
+            return list(OPEN_ACL_UNSAFE)
+        if path in private:
+            return private_acl(credentials)
+        prefix = paths.consumers + "/"
+        if path.startswith(prefix):
+            group = path[len(prefix):].split("/", 1)[0]
+            if group not in group_acls:
+                assert key is not None
+                group_acls[group] = group_acl(key, group, credentials)
+            return group_acls[group]
+        return cluster_acl(credentials)
+
+    def visit(path: str) -> None:
+        report.seen += 1
+        try:
+            current, stat = client.get_acls(path)
+            target = wanted(path)
+            if sorted(current) != sorted(target):
+                if not dry_run:
+                    client.set_acls(path, target, version=stat.aversion)
+                report.changed.append(path)
+                if progress is not None:
+                    progress(f"{'would set' if dry_run else 'set'} the ACL of {path}")
+            children = client.get_children(path)
+        except NoNodeError:
+            return  # deleted meanwhile (an ephemeral node whose session ended)
+        except NoAuthError:
+            report.refused[path] = "ZooKeeper refused: the node is protected by other credentials"
+            return
+        for child in sorted(children):
+            if path == "/" and child == "zookeeper" and session.connect_string.chroot is None:
+                continue  # ZooKeeper's own (quotas, config): never hpbroker's to change
+            visit(("" if path == "/" else path) + "/" + child)
+
+    if session.connect_string.chroot is not None and paths.root != "/":
+        visit_node_only(client, "/", wanted("/"), report, dry_run, progress)  # the chroot itself
+    if client.exists(paths.root) is None:
+        return report
+    visit(paths.root)
+    return report
+
+
+def visit_node_only(client: Any, path: str, target: list[Any], report: SecureReport, dry_run: bool,
+                    progress: Callable[[str], None] | None) -> None:
+    """Set one node's ACL, not its children's (the chroot: other trees may hang there)."""
+    report.seen += 1
+    try:
+        current, stat = client.get_acls(path)
+        if sorted(current) != sorted(target):
+            if not dry_run:
+                client.set_acls(path, target, version=stat.aversion)
+            report.changed.append(path)
+            if progress is not None:
+                progress(f"{'would set' if dry_run else 'set'} the ACL of {path} (the chroot)")
+    except NoAuthError:
+        report.refused[path] = "ZooKeeper refused: the node is protected by other credentials"

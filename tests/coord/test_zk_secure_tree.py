@@ -1,0 +1,119 @@
+"""``hpbroker zookeeper secure``: an existing tree made without credentials gets the cluster's,
+the groups' and the private ACLs (and the open ACL back with ``--unsecure``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError
+
+from hpbroker.coord.groups import ConsumerRegistration, GroupRegistry
+from hpbroker.coord.paths import ZkPaths
+from hpbroker.coord.producer_ids import ZkBlockStore
+from hpbroker.coord.registry import BrokerRegistration, BrokerRegistry, TopicRegistration, TopicRegistry
+from hpbroker.coord.session import Session
+from hpbroker.coord.zk_security import (
+    ZkCredentials,
+    cluster_acl,
+    get_or_create_token_key,
+    group_acl,
+    group_credentials,
+    member_acl,
+    private_acl,
+    token_key_path,
+    world_writable,
+)
+
+pytestmark = pytest.mark.zookeeper
+
+PATHS = ZkPaths()
+CLUSTER = ZkCredentials("hpbroker", "cluster-password")
+
+
+def walk(client, path: str) -> list[str]:
+    found = [path]
+    for child in client.get_children(path):
+        found += walk(client, ("" if path == "/" else path) + "/" + child)
+    return found
+
+
+def secure(zk_connect: str, credentials_file, *args: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "HPBROKER_ZOOKEEPER_CREDENTIALS_FILE": str(credentials_file)}
+    return subprocess.run([sys.executable, "-m", "hpbroker.cli", "zookeeper", "secure", "--zookeeper",
+                           zk_connect, *args], capture_output=True, text=True, timeout=60, env=environment)
+
+
+def test_secure_sets_every_nodes_acl_and_unsecure_opens_them_again(zookeeper, chroot, zk_connect, tmp_path):
+    old = Session(zk_connect, session_timeout_s=5.0).start()  # a cluster from before ACLs
+    try:
+        BrokerRegistry(old, PATHS).register(BrokerRegistration(0, "127.0.0.1", 9092, (9093,), {"t": (0,)}))
+        TopicRegistry(old, PATHS).publish(TopicRegistration("t", 1, {}, created_by=0))
+        ZkBlockStore(old.client, PATHS.producer_id_block).allocate(0, 1000)
+        group = GroupRegistry(old, "app", PATHS, timeout_s=10)
+        group.register(ConsumerRegistration("m0", ("t",)))
+        assert group.claim("t", 0, "m0") and group.commit({("t", 0): 3}, "m0") == set()
+        credentials_file = tmp_path / "zk.credentials"
+        credentials_file.write_text(f"{CLUSTER.user}:{CLUSTER.password}\n")
+        credentials_file.chmod(0o600)
+
+        planned = secure(zk_connect, credentials_file, "--dry-run")
+        assert planned.returncode == 0, planned.stderr
+        assert f"would set the ACL of {PATHS.offset('app', 't', 0)}" in planned.stdout
+        assert world_writable(old.client.get_acls(PATHS.topic("t"))[0])  # a dry run changes nothing
+
+        done = secure(zk_connect, credentials_file)
+        assert done.returncode == 0, done.stdout + done.stderr
+        admin = Session(zk_connect, session_timeout_s=5.0, credentials=CLUSTER).start()
+        try:
+            key = get_or_create_token_key(admin, PATHS)
+            for path in walk(admin.client, "/"):
+                acl = admin.client.get_acls(path)[0]
+                assert not world_writable(acl), (path, acl)
+                if path == token_key_path(PATHS):
+                    assert acl == private_acl(CLUSTER)
+                elif path.startswith(PATHS.group("app")):
+                    assert sorted(acl) == sorted(group_acl(key, "app", CLUSTER)), path
+                else:
+                    assert sorted(acl) == sorted(cluster_acl(CLUSTER)), path
+            outside = KazooClient(zookeeper.connect_string, auth_data=[CLUSTER.auth_data])
+            outside.start(timeout=10)
+            try:
+                assert sorted(outside.get_acls(chroot)[0]) == sorted(cluster_acl(CLUSTER))  # the chroot
+            finally:
+                outside.stop()
+                outside.close()
+            again = secure(zk_connect, credentials_file)
+            assert again.returncode == 0 and " 0 changed" in again.stdout, again.stdout
+
+            # the old session, without credentials, can no longer write; the group's members can
+            with pytest.raises(NoAuthError):
+                old.client.set(PATHS.offset("app", "t", 0), b'{"version":1,"offset":0}')
+            issued = group_credentials(key, "app", CLUSTER)
+            member_session = Session(zk_connect, session_timeout_s=5.0, auth=[issued.credentials],
+                                     acl=member_acl(issued.acl_ids)).start()
+            try:
+                member = GroupRegistry(member_session, "app", PATHS, timeout_s=10)
+                member.write_offsets({("t", 1): 7}, force=True)  # under the secured offsets/t
+                assert member.committed("t", 1) == 7
+            finally:
+                member_session.close()
+
+            opened = secure(zk_connect, credentials_file, "--unsecure")
+            assert opened.returncode == 0, opened.stderr
+            assert world_writable(old.client.get_acls(PATHS.offset("app", "t", 0))[0])
+            old.client.set(PATHS.topic("t"), old.client.get(PATHS.topic("t"))[0])
+        finally:
+            admin.close()
+    finally:
+        old.close()
+
+
+def test_secure_needs_the_credentials(zk_connect):
+    environment = {k: v for k, v in os.environ.items() if k != "HPBROKER_ZOOKEEPER_CREDENTIALS_FILE"}
+    done = subprocess.run([sys.executable, "-m", "hpbroker.cli", "zookeeper", "secure", "--zookeeper",
+                           zk_connect], capture_output=True, text=True, timeout=60, env=environment)
+    assert done.returncode == 1 and "--zookeeper-credentials-file" in done.stderr, done.stderr
