@@ -236,9 +236,13 @@ class BrokerSecurity:
 
     def mint_token(self, principal: str) -> tuple[str, int]:
         """A fetch token for ``principal``: ``(token, expires_at_ms)``, valid for
-        ``fetch_token_lifetime_ms``.  InvalidRequestError when security is off."""
+        ``fetch_token_lifetime_ms``.  InvalidRequestError when security is off, AuthenticationError
+        for a principal no longer on the allowlist."""
         if not self.enabled or self.token_key is None:
             raise InvalidRequestError("fetch tokens are issued only by a broker with security = 'curve'")
+        if principal not in self._principals:
+            raise AuthenticationError(f"key {principal!r} is no longer on the broker's allowlist (revoked): "
+                                      "no fetch token")
         return tokens.mint(self.token_key, principal, self._config.fetch_token_lifetime_ms,
                            int(time.time() * 1000))
 

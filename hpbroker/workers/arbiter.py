@@ -136,7 +136,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import zmq
 
@@ -238,6 +238,7 @@ class Arbiter:
         self._zk_credentials: ZkCredentials | None = None  # the cluster's, from zookeeper_credentials_file
         # ACLs as a kazoo thread last saw them, for the loop to take (a deque: append and pop are atomic)
         self._acl_updates: collections.deque[list[AclEntry]] = collections.deque(maxlen=1)
+        self._acl_watch: Any = None  # the ACL node's watch (hpbroker.coord.acl_store), once joined
 
     # --- life cycle -------------------------------------------------------------------------------
 
@@ -402,18 +403,15 @@ class Arbiter:
         security = self._security
         if security is None or not security.enabled:
             return
+        from hpbroker.coord.acl_store import watch_acls
+
         security.attach_zookeeper(member.session, member.paths, self._zk_credentials)
-        try:
-            from hpbroker.coord.acl_store import watch_acls
-        except ImportError:
-            logger.warning("[arbiter] no ACL store in this build: only super users are allowed anything")
-            return
 
         def acls_changed(entries: list[AclEntry]) -> None:
             self._acl_updates.append(list(entries))
             self._wake_loop()
 
-        watch_acls(member.session, acls_changed)
+        self._acl_watch = watch_acls(member.session, acls_changed, member.paths)
 
     def _start_replication(self, member: BrokerMember) -> None:
         """Follow the replicated topics' partition states and run this broker's controller
@@ -587,6 +585,10 @@ class Arbiter:
 
     def _leave_zookeeper(self) -> None:
         self._stop_producer_ids()  # its thread may be using the session
+        if self._acl_watch is not None:
+            with contextlib.suppress(Exception):  # the session may be gone already
+                self._acl_watch.cancel()
+            self._acl_watch = None
         if self._security is not None:
             self._security.detach_zookeeper()
         if self._replication is not None:  # resigns as controller while the session lives

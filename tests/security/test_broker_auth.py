@@ -5,10 +5,7 @@ side is pyzmq's CURVE, directly."""
 
 from __future__ import annotations
 
-import itertools
-import os
 import re
-import shutil
 import signal
 import sys
 import time
@@ -16,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import zmq
-import zmq.auth
+from curve_probe import Keys, Probe, make_keys
 from harness import BROKER_TEST_ENV, BrokerProcess, free_ports, start_broker, wait_until
 
 from hpbroker import protocol
@@ -24,91 +21,9 @@ from hpbroker import protocol
 WORKERS = 2
 
 
-class Keys:
-    """Key pairs made with pyzmq: ``secrets/NAME.key_secret`` and the public ``NAME.key``
-    beside it; the broker's allowlist is ``allowlist/``."""
-
-    def __init__(self, root: Path, names: list[str]) -> None:
-        self.secrets = root / "secrets"
-        self.allowlist = root / "allowlist"
-        self.secrets.mkdir()
-        self.allowlist.mkdir()
-        for name in names:
-            zmq.auth.create_certificates(str(self.secrets), name)
-
-    def pair(self, name: str) -> tuple[bytes, bytes]:
-        return zmq.auth.load_certificate(str(self.secrets / f"{name}.key_secret"))  # type: ignore[return-value]
-
-    def allow(self, name: str) -> None:
-        shutil.copy(self.secrets / f"{name}.key", self.allowlist / f"{name}.key")
-
-    def disallow(self, name: str) -> None:
-        os.unlink(self.allowlist / f"{name}.key")
-
-    def env(self) -> dict[str, str]:
-        return {"HPBROKER_SECURITY": "curve",
-                "HPBROKER_SERVER_KEY_FILE": str(self.secrets / "broker.key_secret"),
-                "HPBROKER_ALLOWLIST_DIR": str(self.allowlist)}
-
-
 @pytest.fixture
 def keys(tmp_path):
-    keys = Keys(tmp_path, ["broker", "alice", "bob", "mallory"])
-    for name in ("broker", "alice", "bob"):
-        keys.allow(name)
-    return keys
-
-
-class Probe:
-    """One DEALER on the broker's front-end (CURVE with ``pair``, NULL without) that has sent a
-    metadata request, and a monitor that says whether its handshake failed."""
-
-    _ids = itertools.count()
-
-    def __init__(self, context: zmq.Context, port: int, server_key: bytes,
-                 pair: tuple[bytes, bytes] | None) -> None:
-        self.socket = context.socket(zmq.DEALER)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.setsockopt(zmq.RECONNECT_IVL, 20)
-        if pair is not None:
-            public, secret = pair
-            self.socket.curve_publickey, self.socket.curve_secretkey = public, secret
-            self.socket.curve_serverkey = server_key
-        address = f"inproc://probe-monitor-{next(self._ids)}"
-        self.socket.monitor(address, zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                            | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_SUCCEEDED
-                            | zmq.EVENT_DISCONNECTED)
-        self.monitor = context.socket(zmq.PAIR)
-        self.monitor.setsockopt(zmq.LINGER, 0)
-        self.monitor.connect(address)
-        self.events: list[int] = []
-        self.socket.connect(f"tcp://127.0.0.1:{port}")
-        self.socket.send_multipart(protocol.encode_request(protocol.MetadataRequest([]), 1, "probe"))
-
-    def take_events(self) -> list[int]:
-        while self.monitor.poll(0):
-            frames = self.monitor.recv_multipart()
-            self.events.append(int.from_bytes(frames[0][:2], "little"))
-        return self.events
-
-    def refused(self) -> bool:
-        failed = (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
-                  zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_DISCONNECTED)
-        return any(event in failed for event in self.take_events())
-
-    def answered(self) -> bool:
-        return bool(self.socket.poll(0))
-
-    def metadata(self, timeout_s: float = 10.0) -> protocol.MetadataResponse:
-        if not self.socket.poll(int(timeout_s * 1000)):
-            raise AssertionError(f"no metadata response in {timeout_s} s (events {self.take_events()})")
-        _, response = protocol.decode_response(protocol.ApiKey.METADATA, self.socket.recv_multipart())
-        return response
-
-    def close(self) -> None:
-        self.socket.disable_monitor()
-        self.monitor.close()
-        self.socket.close()
+    return make_keys(tmp_path)
 
 
 @pytest.fixture
@@ -216,11 +131,18 @@ def test_sighup_reloads_the_allowlist(tmp_path, keys, context, brokers):
     broker, port = serve(tmp_path, keys, brokers)
     wait_until(lambda: len(re.findall(r"security state: 3 principals", broker.log())) >= WORKERS,
                what="every worker's security state")
+    connected = Probe(context, port, server_key(keys), keys.pair("bob"))
+    assert connected.metadata().brokers
+    header, response = connected.ask(protocol.FetchTokenRequest())
+    assert header.error_code == 0 and response.principal == "bob"
     keys.disallow("bob")
     broker.process.send_signal(signal.SIGHUP)
     broker.wait_for_log(r"allowlist reloaded: 2 keys; removed bob")
     assert_refused(Probe(context, port, server_key(keys), keys.pair("bob")))
     assert Probe(context, port, server_key(keys), keys.pair("alice")).metadata().brokers
+    # The connection bob made before stays open, but its requests are refused from now on.
+    header, _ = connected.ask(protocol.FetchTokenRequest())
+    assert header.error_code == 27
     # Every worker was told: its data port no longer takes bob's tokens.
     wait_until(lambda: len(re.findall(r"security state: 2 principals", broker.log())) >= WORKERS,
                what="the new security state in every worker")
