@@ -13,26 +13,50 @@ does not come within its timeout raises :class:`~hpbroker.errors.RequestTimedOut
 broker restart ZeroMQ reconnects by itself; requests that were in flight then never get an answer
 (their timeout tells).
 
+**Security.**  Given a :class:`~hpbroker.security.client.ClientSecurity`, the socket is a CurveZMQ
+client of the broker (docs/SECURITY.md).  libzmq reports a refused handshake only to a socket
+monitor, never as an error of a send: every connection therefore monitors its handshakes
+(:meth:`BrokerConnection.monitor_events`), and a request that finds no connected broker because
+the broker refused the handshake raises :class:`~hpbroker.errors.AuthenticationError` saying why
+(the key is not on the broker's allowlist, the server key is wrong, or one side has no security)
+at once, instead of BrokerNotAvailableError after ``connect_timeout_s``.  libzmq does not retry a
+refused connection; the next request that finds no connected broker reconnects, so a key
+allowlisted since gets in.  Connected requests never
+touch the monitor: the unsecured path costs what it did.
+
 Threads: a connection, like its ZeroMQ socket, belongs to the thread that uses it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from hpbroker import protocol
-from hpbroker.errors import BrokerNotAvailableError, RequestTimedOutError, error_for_code
+from hpbroker.errors import AuthenticationError, BrokerNotAvailableError, RequestTimedOutError, error_for_code
+
+if TYPE_CHECKING:
+    from hpbroker.security.client import ClientSecurity
 
 __all__ = ["DEFAULT_PORT", "BrokerAddress", "BrokerConnection", "Response", "parse_bootstrap"]
 
 DEFAULT_PORT = 9092
 _MAX_CORRELATION_ID = 2**32 - 1
+#: What a connection's monitor reports: handshakes (their failures tell a refused key) and disconnects.
+_HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                     | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | _HANDSHAKE_FAILED | zmq.EVENT_DISCONNECTED
+_MECHANISM_MISMATCH = zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH  # CURVE met NULL: one side has no security
+_HANDSHAKE_CHECK_MS = 20  # how often a send waiting for a connection looks for a refused handshake
+_monitor_numbers = itertools.count()
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,18 +113,29 @@ class BrokerConnection:
 
     def __init__(self, address: BrokerAddress, *, client_id: str = "hpbroker-python",
                  context: zmq.Context | None = None, connect_timeout_s: float = 5.0,
-                 connect: bool = True) -> None:
-        """``connect=False``: the socket is made but not connected until :meth:`connect` (so a
-        monitor attached in between sees the first handshake)."""
+                 connect: bool = True, security: ClientSecurity | None = None) -> None:
+        """``connect=False``: the socket is made but not connected until :meth:`connect` (for a
+        caller that registers :attr:`monitor` with a poller first).  ``security``: connect as
+        this CurveZMQ client (None: without security)."""
         self.address = address
         self.client_id = client_id
         self.connect_timeout_s = connect_timeout_s
+        self.security = security
         self._context = context if context is not None else zmq.Context.instance()
         self._socket = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.IMMEDIATE, 1)
         self._socket.setsockopt(zmq.RECONNECT_IVL, 100)
         self._socket.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        if security is not None:
+            security.apply(self._socket)
+        # The monitor is attached before the socket connects, so it sees the first handshake.
+        monitor_address = f"inproc://hpbroker-connection-monitor-{os.getpid()}-{next(_monitor_numbers)}"
+        self._socket.monitor(monitor_address, MONITOR_EVENTS)
+        self._monitor = self._context.socket(zmq.PAIR)
+        self._monitor.setsockopt(zmq.LINGER, 0)
+        self._monitor.connect(monitor_address)
+        self._refused: AuthenticationError | None = None  # the last handshake's failure, until one succeeds
         if connect:
             self.connect()
         self._ids = itertools.count(1)
@@ -116,14 +151,61 @@ class BrokerConnection:
         return f"BrokerConnection({self.address}, in_flight={len(self._waiting)})"
 
     def connect(self) -> None:
-        """Connect the socket to the broker (ZeroMQ reconnects by itself from then on)."""
+        """Connect the socket to the broker (ZeroMQ reconnects by itself from then on, but after
+        a refused handshake: see :meth:`_handshake_again`)."""
+        self._socket.connect(self._endpoint)
+
+    @property
+    def _endpoint(self) -> str:
         host = f"[{self.address.host}]" if ":" in self.address.host else self.address.host
-        self._socket.connect(f"tcp://{host}:{self.address.port}")
+        return f"tcp://{host}:{self.address.port}"
 
     @property
     def socket(self) -> zmq.Socket:
         """For a poller: readable when a response has arrived."""
         return self._socket
+
+    @property
+    def monitor(self) -> zmq.Socket:
+        """For a poller: readable when the socket's monitor has events (:meth:`monitor_events`)."""
+        return self._monitor
+
+    def monitor_events(self) -> list[int]:
+        """The monitor's events since the last call (``MONITOR_EVENTS``: handshake succeeded or
+        failed, disconnected), noting the last handshake's failure for :meth:`send`."""
+        events = []
+        while self._monitor.poll(0):
+            message = parse_monitor_message(self._monitor.recv_multipart())
+            event = int(message["event"])
+            events.append(event)
+            if event & _HANDSHAKE_FAILED:
+                self._refused = self._handshake_error(event, int(message["value"]))
+            elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._refused = None
+        return events
+
+    @property
+    def refused(self) -> AuthenticationError | None:
+        """Why the broker refused the last handshake (None: it did not, or one succeeded since);
+        as of the last :meth:`monitor_events`."""
+        return self._refused
+
+    def _handshake_error(self, event: int, value: int) -> AuthenticationError:
+        """What a failed handshake means, in words a user can act on (docs/SECURITY.md)."""
+        where = f"broker {self.address}"
+        security = self.security
+        if security is None:
+            return AuthenticationError(f"the {where} requires CurveZMQ: give key_file and server_key_file "
+                                       f"(or $HPBROKER_KEY_FILE and $HPBROKER_SERVER_KEY_FILE)")
+        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            return AuthenticationError(f"{where} refused key {security.name!r} (not on its allowlist, "
+                                       f"or revoked)")
+        if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == _MECHANISM_MISMATCH:
+            return AuthenticationError(f"{where} runs without security (security \"none\"): connect without "
+                                       f"key_file and server_key_file, or turn security on at the broker")
+        return AuthenticationError(f"{where} did not accept the CurveZMQ handshake of key {security.name!r}: "
+                                   f"the server key given (server_key_file) is not the broker's public key, "
+                                   f"or the broker runs without security")
 
     @property
     def in_flight(self) -> int:
@@ -141,7 +223,8 @@ class BrokerConnection:
         does not answer (acks=0 produce).  ``version``: the request's api_version (None: the
         newest the message type has); its response is decoded in the same version.  Raises
         BrokerNotAvailableError when no connection to the broker takes it within
-        ``connect_timeout_s``, UnsupportedVersionError for a version the type does not have."""
+        ``connect_timeout_s``, AuthenticationError when the broker refuses the CurveZMQ
+        handshake (module docstring), UnsupportedVersionError for a version the type does not have."""
         correlation_id = next(self._ids) & _MAX_CORRELATION_ID
         frames = protocol.encode_request(message, correlation_id, self.client_id, version)
         try:
@@ -154,20 +237,41 @@ class BrokerConnection:
 
     def _send_once_connected(self, frames: list) -> None:
         """Send ``frames``, which found no connected broker, once one is there: within
-        ``connect_timeout_s`` or BrokerNotAvailableError.  Every try is non-blocking: the
+        ``connect_timeout_s`` or BrokerNotAvailableError; AuthenticationError as soon as the
+        broker refuses the handshake (a refusal seen before is tried again first, module
+        docstring).  Every try is non-blocking: the
         connection POLLOUT reported may be gone again by the send, and a blocking send would
         then wait for as long as the broker stays away."""
         deadline = time.monotonic() + self.connect_timeout_s
+        self.monitor_events()
+        if self._refused is not None:
+            self._handshake_again()
         while True:
+            self.monitor_events()
+            if self._refused is not None:
+                raise self._refused
             remaining_ms = int((deadline - time.monotonic()) * 1000)
-            if remaining_ms <= 0 or not self._socket.poll(remaining_ms, zmq.POLLOUT):
+            if remaining_ms <= 0:
                 raise BrokerNotAvailableError(f"broker {self.address} is not reachable "
                                               f"(no connection within {self.connect_timeout_s} s)") from None
+            # In slices, reading the monitor between them: a refused handshake shows only there.
+            if not self._socket.poll(min(remaining_ms, _HANDSHAKE_CHECK_MS), zmq.POLLOUT):
+                continue
             try:
                 self._socket.send_multipart(frames, zmq.NOBLOCK, copy=False)
                 return
             except zmq.Again:
                 continue
+
+    def _handshake_again(self) -> None:
+        """Reconnect after a refused handshake: libzmq gives up on a connection whose key the
+        broker refused, and the request being sent deserves a handshake of its own (the key may
+        have been allowlisted since).  The refusal is forgotten; the new handshake's outcome
+        comes through the monitor."""
+        self._refused = None
+        with contextlib.suppress(zmq.ZMQError):
+            self._socket.disconnect(self._endpoint)
+        self._socket.connect(self._endpoint)
 
     def poll(self, timeout_s: float) -> Response | None:
         """The next response to arrive (or already arrived and not taken), or None after
@@ -230,4 +334,7 @@ class BrokerConnection:
         for up to ``linger_ms`` (an acks=0 producer's last requests: nobody would resend them)."""
         if not self._closed:
             self._closed = True
+            with contextlib.suppress(zmq.ZMQError):
+                self._socket.disable_monitor()
+            self._monitor.close(linger=0)
             self._socket.close(linger=linger_ms)

@@ -1,7 +1,8 @@
 """The producer I/O thread's connections: one per broker that leads a partition it writes to.
 
-A :class:`BrokerLink` is a :class:`~hpbroker.client.connection.BrokerConnection` with a ZeroMQ
-monitor of it (handshakes and disconnects), whether it is known to be connected, and the produce
+A :class:`BrokerLink` is a :class:`~hpbroker.client.connection.BrokerConnection` (with
+``security``, the producer's CurveZMQ identity, if any) whose monitor (handshakes and disconnects)
+the I/O thread polls, whether it is known to be connected, and the produce
 requests in flight on it by correlation id (ids are per connection).  :class:`BrokerLinks` maps
 a partition to the link of its leader, as the cluster metadata last described it: the bootstrap
 broker's link (the broker asked for metadata: the first bootstrap address, until it stops
@@ -17,28 +18,30 @@ Threads: everything here belongs to the producer's I/O thread.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from hpbroker.client.connection import BrokerAddress, BrokerConnection
 from hpbroker.client.metadata import ClusterMetadata
 
-__all__ = ["BrokerLink", "BrokerLinks"]
+if TYPE_CHECKING:
+    from hpbroker.security.client import ClientSecurity
 
-_MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+__all__ = ["BrokerLink", "BrokerLinks"]
 
 
 class BrokerLink:
     """One broker connection of the I/O thread (module docstring)."""
 
-    def __init__(self, address: BrokerAddress, client_id: str, poller: zmq.Poller) -> None:
+    def __init__(self, address: BrokerAddress, client_id: str, poller: zmq.Poller,
+                 security: ClientSecurity | None = None) -> None:
         self.address = address
-        # The monitor is attached before the socket connects: a handshake it missed would leave the
-        # link "not connected" for good, and a retry is never sent on such a link.
-        self.connection = BrokerConnection(address, client_id=client_id, connect_timeout_s=0.5, connect=False)
-        self.monitor = self.connection.socket.get_monitor_socket(_MONITOR_EVENTS)
+        # The connection's monitor is attached before its socket connects: a handshake it missed
+        # would leave the link "not connected" for good, and a retry is never sent on such a link.
+        self.connection = BrokerConnection(address, client_id=client_id, connect_timeout_s=0.5, connect=False,
+                                           security=security)
+        self.monitor = self.connection.monitor
         self.connection.connect()
         self.connected = False
         self.in_flight: dict[int, Any] = {}  # correlation id -> the producer's request
@@ -49,30 +52,27 @@ class BrokerLink:
         return f"BrokerLink({self.address}, connected={self.connected}, in_flight={len(self.in_flight)})"
 
     def monitor_events(self) -> list[int]:
-        """The monitor's events since the last call (handshake succeeded or disconnected)."""
-        events = []
-        while self.monitor.get(zmq.EVENTS) & zmq.POLLIN:
-            events.append(recv_monitor_message(self.monitor)["event"])
-        return events
+        """The monitor's events since the last call (handshake succeeded or failed, disconnected;
+        a failed one is kept as ``connection.refused``)."""
+        return self.connection.monitor_events()
 
     def close(self, poller: zmq.Poller, linger_ms: int) -> None:
-        """Stop monitoring and close; ``linger_ms`` as in BrokerConnection.close."""
-        with contextlib.suppress(zmq.ZMQError):
-            self.connection.socket.disable_monitor()
+        """Stop polling and close (the monitor too); ``linger_ms`` as in BrokerConnection.close."""
         for socket in (self.monitor, self.connection.socket):
             with contextlib.suppress(KeyError):
                 poller.unregister(socket)
-        self.monitor.close(linger=0)
         self.connection.close(linger_ms)
 
 
 class BrokerLinks:
     """The I/O thread's links by broker address, and which one serves a partition."""
 
-    def __init__(self, bootstrap: BrokerAddress, client_id: str, poller: zmq.Poller) -> None:
+    def __init__(self, bootstrap: BrokerAddress, client_id: str, poller: zmq.Poller,
+                 security: ClientSecurity | None = None) -> None:
         self._client_id = client_id
         self._poller = poller
-        self.bootstrap = BrokerLink(bootstrap, client_id, poller)
+        self._security = security
+        self.bootstrap = BrokerLink(bootstrap, client_id, poller, security)
         self._links: dict[BrokerAddress, BrokerLink] = {bootstrap: self.bootstrap}
 
     def __iter__(self):
@@ -84,7 +84,7 @@ class BrokerLinks:
         :meth:`prune` once it leads nothing and has nothing in flight."""
         link = self._links.get(address)
         if link is None:
-            link = self._links[address] = BrokerLink(address, self._client_id, self._poller)
+            link = self._links[address] = BrokerLink(address, self._client_id, self._poller, self._security)
         self.bootstrap = link
         return link
 
@@ -95,7 +95,7 @@ class BrokerLinks:
             return self.bootstrap
         link = self._links.get(address)
         if link is None:
-            link = self._links[address] = BrokerLink(address, self._client_id, self._poller)
+            link = self._links[address] = BrokerLink(address, self._client_id, self._poller, self._security)
         return link
 
     def prune(self, leaders: set[BrokerAddress], linger_ms: int) -> None:

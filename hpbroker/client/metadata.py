@@ -24,6 +24,9 @@ bootstrap addresses, from the one after the broker that failed, each address onc
 that answers becomes the broker asked from then on (:meth:`ClusterMetadata.move_to`).  When none
 answers, the error names every address tried and what each did.
 
+**Security.**  Every connection the metadata opens is the same kind of client as the one it was
+given (``connection.security``, a CurveZMQ identity or None).
+
 Threads: one instance per client thread, used with that thread's connection.
 """
 
@@ -33,7 +36,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import zmq
 
@@ -48,6 +51,9 @@ from hpbroker.errors import (
     UnsupportedVersionError,
     error_for_code,
 )
+
+if TYPE_CHECKING:
+    from hpbroker.security.client import ClientSecurity
 
 __all__ = ["ClusterMetadata", "MetadataRefreshes", "PartitionInfo", "falls_back", "metadata_version",
            "none_answered", "partition_info", "topic_error"]
@@ -147,10 +153,11 @@ class ClusterMetadata:
 
     @classmethod
     def for_bootstrap(cls, bootstrap: Sequence[BrokerAddress], *, client_id: str, connect_timeout_s: float,
-                      timeout_s: float) -> ClusterMetadata:
+                      timeout_s: float, security: ClientSecurity | None = None) -> ClusterMetadata:
         """Metadata asked of the first of ``bootstrap`` (then the others, module docstring) over
-        a connection of its own; :meth:`close` it."""
-        connection = BrokerConnection(bootstrap[0], client_id=client_id, connect_timeout_s=connect_timeout_s)
+        a connection of its own, as the CurveZMQ client ``security`` if given; :meth:`close` it."""
+        connection = BrokerConnection(bootstrap[0], client_id=client_id, connect_timeout_s=connect_timeout_s,
+                                      security=security)
         return cls(connection, timeout_s=timeout_s, bootstrap=bootstrap)
 
     def close(self) -> None:
@@ -198,7 +205,8 @@ class ClusterMetadata:
         failures: list[tuple[BrokerAddress, HPBrokerError]] = [(self.connection.address, error)]
         for address in self.candidates({self.connection.address}):
             other = BrokerConnection(address, client_id=self.connection.client_id,
-                                     connect_timeout_s=self.connection.connect_timeout_s)
+                                     connect_timeout_s=self.connection.connect_timeout_s,
+                                     security=self.connection.security)
             try:
                 answer = ask(other)
             except moves_on as e:
@@ -242,7 +250,7 @@ class ClusterMetadata:
         else:
             if connection is None:
                 connection = BrokerConnection(address, client_id=old.client_id,
-                                              connect_timeout_s=old.connect_timeout_s)
+                                              connect_timeout_s=old.connect_timeout_s, security=old.security)
             old.close()
         self.connection = connection
         why = "; ".join(f"{a}: {e.message}" for a, e in failures) or "moved"
