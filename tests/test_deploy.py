@@ -61,6 +61,7 @@ def test_unit_is_a_notify_service_that_outwaits_the_graceful_stop():
     for hardening in ("NoNewPrivileges", "PrivateTmp", "ProtectHome"):
         assert service[hardening] == "yes"
     assert service["ProtectSystem"] == "strict"
+    assert service["ExecReload"] == "/bin/kill -HUP $MAINPID"  # SIGHUP: the allowlist is read again
 
 
 def test_shipped_configuration_loads_and_matches_the_unit():
