@@ -288,15 +288,19 @@ class Frontend:
         if topic is not None:
             return False
         cluster = self._cluster() if self._cluster is not None else None
-        return cluster is None or request.topic not in cluster.topics
+        registration = cluster.topics.get(request.topic) if cluster is not None else None
+        return registration is None or not registration.replicas  # _check_not_replicated_in_cluster's rule
 
     def _log_denial(self, error: HPBrokerError) -> None:
         now = self._clock()
         if now < self._denials_logged_at + _DENIAL_LOG_INTERVAL_S:
             self._denials_unlogged += 1
             return
-        logger.info("[arbiter] refused: %s (%d more refused since the last such line)", error.message,
-                    self._denials_unlogged)
+        if self._denials_unlogged:
+            logger.info("[arbiter] refused: %s (and %d more since the last such line)", error.message,
+                        self._denials_unlogged)
+        else:
+            logger.info("[arbiter] refused: %s", error.message)
         self._denials_logged_at, self._denials_unlogged = now, 0
 
     def _describable(self, principal: str | None, name: str) -> bool:

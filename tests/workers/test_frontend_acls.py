@@ -61,7 +61,7 @@ class Rig:
     """A Frontend with one serving slot, a client DEALER on its front ROUTER and a worker DEALER
     on its back ROUTER."""
 
-    def __init__(self, tmp_path, security, **config) -> None:
+    def __init__(self, tmp_path, security, clock=None, **config) -> None:
         n = next(_ids)
         self.context = zmq.Context()
         self.front = self.context.socket(zmq.ROUTER)
@@ -82,7 +82,9 @@ class Rig:
         self.store = TopicStore(data_dir)
         self.config = BrokerConfig(data_dir=str(data_dir), workers=1, **config)
         slot = Slot(0, state=SlotState.SERVING, pid=os.getpid())
-        self.frontend = Frontend(self.config, self.store, [slot], str(tmp_path), admin_timeout_s=5.0)
+        options = {} if clock is None else {"clock": clock}
+        self.frontend = Frontend(self.config, self.store, [slot], str(tmp_path), admin_timeout_s=5.0,
+                                 **options)
         self.frontend.security = security
         self.frontend.attach(self.front, self.back)
         self.correlation = itertools.count(1)
@@ -275,3 +277,20 @@ def test_authenticate_on_the_front_end_is_answered_with_error_10(rig):
     header, _ = rig(None).answer(protocol.AuthenticateRequest("t"))
     assert header.error_code == InvalidRequestError.code
     assert "data ports only" in header.error_message
+
+
+def test_refusals_are_logged_at_most_once_per_interval_with_a_count_of_the_rest(rig, caplog):
+    now = [100.0]
+    r = rig(StandinSecurity(), clock=lambda: now[0])
+    r.store.create("orders", 1)
+    caplog.set_level("INFO", logger="hpbroker.workers.frontend")
+    for at in (100.0, 101.0, 102.0, 111.0):
+        now[0] = at
+        assert r.answer(produce())[0].error_code == 28
+    lines = [rec.getMessage() for rec in caplog.records if "refused" in rec.getMessage()]
+    assert lines == [
+        "[arbiter] refused: principal 'alice' may not produce to topic 'orders' (no ACL allows it)",
+        "[arbiter] refused: principal 'alice' may not produce to topic 'orders' (no ACL allows it) "
+        "(and 2 more since the last such line)",
+    ]
+    assert r.frontend.error_counts == {(protocol.ApiKey.PRODUCE, 28): 4}
