@@ -103,3 +103,23 @@ def test_watch_delivers_the_entries_now_and_after_every_change(zk, sessions):
         assert seen.get(timeout=10) == []
     finally:
         watch.cancel()
+
+
+def test_with_the_clusters_credentials_the_node_is_private_to_them(sessions):
+    from kazoo.security import Permissions
+
+    from hpbroker.coord.zk_security import ZkCredentials
+    from hpbroker.errors import AuthorizationError
+
+    cluster = ZkCredentials("hpbroker", "s3cret")
+    owner = sessions(credentials=cluster)
+    assert add_acls(owner, [ALICE]) == 1
+    acl, _ = owner.client.get_acls(acls_path())
+    assert [(entry.id.scheme, entry.id.id, entry.perms) for entry in acl] == \
+        [("digest", cluster.id, Permissions.ALL)]
+    stranger = sessions()
+    with pytest.raises(AuthorizationError, match="refused reading /hpbroker/acls without credentials"):
+        read_acls(stranger)
+    with pytest.raises(AuthorizationError, match="ZooKeeper refused changing /hpbroker/acls"):
+        add_acls(stranger, [OPS])
+    assert read_acls(owner) == [ALICE]
