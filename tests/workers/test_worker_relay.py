@@ -225,7 +225,7 @@ def test_offset_out_of_range_reports_both_offsets(start_worker, arbiter):
     [
         (protocol.encode_request(protocol.FetchRequest("orders", 0, 0), 41)[0][:-6], 10),  # truncated body
         (protocol.encode_request(protocol.FetchRequest("orders", 0, 0), 41)[0] + b"xx", 10),  # trailing bytes
-        (b"\x09\x00\x00\x00" + (41).to_bytes(4, "little") + b"\x00\x00\x00\x00\x00\x00", 9),  # api_key 9
+        (b"\x63\x00\x00\x00" + (41).to_bytes(4, "little") + b"\x00\x00\x00\x00\x00\x00", 9),  # api_key 99
         (b"\x01\x00\x05\x00" + (41).to_bytes(4, "little") + b"\x00\x00", 9),  # fetch version 5
         (protocol.encode_request(protocol.MetadataRequest(), 41)[0], 10),  # not a worker's request
     ],
