@@ -23,9 +23,9 @@ expired its old session), in which case the stale node is deleted and replaced.
 adds the digest auth to every connection (kazoo's ``auth_data``, sent again after each
 reconnection) and makes the cluster's ACL (all rights to that user, read to the world) kazoo's
 ``default_acl``, which covers every ``create`` (sync, async, ``makepath`` parents, transactions)
-and ``ensure_path``; the chroot, when created here, carries it too.  ``acl=`` overrides the
-default ACL (a group member's: ``zk_security.member_acl``), ``auth=`` adds other digest
-credentials (a group's).  Without any, nodes are world-writable, as before.
+and ``ensure_path``; the chroot, when created here, carries the cluster's ACL too.  ``acl=``
+overrides the default ACL (a group member's: ``zk_security.member_acl``), ``auth=`` adds other
+digest credentials (a group's).  Without any, nodes are world-writable, as before.
 
 **Threads.**  kazoo runs a connection thread and a callback thread; state listeners, watches and
 the re-registration run on them, never on the caller's thread.  Every write of an ephemeral node
@@ -133,8 +133,10 @@ class Session:
 
     def _create_chroot(self) -> None:
         """A chrooted client cannot create its chroot's parents: a short-lived plain one does."""
+        # The chroot is the cluster's: its ACL (never a group member's), or none without credentials.
+        acl = cluster_acl(self.credentials) if self.credentials is not None else None
         plain = KazooClient(hosts=self.connect_string.hosts, timeout=self.session_timeout_s,
-                            auth_data=[c.auth_data for c in self.auth] or None, default_acl=self.default_acl)
+                            auth_data=[c.auth_data for c in self.auth] or None, default_acl=acl)
         try:
             plain.start(timeout=self.connect_timeout_s)
             plain.ensure_path(self.connect_string.chroot)
