@@ -163,6 +163,18 @@ def test_unsecured_data_port_answers_authenticate_with_no_principal(start_worker
     client.close()
 
 
+def test_loopback_data_port_serves_without_a_token(start_worker, arbiter):
+    worker = start_worker(**SECURE, data_port_auth="loopback")
+    assert arbiter.call(0, produce_request("orders", 0, make_batch("a")))[0].error_code == 0
+    client = TcpClient(worker.port)
+    client.send(fetch_request("orders", 0, 0), 1)  # before any security state, and without a token
+    header, response = client.response(ApiKey.FETCH)
+    assert header.error_code == 0 and len(response.payload) > 0
+    header, response = _authenticate(client, "anything", 2)
+    assert (header.error_code, response.principal) == (0, "")
+    client.close()
+
+
 def _pump(fetcher, until, timeout_s=10.0):
     deadline = time.monotonic() + timeout_s
     while not until():
