@@ -348,7 +348,7 @@ class ReplicaFetcher:
         if minted is None:
             logger.warning("%r: no fetch token to present yet (the broker's security state has not "
                            "arrived); the leader will refuse the connection", self)
-            self._renew_at = now
+            self._renew_at = now + BACKOFF_MAX_S  # asked again at the next connect, or after this
             return
         token, expires_at_ms = minted
         correlation_id = next(self._correlation_ids) & 0xFFFFFFFF
