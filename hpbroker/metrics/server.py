@@ -40,7 +40,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
-from hpbroker.errors import InvalidConfigError
 from hpbroker.metrics.exposition import CONTENT_TYPE
 
 __all__ = ["MetricsServer", "load_metrics_token"]
@@ -61,6 +60,14 @@ Render = Callable[[], str]
 Health = Callable[[], tuple[bool, str]]
 
 
+def _config_error(message: str) -> Exception:
+    """hpbroker's InvalidConfigError, imported only when a token is refused: this package
+    loads nothing but the standard library."""
+    from hpbroker.errors import InvalidConfigError
+
+    return InvalidConfigError(message)
+
+
 def load_metrics_token(path: str | os.PathLike[str]) -> str:
     """The bearer token in ``path``: its one line, surrounding whitespace stripped, at least
     16 characters of printable ASCII without spaces (``openssl rand -hex 32`` writes one).
@@ -70,20 +77,20 @@ def load_metrics_token(path: str | os.PathLike[str]) -> str:
         with open(name, "rb") as f:
             raw = f.read(_MAX_TOKEN_BYTES + 1)
     except FileNotFoundError:
-        raise InvalidConfigError(f"metrics token file {name}: no such file") from None
+        raise _config_error(f"metrics token file {name}: no such file") from None
     except OSError as e:
-        raise InvalidConfigError(f"metrics token file {name}: cannot read it: {e.strerror or e}") from None
+        raise _config_error(f"metrics token file {name}: cannot read it: {e.strerror or e}") from None
     if len(raw) > _MAX_TOKEN_BYTES:
-        raise InvalidConfigError(f"metrics token file {name}: larger than {_MAX_TOKEN_BYTES} bytes; "
+        raise _config_error(f"metrics token file {name}: larger than {_MAX_TOKEN_BYTES} bytes; "
                                  "expected one line, the token")
     token = raw.strip()
     if not token:
-        raise InvalidConfigError(f"metrics token file {name}: empty; expected one line, the token")
+        raise _config_error(f"metrics token file {name}: empty; expected one line, the token")
     if not all(0x21 <= byte < 0x7F for byte in token):
-        raise InvalidConfigError(f"metrics token file {name}: the token must be one line of printable "
+        raise _config_error(f"metrics token file {name}: the token must be one line of printable "
                                  "ASCII without spaces")
     if len(token) < _MIN_TOKEN_CHARS:
-        raise InvalidConfigError(f"metrics token file {name}: the token has {len(token)} characters; "
+        raise _config_error(f"metrics token file {name}: the token has {len(token)} characters; "
                                  f"at least {_MIN_TOKEN_CHARS} (openssl rand -hex 32 makes one)")
     return token.decode("ascii")
 
@@ -96,7 +103,7 @@ class MetricsServer:
                  timeout_s: float = DEFAULT_TIMEOUT_S, request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
                  max_clients: int = DEFAULT_MAX_CLIENTS, token: str | None = None) -> None:
         if token is not None and not token:
-            raise InvalidConfigError("the metrics token must not be empty")
+            raise _config_error("the metrics token must not be empty")
         self._http = _HttpServer(host, port, render, health or _always_healthy, timeout_s, request_timeout_s,
                                  max_clients, token)
         self._thread: threading.Thread | None = None
