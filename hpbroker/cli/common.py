@@ -18,10 +18,14 @@ import re
 import select
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import zmq
 
 from hpbroker.errors import HPBrokerError
+
+if TYPE_CHECKING:
+    from hpbroker.security.client import ClientSecurity
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 BOOTSTRAP_VARIABLE = "HPBROKER_BOOTSTRAP"
@@ -61,10 +65,36 @@ def zookeeper_credentials(args: argparse.Namespace):  # -> ZkCredentials | None 
 
 
 def add_bootstrap(parser: argparse.ArgumentParser) -> None:
+    """``--bootstrap``, and the client's CurveZMQ keys (:func:`add_client_security`)."""
     parser.add_argument("--bootstrap", "-b", metavar="HOST:PORT",
                         default=os.environ.get(BOOTSTRAP_VARIABLE, DEFAULT_BOOTSTRAP),
                         help=f"the broker's front-end (default ${BOOTSTRAP_VARIABLE}, else "
                              f"{DEFAULT_BOOTSTRAP})")
+    add_client_security(parser)
+
+
+def add_client_security(parser: argparse.ArgumentParser) -> None:
+    """``--key-file``, ``--server-key-file``, ``--client-config``: a client's CurveZMQ identity for
+    a broker with ``security = "curve"`` (read by :func:`client_security`)."""
+    parser.add_argument("--key-file", metavar="PATH",
+                        help="this client's secret key file, NAME.key_secret (default $HPBROKER_KEY_FILE, "
+                             "else the client config file's)")
+    parser.add_argument("--server-key-file", metavar="PATH",
+                        help="the broker's public key file (default $HPBROKER_SERVER_KEY_FILE, else the "
+                             "client config file's)")
+    parser.add_argument("--client-config", metavar="PATH",
+                        help="a client config file with [security] key_file and server_key_file "
+                             "(default $HPBROKER_CLIENT_CONFIG)")
+
+
+def client_security(args: argparse.Namespace) -> ClientSecurity | None:
+    """The command's CurveZMQ identity: the options, else the environment, else the client
+    config file, else None (``hpbroker.security.client.resolve_client_security``)."""
+    from hpbroker.security.client import resolve_client_security
+
+    return resolve_client_security(key_file=getattr(args, "key_file", None),
+                                   server_key_file=getattr(args, "server_key_file", None),
+                                   config_file=getattr(args, "client_config", None))
 
 
 # Names that read badly word by word; a name of one word gets "error" after it ("storage error").

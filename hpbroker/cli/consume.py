@@ -26,7 +26,7 @@ import datetime as dt
 import json
 import sys
 
-from hpbroker.cli.common import add_bootstrap, reports_errors
+from hpbroker.cli.common import add_bootstrap, client_security, reports_errors
 from hpbroker.timestamps import parse_time_ms
 
 
@@ -135,7 +135,7 @@ def _run(args: argparse.Namespace) -> int:
     else:
         reset = "latest"
     with Consumer(args.bootstrap, auto_offset_reset=reset, consumer_timeout_ms=args.timeout_ms,
-                  client_id="hpbroker-cli") as consumer:
+                  client_id="hpbroker-cli", security=client_security(args)) as consumer:
         partitions = args.partition or sorted(consumer.partitions_for_topic(args.topic))
         assigned = [TopicPartition(args.topic, p) for p in partitions]
         consumer.assign(assigned)

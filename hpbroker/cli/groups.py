@@ -16,14 +16,19 @@ ZooKeeper is ``--zookeeper host:port[,...][/chroot]``, else ``$HPBROKER_ZOOKEEPE
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from hpbroker.cli.common import (
     add_bootstrap,
     add_zookeeper,
     add_zookeeper_credentials,
+    client_security,
     reports_errors,
     zookeeper_credentials,
 )
+
+if TYPE_CHECKING:
+    from hpbroker.security.client import ClientSecurity
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -65,7 +70,7 @@ def _run(args: argparse.Namespace) -> int:
             return 0
         registry = GroupRegistry(session, args.group)
         if args.action == "describe":
-            return _describe(registry, args.bootstrap)
+            return _describe(registry, args.bootstrap, client_security(args))
         if args.execute:  # the nodes it creates get the group's ACL, when the cluster has ACLs
             from hpbroker.coord.paths import ZkPaths
             from hpbroker.coord.zk_security import tool_group_acl
@@ -76,7 +81,8 @@ def _run(args: argparse.Namespace) -> int:
         session.close()
 
 
-def _log_ends(bootstrap: str, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
+def _log_ends(bootstrap: str, partitions: list[tuple[str, int]],
+              security: ClientSecurity | None = None) -> dict[tuple[str, int], int | None]:
     """The high watermark of each partition, None where the broker could not say."""
     from hpbroker.client.consumer import Consumer, TopicPartition
     from hpbroker.errors import HPBrokerError
@@ -84,7 +90,7 @@ def _log_ends(bootstrap: str, partitions: list[tuple[str, int]]) -> dict[tuple[s
     ends: dict[tuple[str, int], int | None] = dict.fromkeys(partitions)
     if not partitions:
         return ends
-    with Consumer(bootstrap, client_id="hpbroker-cli") as consumer:
+    with Consumer(bootstrap, client_id="hpbroker-cli", security=security) as consumer:
         for (topic, partition) in partitions:
             try:
                 tp = TopicPartition(topic, partition)
@@ -94,14 +100,14 @@ def _log_ends(bootstrap: str, partitions: list[tuple[str, int]]) -> dict[tuple[s
     return ends
 
 
-def _describe(registry, bootstrap: str) -> int:
+def _describe(registry, bootstrap: str, security: ClientSecurity | None = None) -> int:
     members = registry.members()
     committed = registry.committed_offsets()
     topics = sorted({t for m in members.values() for t in m.topics} | {t for t, _ in committed})
     counts = registry.partition_counts(topics)
     partitions = sorted({(t, p) for t in topics for p in range(counts.get(t) or 0)} | set(committed))
     owners = registry.owners(partitions)
-    ends = _log_ends(bootstrap, partitions)
+    ends = _log_ends(bootstrap, partitions, security)
     print(f"group {registry.group}: {len(members)} live members")
     for consumer_id, member in sorted(members.items()):
         print(f"  {consumer_id}  host={member.host} pid={member.pid} topics={','.join(member.topics)}")
@@ -121,7 +127,7 @@ def _reset(registry, args: argparse.Namespace) -> int:
     from hpbroker.client.consumer import Consumer, TopicPartition
     from hpbroker.timestamps import parse_time_ms
 
-    with Consumer(args.bootstrap, client_id="hpbroker-cli") as consumer:
+    with Consumer(args.bootstrap, client_id="hpbroker-cli", security=client_security(args)) as consumer:
         partitions = args.partition or sorted(consumer.partitions_for_topic(args.topic))
         tps = [TopicPartition(args.topic, p) for p in partitions]
         if args.to_earliest:

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterator
 from typing import BinaryIO
 
-from hpbroker.cli.common import add_bootstrap, reports_errors
+from hpbroker.cli.common import add_bootstrap, client_security, reports_errors
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -74,7 +74,8 @@ def _run(args: argparse.Namespace) -> int:
     try:
         producer = Producer(args.bootstrap, acks=args.acks, linger_ms=args.linger_ms, compression=compression,
                             name=args.name, enable_idempotence=None if args.idempotence else False,
-                            max_in_flight_requests_per_partition=args.max_in_flight)
+                            max_in_flight_requests_per_partition=args.max_in_flight,
+                            security=client_security(args))
         try:
             send = producer.send
             for line in _lines(stream):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 
-from hpbroker.cli.common import add_bootstrap, error_name, reports_errors
+from hpbroker.cli.common import add_bootstrap, client_security, error_name, reports_errors
 
 # The per-topic settings (LogConfig's fields) and their value types.
 TOPIC_SETTINGS: dict[str, type] = {
@@ -95,7 +95,7 @@ def _parse_configs(pairs: list[str]) -> dict[str, str]:
 def _run(args: argparse.Namespace) -> int:
     from hpbroker.client.admin import Admin
 
-    with Admin(args.bootstrap, client_id="hpbroker-cli") as admin:
+    with Admin(args.bootstrap, client_id="hpbroker-cli", security=client_security(args)) as admin:
         if args.action == "create":
             admin.create_topic(args.name, args.partitions, _parse_configs(args.config),
                                replication_factor=args.replication_factor)

@@ -57,6 +57,7 @@ from hpbroker.errors import (
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
 )
+from hpbroker.security.client import ClientSecurity, resolve_client_security
 
 __all__ = ["Admin", "TopicDescription"]
 
@@ -87,13 +88,17 @@ class Admin:
     comma-separated or as a list: module docstring, "Which broker")."""
 
     def __init__(self, bootstrap: str | Sequence[str], *, client_id: str = "hpbroker-admin",
-                 request_timeout_ms: int = 30_000, connect_timeout_ms: int = 5_000) -> None:
+                 request_timeout_ms: int = 30_000, connect_timeout_ms: int = 5_000,
+                 security: ClientSecurity | None = None) -> None:
+        """``security``: the CurveZMQ identity for a broker with ``security = "curve"``; None:
+        from the environment or the client config file, else none (``resolve_client_security``)."""
         self._client_id = client_id
         self._connect_timeout_s = connect_timeout_ms / 1000
         self._timeout_s = request_timeout_ms / 1000
+        self.security = resolve_client_security(security)
         self._metadata = ClusterMetadata.for_bootstrap(parse_bootstrap(bootstrap), client_id=client_id,
                                                        connect_timeout_s=self._connect_timeout_s,
-                                                       timeout_s=self._timeout_s)
+                                                       timeout_s=self._timeout_s, security=self.security)
         self._leaders: dict[BrokerAddress, BrokerConnection] = {}  # other brokers, by front-end
         # topics an attempt to create had no answer for: the topic may exist by our doing
         self._uncertain_creates: set[str] = set()
@@ -273,7 +278,8 @@ class Admin:
             return self._connection
         if address not in self._leaders:
             self._leaders[address] = BrokerConnection(address, client_id=self._client_id,
-                                                      connect_timeout_s=self._connect_timeout_s)
+                                                      connect_timeout_s=self._connect_timeout_s,
+                                                      security=self.security)
         return self._leaders[address]
 
     def __enter__(self) -> Admin:

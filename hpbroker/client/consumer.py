@@ -106,6 +106,7 @@ from hpbroker.errors import (
     error_for_code,
 )
 from hpbroker.records import Record
+from hpbroker.security.client import ClientSecurity, resolve_client_security
 
 if TYPE_CHECKING:
     from hpbroker.client.group import GroupMember
@@ -163,6 +164,11 @@ class ConsumerConfig:
     skip_damaged_ranges: bool = False
     #: how fetches ask for records.
     fetch: FetchConfig = field(default_factory=FetchConfig)
+    #: the consumer's CurveZMQ identity for a broker with ``security = "curve"``
+    #: (hpbroker.security.client.ClientSecurity).  None: from $HPBROKER_KEY_FILE and
+    #: $HPBROKER_SERVER_KEY_FILE, else the client config file ($HPBROKER_CLIENT_CONFIG), else no
+    #: security (``resolve_client_security``); the Consumer keeps what it resolved here.
+    security: ClientSecurity | None = None
 
     def __post_init__(self) -> None:
         if self.auto_offset_reset not in AUTO_OFFSET_RESETS:
@@ -180,6 +186,9 @@ class ConsumerConfig:
                                                          and self.consumer_timeout_ms >= 0):
             raise InvalidConfigError(f"consumer_timeout_ms must be None or an integer >= 0, "
                                      f"got {self.consumer_timeout_ms!r}")
+        if self.security is not None and not isinstance(self.security, ClientSecurity):
+            raise InvalidConfigError(f"security must be a ClientSecurity or None, "
+                                     f"got {type(self.security).__name__}")
         if self.columns is not None:
             try:
                 object.__setattr__(self, "columns", check_columns(self.columns))
@@ -258,12 +267,14 @@ class Consumer:
 
             group_config = GroupConfig.take(settings)
         self.config = ConsumerConfig.from_settings(**settings)
+        self.config = dataclasses.replace(self.config, security=resolve_client_security(self.config.security))
         self._group: GroupMember | None = None
         self._bootstrap = parse_bootstrap(bootstrap)
         connect_timeout_s = min(5.0, self.config.reconnect_timeout_ms / 1000)
         self._metadata = ClusterMetadata.for_bootstrap(self._bootstrap, client_id=self.config.client_id,
                                                        connect_timeout_s=connect_timeout_s,
-                                                       timeout_s=self.config.request_timeout_ms / 1000)
+                                                       timeout_s=self.config.request_timeout_ms / 1000,
+                                                       security=self.config.security)
         self._refreshes = MetadataRefreshes(self._metadata, timeout_s=self.config.request_timeout_ms / 1000)
         self._fetch_tokens: FetchTokens | None = None  # made by the first secured fetcher
         self._states: dict[TopicPartition, _PartitionState] = {}

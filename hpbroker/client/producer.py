@@ -72,6 +72,7 @@ import zmq
 
 from hpbroker import protocol
 from hpbroker.errors import (
+    AuthenticationError,
     BrokerNotAvailableError,
     FencedLeaderEpochError,
     HPBrokerError,
@@ -103,6 +104,7 @@ from hpbroker.client.monitoring import MonitoringCounts, MonitoringPublisher
 from hpbroker.client.partitioner import partitioner_kind
 from hpbroker.client.produce_request import GiveUp, PartitionRequest, broker_timeout_ms, report
 from hpbroker.client.producer_config import ProducerConfig, RecordMetadata
+from hpbroker.security.client import resolve_client_security
 
 __all__ = ["Producer", "ProducerClosedError", "ProducerConfig", "RecordMetadata"]
 
@@ -164,6 +166,7 @@ class Producer(RecordAccumulator):
     def __init__(self, bootstrap: str | Sequence[str], config: ProducerConfig | None = None,
                  **options: Any) -> None:
         config = ProducerConfig(**options) if config is None else dataclasses.replace(config, **options)
+        config = dataclasses.replace(config, security=resolve_client_security(config.security))
         self.config = config
         self.name = config.name or f"{socket.gethostname()[:200]}-{os.getpid()}-{next(_names)}"
         self.bootstrap = parse_bootstrap(bootstrap)
@@ -531,7 +534,7 @@ class _Sender(AppendedLookup, IdempotentSending):
         return max(0, min(1000, math.ceil((due - time.monotonic()) * 1000)))
 
     def _open(self) -> None:
-        self.links = BrokerLinks(self._address, self._producer.name, self._poller)
+        self.links = BrokerLinks(self._address, self._producer.name, self._poller, self._config.security)
         self.metadata = ClusterMetadata(self.connection, timeout_s=self._control_timeout_s,
                                         bootstrap=self._bootstrap,
                                         connect=lambda address: self.links.rebootstrap(address).connection)
@@ -634,6 +637,12 @@ class _Sender(AppendedLookup, IdempotentSending):
         except BrokerNotAvailableError as e:
             self._leader_may_have_moved(request, link)
             self._retry(request, e, now, uncertain=False)
+            return
+        except AuthenticationError as e:  # the broker refused the key: the same key fails again
+            if self._idempotent:
+                self._give_up(request, e)
+            else:
+                self._settle(request, e)
             return
         request.attempts += 1
         if not acks:

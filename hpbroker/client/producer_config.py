@@ -15,6 +15,7 @@ from hpbroker.audit.events import AUDIT_TOPIC, DEFAULT_WINDOW_MS
 from hpbroker.client.idempotence import MAX_UNSETTLED_REQUESTS
 from hpbroker.client.partitioner import STICKY, Partitioner, partitioner_kind
 from hpbroker.records import codec_for_name
+from hpbroker.security.client import ClientSecurity
 
 __all__ = ["ACKS_ALL", "ProducerConfig", "RecordMetadata", "parse_acks"]
 
@@ -96,6 +97,12 @@ class ProducerConfig:
     #: producer's newest 5 runs of batches, and a request lies inside one); without it always 1.
     #: Each request carries every batch due, up to ``max_request_bytes``.  Default 5.
     max_in_flight_requests_per_partition: int = 5
+    #: the producer's CurveZMQ identity for a broker with ``security = "curve"``
+    #: (hpbroker.security.client.ClientSecurity).  None: from $HPBROKER_KEY_FILE and
+    #: $HPBROKER_SERVER_KEY_FILE, else the client config file ($HPBROKER_CLIENT_CONFIG), else no
+    #: security (``resolve_client_security``); the Producer keeps what it resolved here.
+    #: Default None.
+    security: ClientSecurity | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "acks", parse_acks(self.acks))
@@ -111,6 +118,8 @@ class ProducerConfig:
                 or not 1 <= self.max_in_flight_requests_per_partition <= MAX_UNSETTLED_REQUESTS):
             raise ValueError(f"max_in_flight_requests_per_partition must be an int in [1, "
                              f"{MAX_UNSETTLED_REQUESTS}], got {self.max_in_flight_requests_per_partition!r}")
+        if self.security is not None and not isinstance(self.security, ClientSecurity):
+            raise ValueError(f"security must be a ClientSecurity or None, got {type(self.security).__name__}")
         codec_for_name(self.compression)
         partitioner_kind(self.partitioner)
         if self.name is not None and len(self.name.encode("utf-8")) > 255:

@@ -16,7 +16,10 @@ Where a client's keys come from (:func:`resolve_client_security`), first found w
 5. none: the client connects without security (a broker with security refuses it).
 
 Each level gives both files or neither: one without the other is an InvalidConfigError saying
-which is missing, not a silent fall-through to the next level.
+which is missing, not a silent fall-through to the next level.  One exception:
+``$HPBROKER_SERVER_KEY_FILE`` without ``$HPBROKER_KEY_FILE`` is left alone, because it is also
+the broker's own ``server_key_file`` setting (its secret key file, docs/CONFIGURATION.md), and a
+tool run in a broker's environment is not thereby a CurveZMQ client.
 """
 
 from __future__ import annotations
@@ -79,8 +82,9 @@ def resolve_client_security(security: ClientSecurity | None = None, *, key_file:
     environ = os.environ if environ is None else environ
     pair = _pair(key_file, server_key_file, "the --key-file / key_file argument",
                  "the --server-key-file / server_key_file argument")
-    if pair is None:
-        pair = _pair(environ.get(KEY_FILE_VARIABLE) or None, environ.get(SERVER_KEY_FILE_VARIABLE) or None,
+    env_key_file = environ.get(KEY_FILE_VARIABLE) or None
+    if pair is None and env_key_file is not None:  # alone, $HPBROKER_SERVER_KEY_FILE is a broker's setting
+        pair = _pair(env_key_file, environ.get(SERVER_KEY_FILE_VARIABLE) or None,
                      f"${KEY_FILE_VARIABLE}", f"${SERVER_KEY_FILE_VARIABLE}")
     if pair is None:
         config_file = config_file or environ.get(CLIENT_CONFIG_VARIABLE) or None

@@ -77,6 +77,15 @@ def test_half_a_pair_in_the_environment_says_which_is_missing(keydir):
         resolve_client_security(environ={"HPBROKER_KEY_FILE": str(keydir / "alice.key_secret")})
 
 
+def test_a_brokers_own_server_key_file_variable_alone_is_not_a_client_setting(keydir):
+    """$HPBROKER_SERVER_KEY_FILE is also the broker's server_key_file (its secret key): a tool
+    run in the broker's environment falls through to the client config file, or no security."""
+    broker_env = {"HPBROKER_SERVER_KEY_FILE": str(keydir / "broker.key_secret")}
+    assert resolve_client_security(environ=broker_env) is None
+    path = config(keydir / "c.toml", "alice.key_secret")
+    assert resolve_client_security(environ={**broker_env, "HPBROKER_CLIENT_CONFIG": path}).name == "alice"
+
+
 @pytest.mark.parametrize("text, error", [
     ('[security]\nkey_file = "alice.key_secret"\n', "key_file is given without .*server_key_file"),
     ("[security\n", "not valid TOML"),
