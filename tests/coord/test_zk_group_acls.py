@@ -4,6 +4,8 @@ group's, cannot write the group's offsets or ownership."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from harness import wait_until
 from kazoo.exceptions import NoAuthError
@@ -171,3 +173,26 @@ def walk(client, path: str) -> list[str]:
     for child in client.get_children(path):
         found += walk(client, path + "/" + child)
     return found
+
+
+def test_issuing_credentials_never_waits_for_zookeeper(zookeeper, chroot, broker):
+    """The broker's request loop issues the credentials while ZooKeeper is slow: the group's node
+    comes later, made on kazoo's threads."""
+    from zk_proxy import ZkProxy
+
+    proxy = ZkProxy(zookeeper.port)
+    slow = Session(f"127.0.0.1:{proxy.port}{chroot}", session_timeout_s=10.0, credentials=CLUSTER).start()
+    try:
+        key = get_or_create_token_key(slow, PATHS)
+        proxy.stall(chroot + PATHS.consumers, 3.0)  # the path as the server sees it
+        started = time.monotonic()
+        issued = issue_group_credentials(slow, PATHS, key, "slow", CLUSTER)
+        assert time.monotonic() - started < 1.0
+        assert issued == group_credentials(key, "slow", CLUSTER)
+        assert broker[0].client.exists(PATHS.group("slow")) is None  # not yet: the read is held up
+        wait_until(lambda: broker[0].client.exists(PATHS.group("slow")) is not None, DEADLINE_S,
+                   what="the group's node, once ZooKeeper answers")
+        assert proxy.stalls >= 1
+    finally:
+        slow.close()
+        proxy.close()
