@@ -57,6 +57,6 @@ def _run(args: argparse.Namespace) -> int:
         print(f"allowlisted {keys.key_name(target)!r}: {target}; {_RELOAD_HINT}")
     else:
         target = keys.revoke_key(args.allowlist, args.name)
-        print(f"revoked {args.name!r}: moved to {target}; {_RELOAD_HINT}; connections open now stay, "
-              f"its next connection is refused")
+        print(f"revoked {args.name!r}: moved to {target}; {_RELOAD_HINT}; then its next connection is "
+              f"refused, and its requests on connections still open get error 27")
     return 0

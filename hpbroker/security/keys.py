@@ -238,7 +238,8 @@ def allow_key(public_path: str | os.PathLike[str], allowlist_dir: str | os.PathL
 def revoke_key(allowlist_dir: str | os.PathLike[str], name: str) -> Path:
     """Take ``name`` off an allowlist: ``NAME.key`` moves to ``<allowlist_dir>/revoked/`` (a
     name revoked before gets a timestamp added); the path it moved to.  The broker refuses the
-    key's next connection once it has re-read the directory (SIGHUP); open ones stay."""
+    key's next connection once it has re-read the directory (SIGHUP), and answers its requests
+    on connections still open with error 27."""
     check_key_name(name)
     directory = Path(allowlist_dir)
     source = directory / (name + PUBLIC_SUFFIX)

@@ -9,6 +9,7 @@ refused key, or no key, is an AuthenticationError that says so, long before any 
 from __future__ import annotations
 
 import itertools
+import signal
 import time
 
 import pytest
@@ -28,10 +29,10 @@ _topics = itertools.count()
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory):
-    """``(bootstrap, keydir)`` of a secured broker."""
+    """``(bootstrap, keydir, broker, allowlist)`` of a secured broker."""
     root = tmp_path_factory.mktemp("secured")
     keydir, allowlist = root / "keys", root / "allow"
-    for name in ("broker", "alice", "mallory"):
+    for name in ("broker", "alice", "mallory", "carol"):
         generate_key_pair(keydir, name)
     for name in ("broker", "alice"):
         allow_key(keydir / f"{name}.key", allowlist)
@@ -39,7 +40,7 @@ def secured(tmp_path_factory):
            "HPBROKER_ALLOWLIST_DIR": str(allowlist), "HPBROKER_SUPER_USERS": "alice"}
     broker, port = start_broker(root / "data", root / "broker.log", workers=1, env=env)
     try:
-        yield f"127.0.0.1:{port}", keydir
+        yield f"127.0.0.1:{port}", keydir, broker, allowlist
     finally:
         assert broker.stop() == 0, broker.log()
 
@@ -63,7 +64,7 @@ def refused(action) -> str:
 
 
 def test_admin_producer_consumer_with_an_allowlisted_key(secured):
-    bootstrap, keydir = secured
+    bootstrap, keydir, *_ = secured
     alice, topic = security(keydir, "alice"), f"secured-{next(_topics)}"
     with Admin(bootstrap, security=alice) as admin:
         admin.create_topic(topic, 1)
@@ -81,7 +82,7 @@ def test_admin_producer_consumer_with_an_allowlisted_key(secured):
 
 
 def test_unknown_key_is_refused_by_every_client(secured):
-    bootstrap, keydir = secured
+    bootstrap, keydir, *_ = secured
     mallory = security(keydir, "mallory")
 
     def admin():
@@ -104,7 +105,7 @@ def test_unknown_key_is_refused_by_every_client(secured):
 
 
 def test_client_without_a_key_is_told_to_give_one(secured):
-    bootstrap, _keydir = secured
+    bootstrap, *_ = secured
 
     def admin():
         with Admin(bootstrap) as a:
@@ -114,7 +115,7 @@ def test_client_without_a_key_is_told_to_give_one(secured):
 
 
 def test_keys_from_the_environment_and_from_a_client_config_file(secured, monkeypatch, tmp_path):
-    bootstrap, keydir = secured
+    bootstrap, keydir, *_ = secured
     monkeypatch.setenv("HPBROKER_KEY_FILE", str(keydir / "alice.key_secret"))
     monkeypatch.setenv("HPBROKER_SERVER_KEY_FILE", str(keydir / "broker.key"))
     with Admin(bootstrap) as admin:
@@ -134,7 +135,7 @@ def test_keys_from_the_environment_and_from_a_client_config_file(secured, monkey
 
 
 def test_cli_takes_key_options_and_reports_a_refusal(secured, capsys):
-    bootstrap, keydir = secured
+    bootstrap, keydir, *_ = secured
     topic = f"secured-cli-{next(_topics)}"
     keys = ["--key-file", str(keydir / "alice.key_secret"), "--server-key-file", str(keydir / "broker.key")]
     assert main(["topics", "create", topic, "--partitions", "1", "--bootstrap", bootstrap, *keys]) == 0
@@ -146,3 +147,29 @@ def test_cli_takes_key_options_and_reports_a_refusal(secured, capsys):
     half = ["--key-file", str(keydir / "alice.key_secret")]
     assert main(["topics", "list", "--bootstrap", bootstrap, *half]) == 1
     assert "--key-file / key_file argument is given without the --server-key-file" in capsys.readouterr().err
+
+
+def test_revoked_key_is_refused_on_its_next_connection_and_admitted_again_once_allowed(secured, capsys):
+    """``hpbroker keys revoke`` and SIGHUP cut the key's next connection; ``keys allow`` and
+    SIGHUP let it in again, on the same client, which connects again by itself."""
+    bootstrap, keydir, broker, allowlist = secured
+    carol = security(keydir, "carol")
+    assert main(["keys", "allow", str(keydir / "carol.key"), "--allowlist", str(allowlist)]) == 0
+    broker.process.send_signal(signal.SIGHUP)
+    broker.wait_for_log(r"allowlist reloaded: .*added carol")
+    with Admin(bootstrap, security=carol) as admin:
+        admin.list_topics()
+    assert main(["keys", "revoke", "carol", "--allowlist", str(allowlist)]) == 0
+    broker.process.send_signal(signal.SIGHUP)
+    broker.wait_for_log(r"allowlist reloaded: .*removed carol")
+    admin = Admin(bootstrap, security=carol)
+    try:
+        assert "refused key 'carol'" in refused(admin.list_topics)
+        revoked = allowlist / "revoked" / "carol.key"
+        assert main(["keys", "allow", str(revoked), "--allowlist", str(allowlist)]) == 0
+        broker.process.send_signal(signal.SIGHUP)
+        broker.wait_for_log(r"allowlist reloaded: .*added carol", count=2)
+        admin.list_topics()
+    finally:
+        admin.close()
+    capsys.readouterr()
