@@ -29,6 +29,7 @@ Threads: a connection, like its ZeroMQ socket, belongs to the thread that uses i
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import os
@@ -56,6 +57,7 @@ _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_
 MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | _HANDSHAKE_FAILED | zmq.EVENT_DISCONNECTED
 _MECHANISM_MISMATCH = zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH  # CURVE met NULL: one side has no security
 _HANDSHAKE_CHECK_MS = 20  # how often a send waiting for a connection looks for a refused handshake
+_KEPT_EVENTS = 256
 _monitor_numbers = itertools.count()
 
 
@@ -136,6 +138,9 @@ class BrokerConnection:
         self._monitor.setsockopt(zmq.LINGER, 0)
         self._monitor.connect(monitor_address)
         self._refused: AuthenticationError | None = None  # the last handshake's failure, until one succeeds
+        # Events read while a send waited for a connection, kept for monitor_events (bounded:
+        # a connection whose owner never asks drops the oldest).
+        self._events: collections.deque[int] = collections.deque(maxlen=_KEPT_EVENTS)
         if connect:
             self.connect()
         self._ids = itertools.count(1)
@@ -172,22 +177,33 @@ class BrokerConnection:
 
     def monitor_events(self) -> list[int]:
         """The monitor's events since the last call (``MONITOR_EVENTS``: handshake succeeded or
-        failed, disconnected), noting the last handshake's failure for :meth:`send`."""
-        events = []
+        failed, disconnected), those a send read while it waited included."""
+        self._read_monitor()
+        events = list(self._events)
+        self._events.clear()
+        return events
+
+    @property
+    def events_pending(self) -> bool:
+        """Whether :meth:`monitor_events` has events a send already read (the monitor socket
+        then no longer shows them to a poller)."""
+        return bool(self._events)
+
+    def _read_monitor(self) -> None:
+        """Read the monitor's events into ``_events``, noting the last handshake's failure."""
         while self._monitor.poll(0):
             message = parse_monitor_message(self._monitor.recv_multipart())
             event = int(message["event"])
-            events.append(event)
+            self._events.append(event)
             if event & _HANDSHAKE_FAILED:
                 self._refused = self._handshake_error(event, int(message["value"]))
             elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._refused = None
-        return events
 
     @property
     def refused(self) -> AuthenticationError | None:
-        """Why the broker refused the last handshake (None: it did not, or one succeeded since);
-        as of the last :meth:`monitor_events`."""
+        """Why the broker refused the last handshake (None: it did not, or one succeeded since),
+        as of the monitor's events read so far."""
         return self._refused
 
     def _handshake_error(self, event: int, value: int) -> AuthenticationError:
@@ -243,11 +259,11 @@ class BrokerConnection:
         connection POLLOUT reported may be gone again by the send, and a blocking send would
         then wait for as long as the broker stays away."""
         deadline = time.monotonic() + self.connect_timeout_s
-        self.monitor_events()
+        self._read_monitor()
         if self._refused is not None:
             self._handshake_again()
         while True:
-            self.monitor_events()
+            self._read_monitor()
             if self._refused is not None:
                 raise self._refused
             remaining_ms = int((deadline - time.monotonic()) * 1000)

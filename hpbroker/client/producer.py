@@ -518,8 +518,10 @@ class _Sender(AppendedLookup, IdempotentSending):
                 self._producer._progress.notify_all()
 
     def _poll_timeout_ms(self) -> int:
-        if self._tasks or any(link.connection.arrived for link in self.links):  # responses a
-            return 0                                                              # synchronous call kept
+        # Responses a synchronous call kept, monitor events a send read: the poll would not show them.
+        if self._tasks or any(link.connection.arrived or link.connection.events_pending
+                              for link in self.links):
+            return 0
         due = min(self._next_due_s, self._monitoring_due_s)
         for request in self._waiting:
             due = min(due, request.due_s)

@@ -182,3 +182,19 @@ def test_metadata_failover_connections_keep_the_security(keys, curve_server):
         assert metadata.connection.address == live and metadata.connection.security is security
     finally:
         metadata.close()
+
+
+def test_monitor_events_a_waiting_send_read_are_still_handed_out(keys, curve_server):
+    """A send that waits for the connection reads the monitor itself (to see a refusal); the
+    events it read still come out of monitor_events, for the producer's link state."""
+    mallory = client_security(keys, "mallory")
+    connection = BrokerConnection(BrokerAddress("127.0.0.1", curve_server.port),
+                                  connect_timeout_s=CONNECT_TIMEOUT_S, security=mallory)
+    try:
+        with pytest.raises(AuthenticationError):
+            connection.send(protocol.FetchTokenRequest())
+        assert connection.events_pending
+        assert zmq.EVENT_HANDSHAKE_FAILED_AUTH in connection.monitor_events()
+        assert not connection.events_pending
+    finally:
+        connection.close()
