@@ -33,6 +33,7 @@ halts (``BrokerSecurity.check_alive``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -53,6 +54,7 @@ ZAP_DOMAIN = "hpbroker"  # the front-end's ZAP domain (ZAP_DOMAIN socket option)
 KEY_SUFFIX = ".key"  # a public key file: NAME.key
 _NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")  # a principal: a key file's stem
 _ZAP_VERSION = b"1.0"
+_STOP_TIMEOUT_S = 5.0  # how long stop() waits for the handler's thread
 _REFUSAL_LOG_INTERVAL_S = 10.0  # one WARNING per this long while connections are refused
 
 
@@ -152,6 +154,27 @@ class AllowlistAuthenticator(ThreadAuthenticator):
         added = frozenset(name for name, _ in after - before)
         removed = frozenset(name for name, _ in before - after)
         return added, removed
+
+    def stop(self) -> None:
+        """Stop the handler's thread and close its sockets; before the ZeroMQ context ends.  A
+        thread that has died already is not asked (its end of the pipe is gone: a send would
+        block for ever)."""
+        if self.pipe is not None:
+            thread = self.thread
+            if thread is not None and thread.is_alive():
+                with contextlib.suppress(zmq.ZMQError):
+                    self.pipe.send(b"TERMINATE", zmq.NOBLOCK)
+                thread.join(_STOP_TIMEOUT_S)
+                if thread.is_alive():
+                    logger.error("[security] the ZAP handler's thread did not stop within %g s",
+                                 _STOP_TIMEOUT_S)
+                    return  # its sockets are its own while it runs
+            self.pipe.close(linger=0)
+            self.pipe = None  # type: ignore[assignment]
+            self.thread = None  # type: ignore[assignment]
+        if self.zap_socket is not None:
+            self.zap_socket.close(linger=0)
+            self.zap_socket = None  # type: ignore[assignment]
 
     def principals(self) -> frozenset[str]:
         """The names on the allowlist now."""
