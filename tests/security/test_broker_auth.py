@@ -201,3 +201,23 @@ def test_bad_key_files_stop_the_start(tmp_path, keys, case):
         expected = "its public-key is not the secret key's"
     log = start_failing(tmp_path, env)
     assert "cannot start" in log and expected in log, log
+
+
+def test_loopback_data_ports_bind_127_0_0_1_only(tmp_path, keys, brokers):
+    """``data_port_auth = "loopback"``: the front-end on its host (here 127.0.0.2), the data ports
+    on 127.0.0.1 alone."""
+    import socket
+
+    port = free_ports(WORKERS + 1)
+    argv = [sys.executable, "-m", "hpbroker.cli", "serve", "--port", str(port), "--fetch-port", str(port + 1),
+            "--workers", str(WORKERS), "--data-dir", str(tmp_path / "data"), "--host", "127.0.0.2"]
+    broker = BrokerProcess(argv, tmp_path / "broker.log",
+                           {**BROKER_TEST_ENV, **keys.env(), "HPBROKER_DATA_PORT_AUTH": "loopback"})
+    brokers.append(broker)
+    broker.wait_for_log(rf"all {WORKERS} workers serving", timeout_s=20)
+    for slot in range(WORKERS):
+        with socket.create_connection(("127.0.0.1", port + 1 + slot), timeout=5):
+            pass
+        with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.2", port + 1 + slot),
+                                                                             timeout=5):
+            pass
