@@ -357,7 +357,11 @@ class Arbiter:
         if self._metrics is not None:  # before the bind, so that it sees every connection
             self._metrics.watch_peers(peers)
         assert self._security is not None  # its ZAP handler runs before the bind: no unchecked client
-        self._security.secure_front(self._context, self._front)
+        signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)  # its thread, like kazoo's, sees none of them
+        try:
+            self._security.secure_front(self._context, self._front)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
         self._front.bind(f"tcp://{host}:{config.port}")
         self._front_endpoint = self._front.getsockopt_string(zmq.LAST_ENDPOINT)
         assert self._frontend is not None
