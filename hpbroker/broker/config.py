@@ -38,9 +38,11 @@ __all__ = ["BrokerConfig", "super_user_names"]
 
 _ENV_PREFIX = "HPBROKER_"
 _LOG_ENV_PREFIX = "HPBROKER_LOG_"  # then a LogConfig field
-# HPBROKER_ variables of the other hpbroker commands, which the broker leaves alone; and the
-# test-only planted bug, read by the workers themselves (hpbroker.workers.replication), never a setting.
+# HPBROKER_ variables of the other hpbroker commands, which the broker leaves alone (and every
+# HPBROKER_CLIENT_ one, a client's: hpbroker.security.client); and the test-only planted bug, read
+# by the workers themselves (hpbroker.workers.replication), never a setting.
 _NOT_BROKER_VARIABLES = frozenset({"HPBROKER_BOOTSTRAP", "HPBROKER_UNSAFE_ACK_BEFORE_REPLICATION"})
+_CLIENT_ENV_PREFIX = "HPBROKER_CLIENT_"
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,9 +203,9 @@ class BrokerConfig:
         _check_int("replica_fetch_max_bytes", self.replica_fetch_max_bytes, 1024, 64 << 20)
         _check_int("replica_fetch_wait_max_ms", self.replica_fetch_wait_max_ms, 0, 30_000)
         _check_int("fetch_token_lifetime_ms", self.fetch_token_lifetime_ms, 1000, 86_400_000)
-        for name in ("host", "data_dir", "run_dir", "zookeeper", "metrics_host", "security", "server_key_file",
-                     "allowlist_dir", "super_users", "data_port_auth", "zookeeper_credentials_file",
-                     "metrics_token_file"):
+        for name in ("host", "data_dir", "run_dir", "zookeeper", "metrics_host", "security",
+                     "server_key_file", "allowlist_dir", "super_users", "data_port_auth",
+                     "zookeeper_credentials_file", "metrics_token_file"):
             if not isinstance(getattr(self, name), str):
                 raise InvalidConfigError(f"{name} must be a string, got {getattr(self, name)!r}")
         if not self.host or not self.data_dir:
@@ -269,7 +271,8 @@ def _from_environment(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[
     broker: dict[str, Any] = {}
     log: dict[str, Any] = {}
     for key, raw in environ.items():
-        if not key.startswith(_ENV_PREFIX) or key in _NOT_BROKER_VARIABLES:
+        if (not key.startswith(_ENV_PREFIX) or key in _NOT_BROKER_VARIABLES
+                or key.startswith(_CLIENT_ENV_PREFIX)):
             continue
         if key.startswith(_LOG_ENV_PREFIX):
             name, types, out = key[len(_LOG_ENV_PREFIX):].lower(), log_types, log
@@ -301,7 +304,8 @@ def _check_security(config: BrokerConfig) -> None:
     if config.security not in ("none", "curve"):
         raise InvalidConfigError(f"security must be 'none' or 'curve', got {config.security!r}")
     if config.data_port_auth not in ("token", "loopback"):
-        raise InvalidConfigError(f"data_port_auth must be 'token' or 'loopback', got {config.data_port_auth!r}")
+        raise InvalidConfigError(
+            f"data_port_auth must be 'token' or 'loopback', got {config.data_port_auth!r}")
     if config.security != "curve":
         return
     missing = [name for name in ("server_key_file", "allowlist_dir") if not getattr(config, name)]

@@ -212,7 +212,7 @@ class BrokerConnection:
         security = self.security
         if security is None:
             return AuthenticationError(f"the {where} requires CurveZMQ: give key_file and server_key_file "
-                                       f"(or $HPBROKER_KEY_FILE and $HPBROKER_SERVER_KEY_FILE)")
+                                       f"(or $HPBROKER_CLIENT_KEY_FILE and $HPBROKER_CLIENT_SERVER_KEY_FILE)")
         if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             return AuthenticationError(f"{where} refused key {security.name!r} (not on its allowlist, "
                                        f"or revoked)")

@@ -165,8 +165,8 @@ class ConsumerConfig:
     #: how fetches ask for records.
     fetch: FetchConfig = field(default_factory=FetchConfig)
     #: the consumer's CurveZMQ identity for a broker with ``security = "curve"``
-    #: (hpbroker.security.client.ClientSecurity).  None: from $HPBROKER_KEY_FILE and
-    #: $HPBROKER_SERVER_KEY_FILE, else the client config file ($HPBROKER_CLIENT_CONFIG), else no
+    #: (hpbroker.security.client.ClientSecurity).  None: from $HPBROKER_CLIENT_KEY_FILE and
+    #: $HPBROKER_CLIENT_SERVER_KEY_FILE, else the client config file ($HPBROKER_CLIENT_CONFIG), else no
     #: security (``resolve_client_security``); the Consumer keeps what it resolved here.
     security: ClientSecurity | None = None
 

@@ -98,8 +98,8 @@ class ProducerConfig:
     #: Each request carries every batch due, up to ``max_request_bytes``.  Default 5.
     max_in_flight_requests_per_partition: int = 5
     #: the producer's CurveZMQ identity for a broker with ``security = "curve"``
-    #: (hpbroker.security.client.ClientSecurity).  None: from $HPBROKER_KEY_FILE and
-    #: $HPBROKER_SERVER_KEY_FILE, else the client config file ($HPBROKER_CLIENT_CONFIG), else no
+    #: (hpbroker.security.client.ClientSecurity).  None: from $HPBROKER_CLIENT_KEY_FILE and
+    #: $HPBROKER_CLIENT_SERVER_KEY_FILE, else the client config file ($HPBROKER_CLIENT_CONFIG), else no
     #: security (``resolve_client_security``); the Producer keeps what it resolved here.
     #: Default None.
     security: ClientSecurity | None = None

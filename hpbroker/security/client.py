@@ -9,17 +9,16 @@ Where a client's keys come from (:func:`resolve_client_security`), first found w
 
 1. a :class:`ClientSecurity` given to the client (``security=``);
 2. ``key_file`` and ``server_key_file`` arguments (the CLI's ``--key-file``/``--server-key-file``);
-3. the environment: ``HPBROKER_KEY_FILE`` and ``HPBROKER_SERVER_KEY_FILE``;
+3. the environment: ``HPBROKER_CLIENT_KEY_FILE`` and ``HPBROKER_CLIENT_SERVER_KEY_FILE``;
 4. a client config file: ``config_file`` (``--client-config``) or ``$HPBROKER_CLIENT_CONFIG``,
    TOML with ``[security] key_file = "...", server_key_file = "..."`` (relative paths are
    relative to the file);
 5. none: the client connects without security (a broker with security refuses it).
 
 Each level gives both files or neither: one without the other is an InvalidConfigError saying
-which is missing, not a silent fall-through to the next level.  One exception:
-``$HPBROKER_SERVER_KEY_FILE`` without ``$HPBROKER_KEY_FILE`` is left alone, because it is also
-the broker's own ``server_key_file`` setting (its secret key file, docs/CONFIGURATION.md), and a
-tool run in a broker's environment is not thereby a CurveZMQ client.
+which is missing, not a silent fall-through to the next level.  The variables start with
+``HPBROKER_CLIENT_``, which the broker's own settings (``HPBROKER_<SETTING>``, among them its
+``server_key_file``) never do, so a broker and a client may share an environment.
 """
 
 from __future__ import annotations
@@ -38,8 +37,8 @@ from hpbroker.security.keys import SECRET_SUFFIX, load_key_pair, read_key_file
 __all__ = ["CLIENT_CONFIG_VARIABLE", "KEY_FILE_VARIABLE", "SERVER_KEY_FILE_VARIABLE", "ClientSecurity",
            "resolve_client_security"]
 
-KEY_FILE_VARIABLE = "HPBROKER_KEY_FILE"
-SERVER_KEY_FILE_VARIABLE = "HPBROKER_SERVER_KEY_FILE"
+KEY_FILE_VARIABLE = "HPBROKER_CLIENT_KEY_FILE"
+SERVER_KEY_FILE_VARIABLE = "HPBROKER_CLIENT_SERVER_KEY_FILE"
 CLIENT_CONFIG_VARIABLE = "HPBROKER_CLIENT_CONFIG"
 
 
@@ -83,7 +82,7 @@ def resolve_client_security(security: ClientSecurity | None = None, *, key_file:
     pair = _pair(key_file, server_key_file, "the --key-file / key_file argument",
                  "the --server-key-file / server_key_file argument")
     env_key_file = environ.get(KEY_FILE_VARIABLE) or None
-    if pair is None and env_key_file is not None:  # alone, $HPBROKER_SERVER_KEY_FILE is a broker's setting
+    if pair is None:
         pair = _pair(env_key_file, environ.get(SERVER_KEY_FILE_VARIABLE) or None,
                      f"${KEY_FILE_VARIABLE}", f"${SERVER_KEY_FILE_VARIABLE}")
     if pair is None:

@@ -47,7 +47,7 @@ def secured(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def no_client_environment(monkeypatch):
-    for variable in ("HPBROKER_KEY_FILE", "HPBROKER_SERVER_KEY_FILE", "HPBROKER_CLIENT_CONFIG"):
+    for variable in ("HPBROKER_CLIENT_KEY_FILE", "HPBROKER_CLIENT_SERVER_KEY_FILE", "HPBROKER_CLIENT_CONFIG"):
         monkeypatch.delenv(variable, raising=False)
 
 
@@ -116,13 +116,13 @@ def test_client_without_a_key_is_told_to_give_one(secured):
 
 def test_keys_from_the_environment_and_from_a_client_config_file(secured, monkeypatch, tmp_path):
     bootstrap, keydir, *_ = secured
-    monkeypatch.setenv("HPBROKER_KEY_FILE", str(keydir / "alice.key_secret"))
-    monkeypatch.setenv("HPBROKER_SERVER_KEY_FILE", str(keydir / "broker.key"))
+    monkeypatch.setenv("HPBROKER_CLIENT_KEY_FILE", str(keydir / "alice.key_secret"))
+    monkeypatch.setenv("HPBROKER_CLIENT_SERVER_KEY_FILE", str(keydir / "broker.key"))
     with Admin(bootstrap) as admin:
         assert admin.security.name == "alice"
         admin.list_topics()
-    monkeypatch.delenv("HPBROKER_KEY_FILE")
-    monkeypatch.delenv("HPBROKER_SERVER_KEY_FILE")
+    monkeypatch.delenv("HPBROKER_CLIENT_KEY_FILE")
+    monkeypatch.delenv("HPBROKER_CLIENT_SERVER_KEY_FILE")
     config = tmp_path / "client.toml"
     config.write_text(f'[security]\nkey_file = "{keydir / "alice.key_secret"}"\n'
                       f'server_key_file = "{keydir / "broker.key"}"\n')

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import zmq
 
+from hpbroker.broker.config import BrokerConfig
 from hpbroker.errors import InvalidConfigError
 from hpbroker.security.client import ClientSecurity, resolve_client_security
 from hpbroker.security.keys import generate_key_pair
@@ -18,8 +19,8 @@ def keydir(tmp_path):
 
 
 def env(keydir, name):
-    return {"HPBROKER_KEY_FILE": str(keydir / f"{name}.key_secret"),
-            "HPBROKER_SERVER_KEY_FILE": str(keydir / "broker.key")}
+    return {"HPBROKER_CLIENT_KEY_FILE": str(keydir / f"{name}.key_secret"),
+            "HPBROKER_CLIENT_SERVER_KEY_FILE": str(keydir / "broker.key")}
 
 
 def config(path, key_file, server_key_file="broker.key"):
@@ -45,7 +46,7 @@ def test_precedence_object_then_arguments_then_environment_then_config_file(keyd
     assert resolve_client_security(given, **arguments, environ=environ) is given
     assert resolve_client_security(**arguments, environ=environ).name == "alice"
     assert resolve_client_security(environ=environ).name == "bob"
-    del environ["HPBROKER_KEY_FILE"], environ["HPBROKER_SERVER_KEY_FILE"]
+    del environ["HPBROKER_CLIENT_KEY_FILE"], environ["HPBROKER_CLIENT_SERVER_KEY_FILE"]
     assert resolve_client_security(environ=environ).name == "carol"
     # the config_file argument beats the environment's config file
     assert resolve_client_security(config_file=config(keydir / "d.toml", "alice.key_secret"),
@@ -73,17 +74,21 @@ def test_half_a_pair_of_arguments_says_which_is_missing(keydir, arguments, error
 
 
 def test_half_a_pair_in_the_environment_says_which_is_missing(keydir):
-    with pytest.raises(InvalidConfigError, match=r"\$HPBROKER_KEY_FILE is given without \$HPBROKER_SERVER"):
-        resolve_client_security(environ={"HPBROKER_KEY_FILE": str(keydir / "alice.key_secret")})
+    with pytest.raises(InvalidConfigError,
+                       match=r"\$HPBROKER_CLIENT_KEY_FILE is given without \$HPBROKER_CLIENT_SERVER"):
+        resolve_client_security(environ={"HPBROKER_CLIENT_KEY_FILE": str(keydir / "alice.key_secret")})
 
 
-def test_a_brokers_own_server_key_file_variable_alone_is_not_a_client_setting(keydir):
-    """$HPBROKER_SERVER_KEY_FILE is also the broker's server_key_file (its secret key): a tool
-    run in the broker's environment falls through to the client config file, or no security."""
-    broker_env = {"HPBROKER_SERVER_KEY_FILE": str(keydir / "broker.key_secret")}
+def test_a_brokers_settings_in_the_environment_are_not_client_settings(keydir):
+    """The broker's own server_key_file ($HPBROKER_SERVER_KEY_FILE, its secret key) is no client
+    variable: a tool run in the broker's environment falls through to the client config file, or
+    no security; and the client's variables are no broker settings."""
+    broker_env = {"HPBROKER_SERVER_KEY_FILE": str(keydir / "broker.key_secret"), "HPBROKER_SECURITY": "curve"}
     assert resolve_client_security(environ=broker_env) is None
     path = config(keydir / "c.toml", "alice.key_secret")
     assert resolve_client_security(environ={**broker_env, "HPBROKER_CLIENT_CONFIG": path}).name == "alice"
+    client_env = {**env(keydir, "alice"), "HPBROKER_CLIENT_CONFIG": path}
+    assert BrokerConfig.load(environ=client_env) == BrokerConfig()
 
 
 @pytest.mark.parametrize("text, error", [
