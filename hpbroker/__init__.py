@@ -24,8 +24,9 @@ from typing import Any
 __version__ = "0.1.0"
 
 
-_CLIENT_API = frozenset({"Admin", "Consumer", "ConsumerRecord", "Producer", "RecordColumns", "RecordMetadata",
-                         "TopicPartition", "create_message_streams"})
+_CLIENT_API = frozenset({"Admin", "ClientSecurity", "Consumer", "ConsumerRecord", "Producer", "RecordColumns",
+                         "RecordMetadata", "TopicPartition", "create_message_streams",
+                         "resolve_client_security"})
 
 
 def __getattr__(name: str) -> Any:

@@ -61,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--bootstrap", default="127.0.0.1:9092",
                        help="the broker's front-end (default %(default)s)")
     where.add_argument("--topic", default="loadgen", help="topic (default %(default)s)")
+    where.add_argument("--key-file", default=None, metavar="FILE",
+                       help="a broker with security = curve: this client's secret key file "
+                            "(default $HPBROKER_CLIENT_KEY_FILE)")
+    where.add_argument("--server-key-file", default=None, metavar="FILE",
+                       help="the broker's public key file (default $HPBROKER_CLIENT_SERVER_KEY_FILE)")
+    where.add_argument("--client-config", default=None, metavar="FILE",
+                       help="a client config file naming both (default $HPBROKER_CLIENT_CONFIG)")
     where.add_argument("--create-topic", action="store_true", help="create the topic if it does not exist")
     where.add_argument("--partitions", type=int, default=1, help="partitions of a created topic (default 1)")
     where.add_argument("--topic-config", type=_topic_config, action="append", default=[], metavar="KEY=VALUE",
@@ -148,7 +155,8 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig:
         max_partition_fetch_bytes=args.fetch_bytes, drain_timeout_s=args.drain_timeout,
         interval_s=args.interval, window_ms=max(1, round(args.window * 1000)), seed=args.seed,
         truth_path=args.truth, report_path=args.report, plot_path=args.plot, json_output=args.json,
-        progress=args.progress)
+        progress=args.progress, key_file=args.key_file, server_key_file=args.server_key_file,
+        client_config=args.client_config)
 
 
 def report_ok(report: dict) -> bool:
@@ -170,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = config_from_args(args)
+        config.security()  # key files that cannot be read: an error now, not in every worker
     except ValueError as e:
         parser.error(str(e))
     try:

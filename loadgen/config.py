@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from hpbroker.client import ClientSecurity, resolve_client_security
 from loadgen.payload import KeySpec, SizeSpec
 
 __all__ = ["WORKLOADS", "LoadConfig"]
@@ -86,6 +87,12 @@ class LoadConfig:
     json_output: bool = False
     #: "auto" (a refreshed line when stderr is a terminal), "lines" (one line per interval), "off".
     progress: str = "auto"
+    #: a broker with ``security = "curve"``: this client's secret key file, the broker's public
+    #: key file, or a client config file naming both (hpbroker.security.client); None each: from
+    #: $HPBROKER_CLIENT_KEY_FILE / $HPBROKER_CLIENT_SERVER_KEY_FILE / $HPBROKER_CLIENT_CONFIG.
+    key_file: str | None = None
+    server_key_file: str | None = None
+    client_config: str | None = None
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
@@ -160,6 +167,12 @@ class LoadConfig:
     @property
     def consumer_start(self) -> str:
         return self.start_from or ("latest" if self.workload == "e2e" else "earliest")
+
+    def security(self) -> ClientSecurity | None:
+        """The CurveZMQ identity every producer, consumer and admin of the run connects with
+        (read again in each process: it is the files' content, not a setting to pickle)."""
+        return resolve_client_security(key_file=self.key_file, server_key_file=self.server_key_file,
+                                       config_file=self.client_config)
 
     def producer_options(self) -> dict:
         """The producer settings passed to ``hpbroker.Producer``: those left None are not passed,

@@ -87,7 +87,8 @@ class _ProducerRun:
         config, task = self.config, self.task
         source = PayloadSource(config.record_size, config.payload, task.index, task.run_id, task.seed)
         keys = KeyChooser(config.keys, np.random.default_rng(task.seed + 1))
-        producer = self.producer = Producer(config.bootstrap, name=task.name, **config.producer_options())
+        producer = self.producer = Producer(config.bootstrap, name=task.name, security=config.security(),
+                                                   **config.producer_options())
         first_error = None
         deduplicated = None
         try:

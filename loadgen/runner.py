@@ -28,6 +28,7 @@ import time
 from typing import TextIO
 
 from hpbroker.client import Admin
+from hpbroker.errors import HPBrokerError
 from loadgen.config import LoadConfig
 from loadgen.consumer import ConsumerTask, consumer_main
 from loadgen.producer import ProducerTask, producer_main
@@ -81,7 +82,7 @@ def run(config: LoadConfig, *, stderr: TextIO | None = None) -> dict:
                               consumers_started=consumers_started)
     _write_outputs(config, report, collector, run_id)
     if config.delete_topic and created:
-        with Admin(config.bootstrap) as admin:
+        with Admin(config.bootstrap, security=config.security()) as admin:
             admin.delete_topic(config.topic)
     return report
 
@@ -89,18 +90,21 @@ def run(config: LoadConfig, *, stderr: TextIO | None = None) -> dict:
 def _prepare_topic(config: LoadConfig) -> tuple[int, bool]:
     """``(partition count, created by this run)``."""
     try:
-        admin = Admin(config.bootstrap)
+        admin = Admin(config.bootstrap, security=config.security())
     except Exception as e:
         raise LoadgenError(f"cannot reach the broker at {config.bootstrap}: {e}") from e
     with admin:
-        created = False
-        if config.topic not in admin.list_topics():
-            if not config.create_topic:
-                raise LoadgenError(f"topic {config.topic!r} does not exist on {config.bootstrap} "
-                                   "(--create-topic creates it)")
-            admin.create_topic(config.topic, config.partitions, dict(config.topic_configs))
-            created = True
-        return len(admin.describe_topic(config.topic).partitions), created
+        try:
+            created = False
+            if config.topic not in admin.list_topics():
+                if not config.create_topic:
+                    raise LoadgenError(f"topic {config.topic!r} does not exist on {config.bootstrap} "
+                                       "(--create-topic creates it)")
+                admin.create_topic(config.topic, config.partitions, dict(config.topic_configs))
+                created = True
+            return len(admin.describe_topic(config.topic).partitions), created
+        except HPBrokerError as e:  # a refused key or ACL above all: say so rather than a traceback
+            raise LoadgenError(f"{config.bootstrap}: {e.message} ({type(e).__name__}, error {e.code})") from e
 
 
 def _shares(total: int, parts: int) -> list[int]:

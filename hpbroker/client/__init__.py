@@ -29,8 +29,9 @@ Modules, one responsibility each (imports point down this list):
 - ``admin``         create, list, describe and delete topics
 
 The client uses the record format (``hpbroker.records``, ``hpbroker._columnar``), the protocol
-(``hpbroker.protocol``) and the errors (and, in ``group`` only, ``hpbroker.coord``); it never
-imports storage (``hpbroker.io``) or broker code.
+(``hpbroker.protocol``), the errors, a client's keys (``hpbroker.security.client``, exported here
+as ``ClientSecurity`` and ``resolve_client_security``) and, in ``group`` only, ``hpbroker.coord``;
+it never imports storage (``hpbroker.io``) or broker code.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ _EXPORTS = {
     "RecordColumns": "hpbroker.client.columns",
     "create_message_streams": "hpbroker.client.streams",
     "Admin": "hpbroker.client.admin",
+    "ClientSecurity": "hpbroker.security.client",
+    "resolve_client_security": "hpbroker.security.client",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -8,7 +8,8 @@ from pathlib import Path
 import loadgen
 
 ALLOWED = {("hpbroker", "Producer"), ("hpbroker", "Consumer"), ("hpbroker", "TopicPartition"),
-           ("hpbroker", "RecordColumns"), ("hpbroker.client", "Admin")}
+           ("hpbroker", "RecordColumns"), ("hpbroker.client", "Admin"), ("hpbroker.client", "ClientSecurity"),
+           ("hpbroker.client", "resolve_client_security"), ("hpbroker.errors", "HPBrokerError")}
 
 
 def test_loadgen_imports_only_the_public_client_api():
