@@ -38,6 +38,11 @@ the others are never decoded nor shipped to the JVM.
 ``failOnDataLoss``     ``true`` (default): a range starting below the log start (retention
                        deleted it) fails the read; ``false``: read on from the log start
 ``fetchMaxBytes``      bytes one fetch asks for (default 1048576)
+``keyFile``            a broker with ``security = "curve"``: the client's secret key file
+                       (default ``$HPBROKER_CLIENT_KEY_FILE``); read on the driver, the keys
+                       travel to the executors with the plan
+``serverKeyFile``      the broker's public key file (default ``$HPBROKER_CLIENT_SERVER_KEY_FILE``)
+``clientConfig``       a client config file naming both (default ``$HPBROKER_CLIENT_CONFIG``)
 ``recordsPerBatch``    records per Arrow batch handed to Spark (default 65536)
 ``timeoutMs``          how long a task may keep failing to reach the partition (default 30000)
 =====================  ==========================================================================
@@ -74,6 +79,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from hpbroker.errors import InvalidConfigError
+from hpbroker.security.client import resolve_client_security
 from hpbroker.spark.planning import OffsetRange, OffsetSpec, parse_offsets, plan_read
 from hpbroker.spark.reading import ReadConfig, read_range
 from hpbroker.timestamps import parse_time_ms
@@ -121,11 +128,16 @@ class ReadOptions:
         fail = (get("failondataloss") or "true").strip().lower()
         if fail not in ("true", "false"):
             raise ValueError(f"option failOnDataLoss {fail!r}: expected true or false")
+        try:
+            security = resolve_client_security(key_file=get("keyfile"), server_key_file=get("serverkeyfile"),
+                                               config_file=get("clientconfig"))
+        except InvalidConfigError as e:
+            raise ValueError(f"options keyFile, serverKeyFile, clientConfig: {e.message}") from None
         self.read_config = ReadConfig(
             fetch_max_bytes=_int(get("fetchmaxbytes"), defaults.fetch_max_bytes, "fetchMaxBytes", 1024),
             records_per_batch=_int(get("recordsperbatch"), defaults.records_per_batch, "recordsPerBatch", 1),
             timeout_ms=_int(get("timeoutms"), defaults.timeout_ms, "timeoutMs", 1),
-            fail_on_data_loss=fail == "true")
+            fail_on_data_loss=fail == "true", security=security)
 
 
 def _spec(offsets: str | None, timestamp: str | None, default: str, what: str) -> OffsetSpec:
@@ -188,7 +200,8 @@ class HPBrokerReader(DataSourceReader):
     def partitions(self) -> list[InputPartition]:
         options = self.options
         splits = plan_read(options.bootstrap, options.topics, options.starting, options.ending,
-                           options.max_records_per_split, timeout_ms=options.read_config.timeout_ms)
+                           options.max_records_per_split, timeout_ms=options.read_config.timeout_ms,
+                           security=options.read_config.security)
         return [_Split(split) for split in splits] or [_Split(None)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

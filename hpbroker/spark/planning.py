@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hpbroker.client.consumer import Consumer, TopicPartition
+from hpbroker.security.client import ClientSecurity
 
 __all__ = ["EARLIEST", "LATEST", "OffsetRange", "OffsetSpec", "offsets_json", "parse_offsets",
            "plan_read", "resolve_ranges", "split_range"]
@@ -116,19 +117,22 @@ def split_range(whole: OffsetRange, max_records: int) -> list[OffsetRange]:
 
 
 def plan_read(bootstrap: str, topics: Sequence[str], starting: OffsetSpec, ending: OffsetSpec,
-              max_records_per_split: int, *, timeout_ms: int = 30_000) -> list[OffsetRange]:
+              max_records_per_split: int, *, timeout_ms: int = 30_000,
+              security: ClientSecurity | None = None) -> list[OffsetRange]:
     """The splits of a read of ``topics`` from ``starting`` to ``ending``, asked of the broker
     now (the snapshot).  Raises UnknownTopicOrPartitionError for a missing topic."""
-    return [split for whole in resolve_ranges(bootstrap, topics, starting, ending, timeout_ms=timeout_ms)
+    return [split for whole in resolve_ranges(bootstrap, topics, starting, ending, timeout_ms=timeout_ms,
+                                              security=security)
             for split in split_range(whole, max_records_per_split)]
 
 
 def resolve_ranges(bootstrap: str, topics: Sequence[str], starting: OffsetSpec, ending: OffsetSpec, *,
-                   timeout_ms: int = 30_000) -> list[OffsetRange]:
+                   timeout_ms: int = 30_000, security: ClientSecurity | None = None) -> list[OffsetRange]:
     """The whole range of every partition of ``topics``, empty ones included (``end`` never below
-    ``start``), asked of the broker now."""
+    ``start``), asked of the broker now (``security``: the CurveZMQ identity; None: the
+    environment's, if any)."""
     with Consumer(bootstrap, client_id="hpbroker-spark-planner", request_timeout_ms=timeout_ms,
-                  reconnect_timeout_ms=timeout_ms) as consumer:
+                  reconnect_timeout_ms=timeout_ms, security=security) as consumer:
         tps = [TopicPartition(topic, p) for topic in dict.fromkeys(topics)
                for p in sorted(consumer.partitions_for_topic(topic))]
         if not tps:
