@@ -17,7 +17,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEBIAN_PACKAGES := zookeeper default-jre-headless faketime nftables
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps build test bench bench-long bench-replication bench-audit chaos run demo lint clean install
+.PHONY: setup system-deps build test bench bench-long bench-replication bench-security bench-audit chaos run demo lint clean install
 
 setup: system-deps $(INSTALLED) $(EXT)
 
@@ -52,14 +52,23 @@ test: setup
 # machine (bench/replication.py): replicated acks=all produce against unreplicated acks=1, and failover
 # times (SIGTERM, kill -9 at two ZooKeeper session timeouts); bench/results/replication.{json,md}.
 # REPLICATION_ARGS adds flags, e.g. "--rounds 1 --repeat 1".
+# bench-security (also a step of bench): scenarios 1 and 3 against a broker with security = "curve"
+# beside one without, interleaved (bench/security.py; bench/results/security.{json,md}).
+# SECURITY_ARGS adds flags, e.g. "--rounds 5".
 SCENARIO_ARGS ?=
 REPLICATION_ARGS ?=
+SECURITY_ARGS ?=
 bench: setup
 	mkdir -p bench/results
 	$(PY) -m pytest bench --benchmark-only --benchmark-columns=min,median,mean,ops,rounds \
 	  --benchmark-json=bench/results/storage.json -p no:cacheprovider -q $(PYTEST_ARGS)
 	$(PY) -m bench.scenarios $(SCENARIO_ARGS)
+	$(PY) -m bench.security $(SECURITY_ARGS)
 	$(PY) -m bench.replication $(REPLICATION_ARGS)
+
+bench-security: setup
+	mkdir -p bench/results
+	$(PY) -m bench.security $(SECURITY_ARGS)
 
 bench-replication: setup
 	mkdir -p bench/results

@@ -13,6 +13,7 @@ from pathlib import Path
 import zmq
 
 from hpbroker import protocol
+from hpbroker.client import ClientSecurity
 
 __all__ = ["free_port_block", "running_broker"]
 
@@ -41,9 +42,11 @@ def free_port_block(count: int) -> int:
 
 
 @contextmanager
-def running_broker(root: Path, *, workers: int = 2, config_toml: str | None = None) -> Iterator[int]:
+def running_broker(root: Path, *, workers: int = 2, config_toml: str | None = None,
+                   security: ClientSecurity | None = None) -> Iterator[int]:
     """Run a broker with its data under ``root`` until the block ends; yields its front-end port
-    once it answers (the data ports follow it)."""
+    once it answers (the data ports follow it).  ``security``: the key it is asked with, for a
+    broker whose ``config_toml`` turns security on."""
     base = free_port_block(workers + 1)
     argv = [sys.executable, "-m", "hpbroker.cli", "serve", "--host", "127.0.0.1", "--port", str(base),
             "--fetch-port", str(base + 1), "--workers", str(workers), "--data-dir", str(root / "data")]
@@ -53,17 +56,20 @@ def running_broker(root: Path, *, workers: int = 2, config_toml: str | None = No
     with open(root / "broker.log", "wb") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         try:
-            _wait_until_answering(base, process)
+            _wait_until_answering(base, process, security)
             yield base
         finally:
             process.terminate()
             process.wait(timeout=60)
 
 
-def _wait_until_answering(port: int, process: subprocess.Popen, timeout_s: float = 30.0) -> None:
+def _wait_until_answering(port: int, process: subprocess.Popen, security: ClientSecurity | None,
+                          timeout_s: float = 30.0) -> None:
     context = zmq.Context()
     dealer = context.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
+    if security is not None:
+        security.apply(dealer)
     dealer.connect(f"tcp://127.0.0.1:{port}")
     deadline = time.monotonic() + timeout_s
     try:
