@@ -410,6 +410,7 @@ class Arbiter:
         from hpbroker.coord.acl_store import watch_acls
 
         security.attach_zookeeper(member.session, member.paths, self._zk_credentials)
+        self._push_security()  # the cluster's token key, to any worker already told another
 
         def acls_changed(entries: list[AclEntry]) -> None:
             self._acl_updates.append(list(entries))
