@@ -422,7 +422,8 @@ class Worker:
             else:
                 raise ValueError(f"unknown control op {message.op!r}")
         except Exception as e:
-            logger.exception("control %s %r failed", message.op, body)
+            shown = body if message.op != "security" else "(security state not shown: it holds the token key)"
+            logger.exception("control %s %r failed", message.op, shown)
             errors = [f"{type(e).__name__}: {e}"]
         self._send_control("ack", id=body.get("id"), error="; ".join(errors) if errors else None)
         self._next_heartbeat = 0.0  # tell the arbiter the new offsets soon
