@@ -44,7 +44,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
+from kazoo.exceptions import KazooException, NoAuthError, NodeExistsError, NoNodeError
 from kazoo.security import ACL, Id, Permissions, make_acl
 
 from hpbroker.coord.paths import ZkPaths
@@ -235,6 +235,8 @@ def get_or_create_token_key(session: Session, paths: ZkPaths | None = None, *,
 
 # --- group credentials --------------------------------------------------------------------------
 
+    except KazooException as e:  # connection loss, session expired: the caller's orderly error
+        raise CoordinationError(f"cannot read the token key {path}: {type(e).__name__} {e}") from None
 
 @dataclass(frozen=True, slots=True)
 class GroupCredentials:
