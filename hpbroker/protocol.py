@@ -687,8 +687,9 @@ class GroupCredentialsRequest(Message):
 class GroupCredentialsResponse(Message):
     """``zookeeper_user`` and ``zookeeper_password``: the digest credentials to add to the
     member's ZooKeeper session (``addauth digest user:password``); ``acl_ids``: the digest ids
-    (``user:base64(sha1(user:password))``) to give all rights on every znode the member creates
-    under the group's node, the world getting read only (docs/SECURITY.md).  Empty on error."""
+    (``user:base64(sha1(user:password))``) for the ACL of every znode the member creates under
+    the group's node: all rights to the first (the cluster's), all but admin to the others (the
+    group's), the world getting read only (docs/SECURITY.md).  Empty on error."""
 
     zookeeper_user: str = ""
     zookeeper_password: str = ""

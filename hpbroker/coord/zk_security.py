@@ -11,9 +11,11 @@ them the nodes carry one of these ACLs:
   consumers read brokers and topics without credentials); only the cluster writes.
 - **private** (:func:`private_acl`): ``[digest(cluster) ALL]``: the token key and the ACLs,
   which nobody else may even read.
-- **group** (:func:`group_acl`): ``[digest(cluster) ALL, digest(group) ALL, world READ]`` on
-  ``/consumers/<group>`` and everything under it: the group's members (and the cluster) write
-  the group's registrations, ownership and offsets; nobody else does.
+- **group** (:func:`group_acl`): ``[digest(cluster) ALL, digest(group) READ|WRITE|CREATE|DELETE,
+  world READ]`` on ``/consumers/<group>`` and everything under it: the group's members (and the
+  cluster) write the group's registrations, ownership and offsets; nobody else does.  Only the
+  cluster holds ADMIN: a member cannot change an ACL (lock the brokers and tools out of its
+  group, or open its nodes to the world).
 
 **The token key** (``<root>/security/token_key``, 32 random bytes, private ACL) is the cluster's
 one secret: the data-port tokens' HMAC key, and the key the group credentials are derived from.
@@ -82,6 +84,8 @@ _GROUP_USER_PREFIX = "group-"
 _GROUP_USER_HEX = 24  # hex digits of sha256(group) in the group's user name
 _GROUP_LABEL = b"zookeeper-group:"  # the HMAC's domain separation from the data-port tokens
 _WORLD_READ = make_acl("world", "anyone", read=True)
+# a group's id on its nodes: everything but ADMIN, which stays the cluster's
+_MEMBER_PERMS = Permissions.READ | Permissions.WRITE | Permissions.CREATE | Permissions.DELETE
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,11 +181,14 @@ def private_acl(credentials: ZkCredentials) -> list[ACL]:
 
 
 def member_acl(acl_ids: Sequence[str]) -> list[ACL]:
-    """All rights to each of ``acl_ids`` (a GroupCredentialsResponse's), read to the world: every
-    node a group member creates under ``/consumers/<group>``."""
+    """The ACL of every node under ``/consumers/<group>``, from a GroupCredentialsResponse's
+    ``acl_ids`` (the cluster's id first, then the group's): all rights to the first, read, write,
+    create and delete (not ADMIN) to each other one, read to the world."""
     if not acl_ids:
         raise CoordinationError("a group ACL needs at least one digest id")
-    return [*_digest_all(acl_ids), _WORLD_READ]
+    cluster, *members = dict.fromkeys(acl_ids)
+    return [*_digest_all([cluster]),
+            *(ACL(_MEMBER_PERMS, Id("digest", acl_id)) for acl_id in members), _WORLD_READ]
 
 
 def world_writable(acl: Iterable[ACL]) -> bool:
@@ -228,6 +235,8 @@ def get_or_create_token_key(session: Session, paths: ZkPaths | None = None, *,
         key, _ = client.get(path)
     except NoAuthError:
         raise refused(f"reading the token key {path}", credentials) from None
+    except KazooException as e:  # connection loss, session expired: the caller's orderly error
+        raise CoordinationError(f"cannot read the token key {path}: {type(e).__name__} {e}") from None
     if len(key) != TOKEN_KEY_BYTES:
         raise CoordinationError(f"{path} holds {len(key)} bytes, not a {TOKEN_KEY_BYTES}-byte token key")
     return key
@@ -235,8 +244,6 @@ def get_or_create_token_key(session: Session, paths: ZkPaths | None = None, *,
 
 # --- group credentials --------------------------------------------------------------------------
 
-    except KazooException as e:  # connection loss, session expired: the caller's orderly error
-        raise CoordinationError(f"cannot read the token key {path}: {type(e).__name__} {e}") from None
 
 @dataclass(frozen=True, slots=True)
 class GroupCredentials:

@@ -96,6 +96,25 @@ def test_a_member_with_the_groups_credentials_owns_and_commits(broker, open_sess
         assert sorted(acl) == sorted(member_acl(issued.acl_ids)), path
 
 
+def test_a_member_cannot_change_the_acl_of_its_groups_nodes(broker, open_session):
+    """The group's id may read, write, create and delete, but not ADMIN: a member cannot lock the
+    cluster out of its group, or open the group's nodes to the world; the cluster can."""
+    issued = issue(broker, "app")
+    session = member_session(open_session, issued)
+    member = GroupRegistry(session, "app", PATHS, timeout_s=10)
+    member.register(member_registration("m1"))
+    assert member.claim("orders", 0, "m1")
+    assert member.commit({("orders", 0): 42}, "m1") == set()
+    for path in (PATHS.group("app"), PATHS.offset("app", "orders", 0)):
+        with pytest.raises(NoAuthError):
+            session.client.set_acls(path, OPEN_ACL_UNSAFE)
+        with pytest.raises(NoAuthError):
+            session.client.set_acls(path, member_acl(issued.acl_ids)[1:])  # without the cluster
+    admin = broker[0].client
+    assert sorted(admin.get_acls(PATHS.group("app"))[0]) == sorted(member_acl(issued.acl_ids))
+    admin.set_acls(PATHS.group("app"), member_acl(issued.acl_ids))  # the cluster keeps ADMIN
+
+
 def test_without_credentials_a_process_cannot_write_a_groups_offsets_or_ownership(broker, open_session):
     issued = issue(broker, "app")
     member = GroupRegistry(member_session(open_session, issued), "app", PATHS, timeout_s=10)
