@@ -21,8 +21,16 @@ the broker refused the handshake raises :class:`~hpbroker.errors.AuthenticationE
 (the key is not on the broker's allowlist, the server key is wrong, or one side has no security)
 at once, instead of BrokerNotAvailableError after ``connect_timeout_s``.  libzmq does not retry a
 refused connection; the next request that finds no connected broker reconnects, so a key
-allowlisted since gets in.  Connected requests never
-touch the monitor: the unsecured path costs what it did.
+allowlisted since gets in.
+
+The monitor's events are written by the ZeroMQ context's I/O thread, which blocks once the
+monitor's pipe is full, stalling every socket of the context (``Context.instance()`` is shared by
+the whole process).  Reconnects happen whether anyone reads the events or not (a broker restart
+gives a disconnect and a handshake, a wrong server key a failed handshake every reconnect
+interval), and most owners never read them (an Admin, a consumer's metadata connection).  So the
+monitor's receive HWM is 0 (unbounded: a few hundred bytes per reconnect), and every 1024th
+request drains it, keeping the newest :data:`_KEPT_EVENTS` for :meth:`BrokerConnection.monitor_events`.
+Other connected requests never touch the monitor: the unsecured path costs what it did.
 
 Threads: a connection, like its ZeroMQ socket, belongs to the thread that uses it.
 """
@@ -58,6 +66,7 @@ MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | _HANDSHAKE_FAILED | zmq.EVENT_D
 _MECHANISM_MISMATCH = zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH  # CURVE met NULL: one side has no security
 _HANDSHAKE_CHECK_MS = 20  # how often a send waiting for a connection looks for a refused handshake
 _KEPT_EVENTS = 256
+_DRAIN_EVERY_MASK = 1023  # a send whose correlation id is a multiple of 1024 reads the monitor
 _monitor_numbers = itertools.count()
 
 
@@ -136,6 +145,9 @@ class BrokerConnection:
         self._socket.monitor(monitor_address, MONITOR_EVENTS)
         self._monitor = self._context.socket(zmq.PAIR)
         self._monitor.setsockopt(zmq.LINGER, 0)
+        # Unbounded: libzmq writes the events from the context's I/O thread and blocks there once
+        # the pipe is full, which would stall every socket of the context (module docstring).
+        self._monitor.setsockopt(zmq.RCVHWM, 0)
         self._monitor.connect(monitor_address)
         self._refused: AuthenticationError | None = None  # the last handshake's failure, until one succeeds
         # Events read while a send waited for a connection, kept for monitor_events (bounded:
@@ -242,6 +254,8 @@ class BrokerConnection:
         ``connect_timeout_s``, AuthenticationError when the broker refuses the CurveZMQ
         handshake (module docstring), UnsupportedVersionError for a version the type does not have."""
         correlation_id = next(self._ids) & _MAX_CORRELATION_ID
+        if not correlation_id & _DRAIN_EVERY_MASK:  # now and then: keep the monitor's backlog short
+            self._read_monitor()
         frames = protocol.encode_request(message, correlation_id, self.client_id, version)
         try:
             self._socket.send_multipart(frames, zmq.NOBLOCK, copy=False)
