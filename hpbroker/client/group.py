@@ -152,6 +152,7 @@ from hpbroker.errors import AuthorizationError, CoordinationError, InvalidConfig
 from hpbroker.records import Record
 
 if TYPE_CHECKING:
+    from hpbroker.client.connection import BrokerConnection
     from hpbroker.client.consumer import Consumer
 
 __all__ = ["LEASE_FRACTION", "GroupConfig", "GroupMember"]
@@ -240,9 +241,11 @@ class GroupConfig:
 class GroupMember:
     """A consumer's membership in its group (module docstring).  Made by the ``Consumer``; its
     methods run on the consumer's thread, except the kazoo callbacks ``_on_state`` and
-    ``_changed``, which only set flags and wake the consumer."""
+    ``_changed``, which only set flags and wake the consumer.  ``connection``: the consumer's
+    bootstrap connection, asked for the group's ZooKeeper credentials when it carries a key
+    pair (module docstring, "Security")."""
 
-    def __init__(self, consumer: Consumer, config: GroupConfig) -> None:
+    def __init__(self, consumer: Consumer, config: GroupConfig, connection: BrokerConnection) -> None:
         self.config = config
         self.consumer_id = config.consumer_id or default_consumer_id()
         self._consumer = consumer
@@ -276,7 +279,7 @@ class GroupMember:
         self._watches: list[Any] = []
         self._registration = ConsumerRegistration(self.consumer_id, config.topics, socket.gethostname(),
                                                   os.getpid())
-        credentials = _group_credentials(consumer, config.group, timeout_s, self._prefix)
+        credentials = _group_credentials(connection, config.group, timeout_s, self._prefix)
         self._session = Session(config.zookeeper, session_timeout_s=session_timeout_s,
                                 connect_timeout_s=timeout_s, name=f"group {config.group}",
                                 auth=[credentials.credentials] if credentials else (),
@@ -623,13 +626,13 @@ class GroupMember:
         logger.info("%s left the group", self._prefix)
 
 
-def _group_credentials(consumer: Consumer, group: str, timeout_s: float, prefix: str
+def _group_credentials(connection: BrokerConnection, group: str, timeout_s: float, prefix: str
                        ) -> GroupCredentials | None:
-    """The group's ZooKeeper credentials from the consumer's broker, when the consumer has a key
-    pair (module docstring, "Security"); None without one, or from a broker without security
-    or ZooKeeper (error 10).  AuthorizationError when the principal may not consume the group."""
-    connection = consumer._metadata.connection
-    if getattr(connection, "security", None) is None:
+    """The group's ZooKeeper credentials from the broker at ``connection``, when the connection
+    has a key pair (module docstring, "Security"); None without one, or from a broker without
+    security or ZooKeeper (error 10).  AuthorizationError when the principal may not consume
+    the group."""
+    if connection.security is None:
         return None
     from hpbroker import protocol
 
