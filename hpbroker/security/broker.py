@@ -22,8 +22,11 @@
   looked at.  ACLs come from ZooKeeper (:meth:`set_acls`, from the arbiter's loop); standalone
   there are none, and only ``super_users`` are allowed anything.
 - **the token key** (32 bytes): the HMAC key of fetch tokens (``hpbroker.security.tokens``).
-  Random at start; with ZooKeeper the cluster's (:meth:`attach_zookeeper`), so that a token
-  minted by one broker's worker (a follower's replica fetch) is good at the others' data ports.
+  Random at start; with ZooKeeper the cluster's (:meth:`set_token_key`: the arbiter reads it),
+  so that a token minted by one broker's worker (a follower's replica fetch) is good at the
+  others' data ports.
+- **group credentials** (:meth:`group_credentials`): issued by the function the arbiter hands
+  in once joined (:meth:`set_group_issuer`); this package never imports ``hpbroker.coord``.
 - **the workers' state** (:meth:`worker_state`): what a worker needs to check its data port
   connections; the arbiter pushes it to every worker as the ``security`` control.
 
@@ -36,7 +39,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,10 +51,11 @@ from hpbroker.security import tokens
 from hpbroker.security.acls import AclEntry, Authorizer
 from hpbroker.security.authenticator import ZAP_DOMAIN, AllowlistAuthenticator, read_allowlist
 
-if TYPE_CHECKING:  # kazoo is loaded only by a broker configured with ZooKeeper
-    from hpbroker.coord.paths import ZkPaths
-    from hpbroker.coord.session import Session
-    from hpbroker.coord.zk_security import GroupCredentials, ZkCredentials
+if TYPE_CHECKING:  # only a type: hpbroker.security never imports hpbroker.coord
+    from hpbroker.coord.zk_security import GroupCredentials
+
+    # Issues a group's ZooKeeper credentials: (token_key, group) -> GroupCredentials.
+    GroupIssuer = Callable[[bytes, str], GroupCredentials]
 
 __all__ = ["BrokerSecurity", "ServerKey", "load_server_key"]
 
@@ -117,7 +121,7 @@ class BrokerSecurity:
         self._acls: tuple[AclEntry, ...] = ()
         self._authorizer = Authorizer((), self.super_users)
         self.token_key: bytes | None = None
-        self._zookeeper: tuple[Session, ZkPaths, ZkCredentials] | None = None
+        self._group_issuer: GroupIssuer | None = None
         if not self.enabled:
             return
         self._key = load_server_key(config.server_key_file)
@@ -205,32 +209,27 @@ class BrokerSecurity:
 
     # --- ZooKeeper ----------------------------------------------------------------------------
 
-    def attach_zookeeper(self, session: Session, paths: ZkPaths, credentials: ZkCredentials | None) -> None:
-        """Take the cluster's token key (blocking: at start) and keep the session for group
-        credentials.  HPBrokerError when ZooKeeper refuses or holds no proper key."""
-        if not self.enabled or credentials is None:
-            return
-        from hpbroker.coord.zk_security import get_or_create_token_key
+    def set_token_key(self, token_key: bytes) -> None:
+        """Take the cluster's token key (the arbiter reads it from ZooKeeper once joined), in
+        place of the random one made at start."""
+        if len(token_key) != tokens.TOKEN_KEY_BYTES:
+            raise InvalidConfigError(f"a token key is {tokens.TOKEN_KEY_BYTES} bytes, not {len(token_key)}")
+        self.token_key = token_key
 
-        self.token_key = get_or_create_token_key(session, paths, credentials=credentials)
-        self._zookeeper = (session, paths, credentials)
-
-    def detach_zookeeper(self) -> None:
-        self._zookeeper = None
+    def set_group_issuer(self, issuer: GroupIssuer | None) -> None:
+        """Take what issues a group's credentials (``(token_key, group) -> GroupCredentials``,
+        made by the arbiter from ``hpbroker.coord.zk_security.issue_group_credentials`` once
+        joined; it must never wait on ZooKeeper), or None when the session closes."""
+        self._group_issuer = issuer
 
     def group_credentials(self, group: str) -> GroupCredentials:
-        """The ZooKeeper credentials of ``group`` (``hpbroker.coord.zk_security``), its node made
-        with the group's ACL (asynchronously: this never waits on ZooKeeper).  InvalidRequestError
-        when security or ZooKeeper is off."""
-        if not self.enabled or self._zookeeper is None or self.token_key is None:
+        """The ZooKeeper credentials of ``group``, its node made with the group's ACL
+        (asynchronously: this never waits on ZooKeeper).  InvalidRequestError when security or
+        ZooKeeper is off."""
+        if not self.enabled or self._group_issuer is None or self.token_key is None:
             raise InvalidRequestError("group credentials are issued only by a broker with security = 'curve' "
                                       "and ZooKeeper")
-        from hpbroker.coord.zk_security import ensure_group_node, group_credentials, member_acl
-
-        session, paths, credentials = self._zookeeper
-        issued = group_credentials(self.token_key, group, credentials)
-        ensure_group_node(session, paths, group, member_acl(issued.acl_ids))
-        return issued
+        return self._group_issuer(self.token_key, group)
 
     # --- tokens and workers -------------------------------------------------------------------
 

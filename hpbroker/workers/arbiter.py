@@ -108,15 +108,10 @@ the workers at once.  Log lines start with ``[arbiter]``.
 server key and the allowlist directory are read during start, before the first fork: a bad one
 stops the broker (exit status 1, the error naming the file).  The ZAP handler (a thread of the
 arbiter's ZeroMQ context) starts, and the front-end ROUTER becomes a CURVE server in its domain,
-before the ROUTER binds: no connection is ever admitted that the allowlist did not admit.  Its
-thread dying is fatal: the loop checks it every turn and halts.  SIGHUP reads the allowlist
-again (a key removed is refused from its next connection, and its open connections' requests
-are refused too); nothing else is reloaded, and without security SIGHUP is only logged.  With
-ZooKeeper the broker's session carries the cluster's credentials (``zookeeper_credentials_file``),
-the cluster's fetch token key is read once joined, and the ACLs are watched: a kazoo thread only
-hands the loop the new entries.  Every worker is sent the security state (the ``security``
-control: token key, principals, super users, ACLs) when it reports ready and whenever the
-allowlist, the ACLs or the key change.  With ``data_port_auth = "loopback"`` the data ports bind
+before the ROUTER binds: no connection is ever admitted that the allowlist did not admit.  The
+rest -- the handler's death being fatal, SIGHUP reading the allowlist again, the cluster's token
+key and the ACLs from ZooKeeper, the security state sent to every worker -- is
+``hpbroker.workers.security_state``.  With ``data_port_auth = "loopback"`` the data ports bind
 127.0.0.1 only.
 """
 
@@ -136,7 +131,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import zmq
 
@@ -153,6 +148,7 @@ from hpbroker.workers.liveness import HeartbeatWatch
 from hpbroker.workers.notify import ServiceNotifier
 from hpbroker.workers.ownership import owner_slot
 from hpbroker.workers.replication import UNSAFE_ACK_BEFORE_REPLICATION_ENV, unsafe_ack_before_replication
+from hpbroker.workers.security_state import SecurityState
 from hpbroker.workers.slots import (
     BACKOFF_MAX_S,
     BACKOFF_RESET_S,
@@ -169,7 +165,6 @@ if TYPE_CHECKING:  # kazoo is loaded only by a broker configured with ZooKeeper
     from hpbroker.coord.producer_ids import ProducerIdAllocator
     from hpbroker.coord.registry import BrokerRegistration, TopicRegistration
     from hpbroker.coord.zk_security import ZkCredentials
-    from hpbroker.security.acls import AclEntry
 
 __all__ = ["EXIT_ERROR", "EXIT_OK", "KILL_GRACE_S", "Arbiter", "WorkerMain"]
 
@@ -236,9 +231,7 @@ class Arbiter:
         self._heartbeats: HeartbeatWatch | None = None  # once the run directory is known
         self._security: BrokerSecurity | None = None  # made in _setup, before any fork
         self._zk_credentials: ZkCredentials | None = None  # the cluster's, from zookeeper_credentials_file
-        # ACLs as a kazoo thread last saw them, for the loop to take (a deque: append and pop are atomic)
-        self._acl_updates: collections.deque[list[AclEntry]] = collections.deque(maxlen=1)
-        self._acl_watch: Any = None  # the ACL node's watch (hpbroker.coord.acl_store), once joined
+        self._security_state: SecurityState | None = None  # the security's wiring, made in _setup
 
     # --- life cycle -------------------------------------------------------------------------------
 
@@ -330,6 +323,8 @@ class Arbiter:
                                   admin_timeout_s=config.admin_timeout_ms / 1000,
                                   cluster=lambda: self._member.cluster.snapshot if self._member else None)
         self._frontend.security = self._security
+        self._security_state = SecurityState(self._security, self._slots, self._frontend.send_control,
+                                             self._wake_loop)
         if config.metrics_port:
             frontend = self._frontend
             self._metrics = MetricsEndpoint(config, self._run_dir, lambda: dict(frontend.error_counts))
@@ -387,7 +382,8 @@ class Arbiter:
         try:
             member.start(*self._cluster_snapshot())
             self._member = member  # left in _leave_zookeeper even when what follows fails
-            self._start_security(member)
+            assert self._security_state is not None
+            self._security_state.join(member, self._zk_credentials)
             if self._metrics is not None:  # its thread, too, with the signals blocked
                 self._metrics.watch_groups(member.session, config.metrics_lag_interval_ms / 1000,
                                            self._topic_names())
@@ -399,24 +395,6 @@ class Arbiter:
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
         return True
-
-    def _start_security(self, member: BrokerMember) -> None:
-        """With security on: take the cluster's token key and watch the ACLs (called with the
-        loop's signals blocked).  The watch's callback runs on a kazoo thread: it only hands the
-        entries to the loop (:meth:`_security_turn`)."""
-        security = self._security
-        if security is None or not security.enabled:
-            return
-        from hpbroker.coord.acl_store import watch_acls
-
-        security.attach_zookeeper(member.session, member.paths, self._zk_credentials)
-        self._push_security()  # the cluster's token key, to any worker already told another
-
-        def acls_changed(entries: list[AclEntry]) -> None:
-            self._acl_updates.append(list(entries))
-            self._wake_loop()
-
-        self._acl_watch = watch_acls(member.session, acls_changed, member.paths)
 
     def _start_replication(self, member: BrokerMember) -> None:
         """Follow the replicated topics' partition states and run this broker's controller
@@ -590,12 +568,8 @@ class Arbiter:
 
     def _leave_zookeeper(self) -> None:
         self._stop_producer_ids()  # its thread may be using the session
-        if self._acl_watch is not None:
-            with contextlib.suppress(Exception):  # the session may be gone already
-                self._acl_watch.cancel()
-            self._acl_watch = None
-        if self._security is not None:
-            self._security.detach_zookeeper()
+        if self._security_state is not None:
+            self._security_state.leave()
         if self._replication is not None:  # resigns as controller while the session lives
             self._replication.close()
             self._replication = None
@@ -687,18 +661,8 @@ class Arbiter:
 
     def handle_hup(self) -> None:
         """Read the allowlist again (security on); nothing else is reloaded."""
-        security = self._security
-        if security is None or not security.enabled:
-            logger.info("[arbiter] SIGHUP: security is off, nothing to reload (the configuration is read "
-                        "only at start)")
-            return
-        added, removed = security.reload()
-        logger.info("[arbiter] SIGHUP: allowlist reloaded: %d keys%s%s", len(security.principals()),
-                    f"; added {', '.join(sorted(added))}" if added else "",
-                    f"; removed {', '.join(sorted(removed))} (refused from their next request)"
-                    if removed else "")
-        if added or removed:
-            self._push_security()
+        if self._security_state is not None:
+            self._security_state.reload()
 
     # --- workers ----------------------------------------------------------------------------------
 
@@ -850,7 +814,8 @@ class Arbiter:
         if slot.backoff_s:
             logger.warning("[arbiter] worker slot=%d serves again after crash-looping; it is no longer held "
                            "back once it has served %g s without dying", slot.index, BACKOFF_RESET_S)
-        self._push_security(slot)  # before its data port is told to serve anything
+        if self._security_state is not None:  # before its data port is told to serve anything
+            self._security_state.slot_ready(slot)
         assert self._frontend is not None
         self._frontend.admin.slot_ready(slot.index)
         self._frontend.leadership.mark_dirty()  # its partitions' roles, after their open
@@ -1013,10 +978,8 @@ class Arbiter:
                     self._on_ready(slot, message.body)
                 elif message.op == "ack":
                     control_id = message.body.get("id")
-                    if control_id is None:  # the security state's: nobody waits for it
-                        if message.body.get("error"):
-                            logger.error("[arbiter] worker slot=%d could not take the security state: %s",
-                                         slot.index, message.body.get("error"))
+                    if self._security_state is not None and self._security_state.owns(control_id):
+                        self._security_state.acked(slot, control_id, message.body.get("error"))
                     elif self._frontend.leadership.owns(control_id):
                         self._frontend.leadership.acked(slot.index, control_id, message.body.get("error"),
                                                         time.monotonic())
@@ -1078,8 +1041,7 @@ class Arbiter:
             else:
                 self._check_slot(slot, now)
         assert self._frontend is not None and self._store is not None
-        self._security_turn()
-        if self._stopping:  # the ZAP handler died
+        if not self._security_turn():
             return
         self._frontend.admin.expire(now)
         self._replication_turn()
@@ -1097,35 +1059,13 @@ class Arbiter:
             self._metrics_version = self._store.version
             self._metrics.set_topics(self._topic_names())
 
-    def _security_turn(self) -> None:
-        """Halt when the ZAP handler has died; take ACL changes and hand the workers the new state."""
-        security = self._security
-        if security is None or not security.enabled:
-            return
-        if not security.check_alive():
-            logger.critical("[arbiter] the ZAP authenticator's thread has died: no connection can be "
-                            "authenticated; stopping")
+    def _security_turn(self) -> bool:
+        """The security's turn (``hpbroker.workers.security_state``); False when it halted the
+        broker (the ZAP handler died)."""
+        if self._security_state is not None and not self._security_state.turn():
             self._halt("the ZAP authenticator died")
-            return
-        changed = False
-        while self._acl_updates:
-            entries = self._acl_updates.popleft()
-            if security.set_acls(entries):
-                changed = True
-                logger.info("[arbiter] ACLs changed: %d entries", len(entries))
-        if changed:
-            self._push_security()
-
-    def _push_security(self, slot: Slot | None = None) -> None:
-        """Send the workers (``slot``'s alone, or every serving one) the security state (the
-        ``security`` control: ``BrokerSecurity.worker_state``).  Security off: nothing."""
-        security, frontend = self._security, self._frontend
-        if security is None or not security.enabled or frontend is None:
-            return
-        state = security.worker_state()
-        for target in (slot,) if slot is not None else self._slots:
-            if target is not None and target.serving:
-                frontend.send_control(target.index, "security", state)
+            return False
+        return True
 
     def _check_slot(self, slot: Slot, now: float) -> None:
         """SIGABRT a worker that is late to boot or silent; SIGKILL one that ignored its signal."""

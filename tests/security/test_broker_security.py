@@ -17,6 +17,7 @@ from hpbroker.security import tokens
 from hpbroker.security.acls import AclEntry
 from hpbroker.security.broker import BrokerSecurity
 from hpbroker.workers.arbiter import EXIT_ERROR, Arbiter
+from hpbroker.workers.security_state import SecurityState
 
 
 def config_for(keys, tmp_path, **overrides) -> BrokerConfig:
@@ -134,19 +135,19 @@ def test_the_arbiter_halts_when_the_zap_handler_dies(keys, tmp_path, caplog):
     """The handler's thread ending is fatal: the arbiter's next turn stops the broker."""
     arbiter = Arbiter(config_for(keys, tmp_path))
     security = arbiter._security = BrokerSecurity(arbiter.config)
+    arbiter._security_state = SecurityState(security, arbiter._slots, lambda *args: True, lambda: None)
     context = zmq.Context()
     router = context.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
     try:
         security.secure_front(context, router)
-        arbiter._security_turn()
-        assert not arbiter._stopping
+        assert arbiter._security_turn() and not arbiter._stopping
         authenticator = security._authenticator
         assert authenticator is not None
         authenticator.pipe.send(b"TERMINATE")  # the thread leaves, as if it had crashed
         wait_until(lambda: not security.check_alive(), what="the ZAP thread gone")
         with caplog.at_level(logging.CRITICAL):
-            arbiter._security_turn()
+            assert not arbiter._security_turn()
         assert arbiter._stopping and arbiter._exit_status == EXIT_ERROR
         assert "ZAP authenticator's thread has died" in caplog.text
     finally:

@@ -1,0 +1,160 @@
+"""The arbiter's security wiring: what ``security = "curve"`` adds to the arbiter's loop.
+
+:class:`SecurityState` holds the broker's :class:`~hpbroker.security.broker.BrokerSecurity`
+(made in the broker's start, before any fork) and connects it to the rest of the broker:
+
+- **ZooKeeper** (:meth:`SecurityState.join`, at start with the loop's signals blocked; blocking):
+  the cluster's token key is read (``hpbroker.coord.zk_security``) and handed to the security
+  object as bytes, with the function that issues a group's credentials; then the ACL node is
+  watched (``hpbroker.coord.acl_store``).  The watch's callback runs on a kazoo thread: it only
+  puts the entries in a one-slot deque and wakes the loop, whose :meth:`SecurityState.turn`
+  applies them.  ``hpbroker.security`` itself never imports ``hpbroker.coord``.
+- **every turn of the loop** (:meth:`SecurityState.turn`): False when the ZAP handler's thread
+  has died (fatal: the arbiter halts); ACL changes taken; the workers told.
+- **SIGHUP** (:meth:`SecurityState.reload`): the allowlist read again.
+- **the workers** get the security state (the ``security`` control,
+  ``BrokerSecurity.worker_state``) when they report ready (:meth:`SecurityState.slot_ready`,
+  before their data port is told to serve anything) and whenever the allowlist, the ACLs or the
+  token key change.
+
+With security off every method is a no-op.  Only the arbiter's loop thread calls it (and
+:meth:`join` before the loop runs).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from hpbroker.security.broker import BrokerSecurity
+from hpbroker.workers.slots import Slot
+
+if TYPE_CHECKING:  # kazoo is loaded only by a broker configured with ZooKeeper
+    from hpbroker.coord.member import BrokerMember
+    from hpbroker.coord.zk_security import ZkCredentials
+    from hpbroker.security.acls import AclEntry
+
+__all__ = ["SecurityState"]
+
+logger = logging.getLogger(__name__)
+
+# Hands a control to a slot's process: (slot index, op, body) -> False when it cannot now.
+SendControl = Callable[[int, str, dict[str, Any]], bool]
+
+
+class SecurityState:
+    """The arbiter's security wiring (module docstring).  ``send_control`` is the front-end's;
+    ``wake`` wakes the loop from another thread."""
+
+    def __init__(self, security: BrokerSecurity, slots: Sequence[Slot], send_control: SendControl,
+                 wake: Callable[[], None]) -> None:
+        self.security = security
+        self._slots = slots
+        self._send_control = send_control
+        self._wake = wake
+        # ACLs as a kazoo thread last saw them, for the loop to take (a deque: append and pop are atomic)
+        self._acl_updates: collections.deque[list[AclEntry]] = collections.deque(maxlen=1)
+        self._acl_watch: Any = None  # the ACL node's watch (hpbroker.coord.acl_store), once joined
+
+    @property
+    def enabled(self) -> bool:
+        return self.security.enabled
+
+    # --- ZooKeeper ----------------------------------------------------------------------------
+
+    def join(self, member: BrokerMember, credentials: ZkCredentials | None) -> None:
+        """With security on: take the cluster's token key and watch the ACLs (called with the
+        loop's signals blocked: kazoo's threads inherit them).  HPBrokerError when ZooKeeper
+        refuses or fails (the broker halts)."""
+        if not self.enabled:
+            return
+        from hpbroker.coord.acl_store import watch_acls
+
+        if credentials is not None:
+            from hpbroker.coord.zk_security import get_or_create_token_key, issue_group_credentials
+
+            session, paths = member.session, member.paths
+            self.security.set_token_key(get_or_create_token_key(session, paths, credentials=credentials))
+            self.security.set_group_issuer(lambda token_key, group: issue_group_credentials(
+                session, paths, token_key, group, credentials))
+            self.push()  # the cluster's token key, to any worker already told another
+
+        def acls_changed(entries: list[AclEntry]) -> None:
+            self._acl_updates.append(list(entries))
+            self._wake()
+
+        self._acl_watch = watch_acls(member.session, acls_changed, member.paths)
+
+    def leave(self) -> None:
+        """Stop watching the ACLs and issuing group credentials (the session is closing)."""
+        if self._acl_watch is not None:
+            with contextlib.suppress(Exception):  # the session may be gone already
+                self._acl_watch.cancel()
+            self._acl_watch = None
+        self.security.set_group_issuer(None)
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    def turn(self) -> bool:
+        """False when the ZAP handler has died (the arbiter halts); else take ACL changes and
+        hand the workers the new state."""
+        security = self.security
+        if not security.enabled:
+            return True
+        if not security.check_alive():
+            logger.critical("[arbiter] the ZAP authenticator's thread has died: no connection can be "
+                            "authenticated; stopping")
+            return False
+        changed = False
+        while self._acl_updates:
+            entries = self._acl_updates.popleft()
+            if security.set_acls(entries):
+                changed = True
+                logger.info("[arbiter] ACLs changed: %d entries", len(entries))
+        if changed:
+            self.push()
+        return True
+
+    def reload(self) -> None:
+        """SIGHUP: read the allowlist again (security on); nothing else is reloaded."""
+        security = self.security
+        if not security.enabled:
+            logger.info("[arbiter] SIGHUP: security is off, nothing to reload (the configuration is read "
+                        "only at start)")
+            return
+        added, removed = security.reload()
+        logger.info("[arbiter] SIGHUP: allowlist reloaded: %d keys%s%s", len(security.principals()),
+                    f"; added {', '.join(sorted(added))}" if added else "",
+                    f"; removed {', '.join(sorted(removed))} (refused from their next request)"
+                    if removed else "")
+        if added or removed:
+            self.push()
+
+    # --- the workers --------------------------------------------------------------------------
+
+    def slot_ready(self, slot: Slot) -> None:
+        """A worker reported ready: its state, before its data port is told to serve anything."""
+        self.push(slot)
+
+    def push(self, slot: Slot | None = None) -> None:
+        """Send the workers (``slot``'s alone, or every serving one) the security state (the
+        ``security`` control: ``BrokerSecurity.worker_state``).  Security off: nothing."""
+        if not self.enabled:
+            return
+        state = self.security.worker_state()
+        for target in (slot,) if slot is not None else self._slots:
+            if target.serving:
+                self._send_control(target.index, "security", state)
+
+    @staticmethod
+    def owns(control_id: object) -> bool:
+        """Whether a worker's ack is of a ``security`` control."""
+        return control_id is None
+
+    def acked(self, slot: Slot, control_id: object, error: object) -> None:
+        """A worker's ack of a ``security`` control."""
+        if error:
+            logger.error("[arbiter] worker slot=%d could not take the security state: %s", slot.index, error)
