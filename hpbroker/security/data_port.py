@@ -20,9 +20,10 @@ never serves a data-port connection it cannot check.
 (``hpbroker.security.tokens``) and that its principal is still on the allowlist: a revoked key's
 token stops working at the next connection, even before it expires (a connection already
 authenticated keeps going until its token expires, as a CurveZMQ connection of a revoked key
-does).  :meth:`DataPortGuard.check` authorises each request on the connection's principal:
-a consumer fetch needs ``consume`` on the topic, a replica fetch ``cluster_action`` on the
-cluster, a list-offsets ``describe`` on the topic (``hpbroker.security.acls``).
+does).  :meth:`DataPortGuard.check` authorises each request on the connection's principal with
+the front-end's table (``hpbroker.security.request_access``): a consumer fetch needs ``consume``
+on the topic, a replica fetch ``cluster_action`` on the cluster, a list-offsets ``describe`` on
+the topic (``hpbroker.security.acls``).
 
 Single owner: the worker's event loop.
 """
@@ -37,13 +38,14 @@ from hpbroker import protocol
 from hpbroker.errors import AuthenticationError, HPBrokerError, InvalidRequestError
 from hpbroker.protocol import ApiKey
 from hpbroker.security import tokens
-from hpbroker.security.acls import AclEntry, Authorizer, Operation, ResourceType
+from hpbroker.security.acls import AclEntry, Authorizer
+from hpbroker.security.request_access import required_access
 
 __all__ = ["DataPortGuard"]
 
 logger = logging.getLogger(__name__)
 
-CLUSTER_RESOURCE = "cluster"  # the name of the one cluster resource
+_SERVED = frozenset({ApiKey.FETCH, ApiKey.LIST_OFFSETS})  # what a data port serves (fetch_server.py)
 
 
 def _now_ms() -> int:
@@ -123,16 +125,13 @@ class DataPortGuard:
         if not self._ready:
             return AuthenticationError("the data port is not ready: it has not received the broker's "
                                        "security state yet")
-        if api_key == ApiKey.FETCH:
-            if request.replica_id >= 0:  # type: ignore[attr-defined]
-                return self._authorizer.check(principal, Operation.CLUSTER_ACTION, ResourceType.CLUSTER,
-                                              CLUSTER_RESOURCE)
-            return self._authorizer.check(principal, Operation.CONSUME, ResourceType.TOPIC,
-                                          request.topic)  # type: ignore[attr-defined]
-        if api_key == ApiKey.LIST_OFFSETS:
-            return self._authorizer.check(principal, Operation.DESCRIBE, ResourceType.TOPIC,
-                                          request.topic)  # type: ignore[attr-defined]
-        return InvalidRequestError(f"api_key {api_key} is not served on a data port")
+        if api_key not in _SERVED:
+            return InvalidRequestError(f"api_key {api_key} is not served on a data port")
+        for operation, resource_type, name in required_access(api_key, request):
+            error = self._authorizer.check(principal, operation, resource_type, name)
+            if error is not None:
+                return error
+        return None
 
     def mint_own(self, now_ms: int | None = None) -> tuple[str, int] | None:
         """A token for this broker's own principal (its replica fetches), ``(token,

@@ -1,8 +1,10 @@
-"""What each front-end request needs from the ACLs (docs/SECURITY.md, "ACLs"), without I/O.
+"""What each request needs from the ACLs (docs/SECURITY.md, "ACLs"), without I/O.
 
-The front-end (``hpbroker.workers.frontend``) asks :func:`required_access` for the (operation,
-resource type, name) triples a request needs and refuses it with error 28 unless every one is
-allowed; the requests not listed here are decided there:
+The front-end (``hpbroker.workers.frontend``) and the data ports
+(``hpbroker.security.data_port``) ask :func:`required_access` for the (operation, resource type,
+name) triples a request needs and refuse it with error 28 unless every one is allowed, so the
+two paths cannot disagree on what a fetch or a list-offsets needs.  The requests not listed here
+are decided by the front-end (a data port serves only Fetch and ListOffsets):
 
 ==========================  =========================================================
 request                     needs

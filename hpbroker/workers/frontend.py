@@ -24,7 +24,7 @@ A client message on the front-end ROUTER is ``[client_id, head, payload?]``.  Th
 **Security.**  With :attr:`Frontend.security` set to an enabled
 :class:`~hpbroker.security.broker.BrokerSecurity` (``security = "curve"``), each request's
 principal is the key name the CURVE handshake authenticated (its frames' ``User-Id``), and every
-request is checked before anything else is done with it (``hpbroker.workers.request_access``
+request is checked before anything else is done with it (``hpbroker.security.request_access``
 lists what each needs): a refused one is answered with error 28 (AuthorizationError, naming
 principal, operation and resource; an acks=0 produce gets no answer), nothing is relayed,
 created or changed; refusals are counted in :attr:`Frontend.error_counts` and logged at INFO,
@@ -85,13 +85,13 @@ from hpbroker.errors import (
 )
 from hpbroker.protocol import ApiKey
 from hpbroker.security.acls import Operation, ResourceType
+from hpbroker.security.request_access import required_access
 from hpbroker.workers import backend
 from hpbroker.workers.admin import TopicAdmin
 from hpbroker.workers.heartbeat import read_heartbeat
 from hpbroker.workers.leadership import Leadership
 from hpbroker.workers.ownership import owner_slot
 from hpbroker.workers.peers import FrontendPeers, configure_front
-from hpbroker.workers.request_access import required_access
 from hpbroker.workers.slots import Slot
 
 if TYPE_CHECKING:  # kazoo is loaded only by a broker configured with ZooKeeper
