@@ -40,6 +40,13 @@ How records flow, per partition::
   ``reconnect_timeout_ms`` raises BrokerNotAvailableError (or the broker's last error), with the
   attempts and seconds.
 
+**The encrypted fetch path.**  With ``fetch_via="frontend"`` a partition's fetches and
+ListOffsets go through its leader's ZeroMQ front-end instead
+(:class:`~hpbroker.client.frontend_fetcher.FrontendFetcher`): CurveZMQ-encrypted when the broker
+has security on, checked against the ACLs there, no fetch token; no ``sendfile`` either, which
+is what it costs (docs/SECURITY.md).  The partitions of one broker share one connection; the
+fetch loop waits on its ZeroMQ socket beside the data connections.
+
 Metadata (which data port serves a partition) goes over the bootstrap broker's ZeroMQ front-end
 (:class:`~hpbroker.client.connection.BrokerConnection`): the first of the bootstrap addresses,
 then, when the broker asked does not answer, the next that does
@@ -92,6 +99,7 @@ from hpbroker.client.columns import RecordColumns, check_columns
 from hpbroker.client.connection import parse_bootstrap
 from hpbroker.client.fetch_tokens import FetchTokens
 from hpbroker.client.fetcher import CompletedFetch, FetchConfig, ListedOffset, PartitionFetcher
+from hpbroker.client.frontend_fetcher import FETCH_VIAS, FrontendConnections, FrontendFetcher
 from hpbroker.client.metadata import ClusterMetadata, MetadataRefreshes
 from hpbroker.errors import (
     BrokerNotAvailableError,
@@ -169,8 +177,16 @@ class ConsumerConfig:
     #: $HPBROKER_CLIENT_SERVER_KEY_FILE, else the client config file ($HPBROKER_CLIENT_CONFIG), else no
     #: security (``resolve_client_security``); the Consumer keeps what it resolved here.
     security: ClientSecurity | None = None
+    #: where fetches and ListOffsets go: ``"data_port"`` (default), the TCP data ports, where the
+    #: broker sends records with ``sendfile`` (in the clear, also with security on); or
+    #: ``"frontend"``, through the partition leader's ZeroMQ front-end, CurveZMQ-encrypted when the
+    #: broker has security on, at a measured cost (``hpbroker.client.frontend_fetcher``,
+    #: docs/SECURITY.md).  With ``data_port_auth = "loopback"``, consumers on other hosts need it.
+    fetch_via: str = "data_port"
 
     def __post_init__(self) -> None:
+        if self.fetch_via not in FETCH_VIAS:
+            raise InvalidConfigError(f"fetch_via must be one of {FETCH_VIAS}, got {self.fetch_via!r}")
         if self.auto_offset_reset not in AUTO_OFFSET_RESETS:
             raise InvalidConfigError(f"auto_offset_reset must be one of {AUTO_OFFSET_RESETS}, "
                                      f"got {self.auto_offset_reset!r}")
@@ -277,6 +293,7 @@ class Consumer:
                                                        security=self.config.security)
         self._refreshes = MetadataRefreshes(self._metadata, timeout_s=self.config.request_timeout_ms / 1000)
         self._fetch_tokens: FetchTokens | None = None  # made by the first secured fetcher
+        self._frontends: FrontendConnections | None = None  # fetch_via "frontend": made by the first fetcher
         self._states: dict[TopicPartition, _PartitionState] = {}
         #: records stepped over in damaged ranges (``skip_damaged_ranges``), since creation.
         self.damaged_records_skipped = 0
@@ -609,26 +626,47 @@ class Consumer:
         """Sleep until a response for one of ``states`` arrives (a fetch, a ListOffsets, or the
         metadata they wait for), take it; True if woken by :meth:`wakeup`."""
         waiting: dict[int, _PartitionState] = {}
+        # fetch_via "frontend": the states waiting on each shared ZeroMQ socket, and those whose
+        # answer another fetcher already read off it (the socket no longer shows it)
+        on_sockets: dict[zmq.Socket, list[_PartitionState]] = {}
+        answered: list[_PartitionState] = []
         for state in states:
             fetcher = state.fetcher
             if state.ready is None and fetcher is not None and fetcher.in_flight:
-                waiting[fetcher.fileno()] = state
-        timeout_ms = int(timeout_s * 1000 + 0.999)
+                if isinstance(fetcher, FrontendFetcher):
+                    if fetcher.answered:
+                        answered.append(state)
+                    for pollable in fetcher.pollables():
+                        on_sockets.setdefault(pollable, []).append(state)
+                else:
+                    waiting[fetcher.fileno()] = state
+        timeout_ms = 0 if answered else int(timeout_s * 1000 + 0.999)
         refreshes = self._refreshes
         if refreshes.events() and self._take_refreshes(states, time.monotonic()):
             return False  # metadata came (or failed) meanwhile: the loop looks again at once
         events = refreshes.events()
-        if events:  # a metadata request on its way: its ZeroMQ socket too (zmq_poll takes both)
+        if events or on_sockets:  # ZeroMQ sockets to wait on too (zmq_poll takes both kinds)
             zmq_poller = zmq.Poller()
-            zmq_poller.register(refreshes.connection.socket, events)
+            if events:  # a metadata request on its way
+                zmq_poller.register(refreshes.connection.socket, events)
+            for pollable in on_sockets:
+                zmq_poller.register(pollable, zmq.POLLIN)
             for fd in (self._wake_reader.fileno(), *waiting):
                 zmq_poller.register(fd, zmq.POLLIN)
-            ready = [fd for fd, _ in zmq_poller.poll(timeout_ms) if isinstance(fd, int)]
+            ready = []
+            for fd, _ in zmq_poller.poll(timeout_ms):
+                if isinstance(fd, int):
+                    ready.append(fd)
+                else:
+                    answered += on_sockets.get(fd, ())
         else:
             poller = select.poll()
             for fd in (self._wake_reader.fileno(), *waiting):
                 poller.register(fd, select.POLLIN)
             ready = [fd for fd, _ in poller.poll(timeout_ms)]
+        for state in dict.fromkeys(answered):  # each once, in order
+            if state.fetcher is not None and state.fetcher.in_flight:
+                self._receive(state)
         woken = False
         for fd in ready:
             state = waiting.get(fd)
@@ -712,8 +750,21 @@ class Consumer:
             raise error_for_code(info.error_code or PartitionNotAvailableError.code,
                                  f"{tp} is not being served (error {info.error_code}, data port "
                                  f"{info.fetch_port})")
+        if self.config.fetch_via == "frontend":
+            return self._new_frontend_fetcher(tp)
         return PartitionFetcher(tp.topic, tp.partition, info.host, info.fetch_port, self.config.fetch,
                                 self.config.client_id, columns=self.config.columns, token=self._fetch_token())
+
+    def _new_frontend_fetcher(self, tp: TopicPartition) -> FrontendFetcher:
+        """A fetcher through the front-end of the partition's leader (``fetch_via="frontend"``),
+        over the connection the fetchers of that broker share."""
+        address = self._metadata.leader_address(tp.topic, tp.partition) or self._metadata.connection.address
+        if self._frontends is None:
+            self._frontends = FrontendConnections(
+                client_id=self.config.client_id, security=self.config.security,
+                connect_timeout_s=min(5.0, self.config.reconnect_timeout_ms / 1000))
+        return FrontendFetcher(tp.topic, tp.partition, self._frontends, address, self.config.fetch,
+                               self.config.client_id, columns=self.config.columns)
 
     def _fetch_token(self) -> Callable[[bool], str | None] | None:
         """What a secured consumer's fetchers authenticate their data connections with: a fetch
@@ -904,6 +955,8 @@ class Consumer:
                 if state.fetcher is not None:
                     state.fetcher.close()
                 state.ready = None
+            if self._frontends is not None:
+                self._frontends.close()
             self._metadata.close()
             self._wake_reader.close()
             self._wake_writer.close()
