@@ -19,8 +19,11 @@
 - **ACLs** (``hpbroker.security.acls``): :meth:`BrokerSecurity.authorize` answers every request
   the front-end checks.  A principal no longer on the allowlist (its key removed, SIGHUP) is
   refused with AuthenticationError (27) on the connections it still holds, before any ACL is
-  looked at.  ACLs come from ZooKeeper (:meth:`set_acls`, from the arbiter's loop); standalone
-  there are none, and only ``super_users`` are allowed anything.
+  looked at.  ACLs come from ZooKeeper (:meth:`set_acls`, from the arbiter); standalone there
+  are none, and only ``super_users`` are allowed anything.  With ZooKeeper, until the ACLs are
+  first read (the broker joining, or the read failing), every request but a super user's gets
+  CoordinationError (17, retriable: "ACLs not loaded yet"), never a refusal
+  (:meth:`acls_pending`).
 - **the token key** (32 bytes): the HMAC key of fetch tokens (``hpbroker.security.tokens``).
   Random at start; with ZooKeeper the cluster's (:meth:`set_token_key`: the arbiter reads it),
   so that a token minted by one broker's worker (a follower's replica fetch) is good at the
@@ -46,7 +49,13 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from hpbroker.broker.config import BrokerConfig, super_user_names
-from hpbroker.errors import AuthenticationError, HPBrokerError, InvalidConfigError, InvalidRequestError
+from hpbroker.errors import (
+    AuthenticationError,
+    CoordinationError,
+    HPBrokerError,
+    InvalidConfigError,
+    InvalidRequestError,
+)
 from hpbroker.security import tokens
 from hpbroker.security.acls import AclEntry, Authorizer
 from hpbroker.security.authenticator import ZAP_DOMAIN, AllowlistAuthenticator, read_allowlist
@@ -120,6 +129,9 @@ class BrokerSecurity:
         self._principals: frozenset[str] = frozenset()
         self._acls: tuple[AclEntry, ...] = ()
         self._authorizer = Authorizer((), self.super_users)
+        # With ZooKeeper the ACLs live there: until the first read (set_acls) they are not known,
+        # and every request but a super user's gets CoordinationError (retriable), not a refusal.
+        self.acls_known = not config.zookeeper
         self.token_key: bytes | None = None
         self._group_issuer: GroupIssuer | None = None
         if not self.enabled:
@@ -171,7 +183,16 @@ class BrokerSecurity:
             return None
         if principal and principal not in self._principals:
             return AuthenticationError(f"key {principal!r} is no longer on the broker's allowlist (revoked)")
-        return self._authorizer.check(principal, operation, resource_type, name)
+        return self.acls_pending(principal) \
+            or self._authorizer.check(principal, operation, resource_type, name)
+
+    def acls_pending(self, principal: str | None) -> HPBrokerError | None:
+        """CoordinationError (retriable: ask again shortly) while the ACLs have not been read from
+        ZooKeeper yet (the broker is joining, or the first read failed) and ``principal`` is no
+        super user; else None."""
+        if self.acls_known or not self.enabled or principal in self.super_users:
+            return None
+        return CoordinationError("ACLs not loaded yet: the broker has not read them from ZooKeeper; retry")
 
     def allows_any(self, principal: str | None, operation: Any) -> bool:
         """Whether some ACL allows ``principal`` ``operation`` somewhere (always, security off)."""
@@ -197,6 +218,7 @@ class BrokerSecurity:
     def set_acls(self, entries: Iterable[AclEntry]) -> bool:
         """Take the ACLs as they are now in ZooKeeper; True when they changed."""
         acls = tuple(dict.fromkeys(entries))
+        self.acls_known = True
         if acls == self._acls:
             return False
         self._acls = acls

@@ -252,24 +252,11 @@ class Frontend:
     def _refused(self, client: bytes, header: protocol.RequestHeader, request: Any,
                  principal: str | None) -> bool:
         """Check the request against the ACLs (module docstring); a refused one is answered here
-        (True): nothing else is done with it."""
+        (True): nothing else is done with it.  While the ACLs are not read yet the answer is 17
+        (retriable), not a refusal."""
         security = self._security
         assert security is not None
-        error: HPBrokerError | None = None
-        if header.api_key == ApiKey.INIT_PRODUCER_ID:
-            if not security.allows_any(principal, Operation.PRODUCE):
-                error = AuthorizationError(f"principal {principal!r} may not produce to any topic, so it "
-                                           "gets no producer id (no ACL allows it)")
-        elif header.api_key == ApiKey.FETCH_TOKEN:
-            if principal is None:
-                error = AuthenticationError("a fetch token needs an authenticated connection")
-        else:
-            creates = header.api_key in _RELAYED and self._would_auto_create(header, request)
-            for operation, resource_type, name in required_access(header.api_key, request,
-                                                                  creates_topic=creates):
-                error = security.authorize(principal, operation, resource_type, name)
-                if error is not None:
-                    break
+        error = security.acls_pending(principal) or self._denial(header, request, principal)
         if error is None:
             return False
         self._log_denial(error)
@@ -278,6 +265,27 @@ class Frontend:
             self.error_counts[key] = self.error_counts.get(key, 0) + 1
         self._respond_unless_silent(client, header, request, error)
         return True
+
+    def _denial(self, header: protocol.RequestHeader, request: Any, principal: str | None,
+                ) -> HPBrokerError | None:
+        """What the ACLs answer the request: None when they allow it."""
+        security = self._security
+        assert security is not None
+        if header.api_key == ApiKey.INIT_PRODUCER_ID:
+            if not security.allows_any(principal, Operation.PRODUCE):
+                return AuthorizationError(f"principal {principal!r} may not produce to any topic, so it "
+                                          "gets no producer id (no ACL allows it)")
+            return None
+        if header.api_key == ApiKey.FETCH_TOKEN:
+            if principal is None:
+                return AuthenticationError("a fetch token needs an authenticated connection")
+            return None
+        creates = header.api_key in _RELAYED and self._would_auto_create(header, request)
+        for operation, resource_type, name in required_access(header.api_key, request, creates_topic=creates):
+            error = security.authorize(principal, operation, resource_type, name)
+            if error is not None:
+                return error
+        return None
 
     def _would_auto_create(self, header: protocol.RequestHeader, request: Any) -> bool:
         """Whether :meth:`_auto_create` would try to create the produce's or fetch's topic."""

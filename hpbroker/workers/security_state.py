@@ -6,9 +6,12 @@
 - **ZooKeeper** (:meth:`SecurityState.join`, at start with the loop's signals blocked; blocking):
   the cluster's token key is read (``hpbroker.coord.zk_security``) and handed to the security
   object as bytes, with the function that issues a group's credentials; then the ACL node is
-  watched (``hpbroker.coord.acl_store``).  The watch's callback runs on a kazoo thread: it only
-  puts the entries in a one-slot deque and wakes the loop, whose :meth:`SecurityState.turn`
-  applies them.  ``hpbroker.security`` itself never imports ``hpbroker.coord``.
+  watched (``hpbroker.coord.acl_store``).  The watch's first read is applied before
+  :meth:`join` returns, so that the requests queued while the broker joined are judged by the
+  real ACLs; until the ACLs are known (the first read failed) requests are answered 17
+  (retriable, ``BrokerSecurity.acls_pending``), never refused.  Later the watch's callback runs
+  on a kazoo thread: it only puts the entries in a one-slot deque and wakes the loop, whose
+  :meth:`SecurityState.turn` applies them.  ``hpbroker.security`` itself never imports ``hpbroker.coord``.
 - **every turn of the loop** (:meth:`SecurityState.turn`): False when the ZAP handler's thread
   has died (fatal: the arbiter halts); ACL changes taken; the workers told.
 - **SIGHUP** (:meth:`SecurityState.reload`): the allowlist read again.
@@ -80,13 +83,19 @@ class SecurityState:
             self.security.set_token_key(get_or_create_token_key(session, paths, credentials=credentials))
             self.security.set_group_issuer(lambda token_key, group: issue_group_credentials(
                 session, paths, token_key, group, credentials))
-            self.push()  # the cluster's token key, to any worker already told another
 
         def acls_changed(entries: list[AclEntry]) -> None:
             self._acl_updates.append(list(entries))
             self._wake()
 
         self._acl_watch = watch_acls(member.session, acls_changed, member.paths)
+        # The watch read the ACLs once already: in force before the loop judges the first request
+        # (those queued while the broker joined included).  A first read that failed leaves them
+        # unknown (requests get 17, retriable) until the watch reads them.
+        if not self._take_acls() and not self.security.acls_known:
+            logger.warning("[arbiter] the ACLs could not be read from ZooKeeper yet: requests are answered "
+                           "17 (retriable) until they are")
+        self.push()  # the cluster's token key and the ACLs, to any worker already told others
 
     def leave(self) -> None:
         """Stop watching the ACLs and issuing group credentials (the session is closing)."""
@@ -108,15 +117,19 @@ class SecurityState:
             logger.critical("[arbiter] the ZAP authenticator's thread has died: no connection can be "
                             "authenticated; stopping")
             return False
+        if self._take_acls():
+            self.push()
+        return True
+
+    def _take_acls(self) -> bool:
+        """Apply the ACLs the watch handed over; True when they changed."""
         changed = False
         while self._acl_updates:
             entries = self._acl_updates.popleft()
-            if security.set_acls(entries):
+            if self.security.set_acls(entries):
                 changed = True
                 logger.info("[arbiter] ACLs changed: %d entries", len(entries))
-        if changed:
-            self.push()
-        return True
+        return changed
 
     def reload(self) -> None:
         """SIGHUP: read the allowlist again (security on); nothing else is reloaded."""
