@@ -1,7 +1,6 @@
 """The cluster's ACLs in ZooKeeper: one znode, read, changed and watched by every broker and tool.
 
-Node ``<root>/acls`` (next to ``brokers`` and ``consumers``; ``hpbroker.coord.paths`` for the
-root), persistent, JSON::
+Node ``<root>/acls`` (``ZkPaths.acls``, next to ``brokers`` and ``consumers``), persistent, JSON::
 
     {"version": 1, "acls": [{"principal": "alice", "operation": "produce",
                              "resource_type": "topic", "pattern_type": "literal", "name": "orders"}, ...]}
@@ -28,24 +27,19 @@ from typing import Any
 from kazoo.exceptions import BadVersionError, KazooException, NoAuthError, NodeExistsError, NoNodeError
 
 from hpbroker.coord.paths import ZkPaths
-from hpbroker.errors import AuthorizationError, CoordinationError, InvalidConfigError
+from hpbroker.coord.zk_security import private_acl, refused
+from hpbroker.errors import CoordinationError, InvalidConfigError
 from hpbroker.security.acls import AclEntry
 
-__all__ = ["AclsCallback", "acls_path", "add_acls", "decode_acls", "encode_acls", "read_acls", "remove_acls",
-           "watch_acls"]
+__all__ = ["AclsCallback", "add_acls", "decode_acls", "encode_acls", "read_acls", "remove_acls", "watch_acls"]
 
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1  # the node's "version" field
 _CONFLICT_ATTEMPTS = 50  # lost races in a row before a change gives up
+_CLUSTER_ONLY = "only the cluster's credentials may (give --zookeeper-credentials-file)"
 
 AclsCallback = Callable[[list[AclEntry]], None]
-
-
-def acls_path(paths: ZkPaths | None = None) -> str:
-    """``<root>/acls``."""
-    root = (paths or ZkPaths()).root
-    return ("" if root == "/" else root) + "/acls"
 
 
 def encode_acls(entries: Iterable[AclEntry]) -> bytes:
@@ -87,20 +81,14 @@ def _read(client: Any, path: str) -> tuple[list[AclEntry], int | None]:
     return decode_acls(data, f"znode {path}"), stat.version
 
 
-def _refused(what: str, path: str, session: Any) -> AuthorizationError:
-    credentials = getattr(session, "credentials", None)
-    who = "without credentials" if credentials is None else f"as {credentials.user!r}"
-    return AuthorizationError(f"ZooKeeper refused {what} {path} {who}: only the cluster's credentials may "
-                              "(give --zookeeper-credentials-file)")
-
-
 def read_acls(session: Any, paths: ZkPaths | None = None) -> list[AclEntry]:
     """Every ACL entry of the cluster ([] when none was ever added)."""
-    path = acls_path(paths)
+    path = (paths or ZkPaths()).acls
+    credentials = getattr(session, "credentials", None)
     try:
         return _read(session.client, path)[0]
     except NoAuthError:
-        raise _refused("reading", path, session) from None
+        raise refused(f"reading {path}", credentials, remedy=_CLUSTER_ONLY) from None
     except KazooException as e:
         raise CoordinationError(f"cannot read the ACLs at {path} in ZooKeeper: {e!r}") from None
 
@@ -108,7 +96,7 @@ def read_acls(session: Any, paths: ZkPaths | None = None) -> list[AclEntry]:
 def _change(session: Any, paths: ZkPaths | None, change: Callable[[list[AclEntry]], list[AclEntry]]) -> int:
     """Apply ``change`` (old entries -> new entries) with a conditional write; returns how many
     entries the node's set gained or lost."""
-    path = acls_path(paths)
+    path = (paths or ZkPaths()).acls
     client = session.client
     credentials = getattr(session, "credentials", None)
     for _ in range(_CONFLICT_ATTEMPTS):
@@ -119,11 +107,7 @@ def _change(session: Any, paths: ZkPaths | None, change: Callable[[list[AclEntry
             if set(new) == set(old):
                 return 0
             if version is None:
-                acl = None
-                if credentials is not None:
-                    from hpbroker.coord.zk_security import private_acl
-
-                    acl = private_acl(credentials)
+                acl = None if credentials is None else private_acl(credentials)
                 client.create(path, encode_acls(new), acl=acl, makepath=True)
             else:
                 client.set(path, encode_acls(new), version=version)
@@ -131,7 +115,7 @@ def _change(session: Any, paths: ZkPaths | None, change: Callable[[list[AclEntry
         except (BadVersionError, NodeExistsError):
             continue  # changed by someone else since it was read: read again
         except NoAuthError:
-            raise _refused("changing", path, session) from None
+            raise refused(f"changing {path}", credentials, remedy=_CLUSTER_ONLY) from None
         except KazooException as e:
             raise CoordinationError(f"cannot change the ACLs at {path} in ZooKeeper: {e!r}") from None
     raise CoordinationError(f"lost {_CONFLICT_ATTEMPTS} races in a row changing the ACLs at {path}")
@@ -162,7 +146,7 @@ def watch_acls(session: Any, callback: AclsCallback, paths: ZkPaths | None = Non
     entries stay in force).  Returns the watch; ``cancel()`` ends it."""
     from hpbroker.coord.watches import watch_data
 
-    path = acls_path(paths)
+    path = (paths or ZkPaths()).acls
 
     def changed(data: bytes | None, stat: Any) -> None:
         try:

@@ -15,6 +15,9 @@ JSON, who creates it and what happens on session expiry)::
         owners/<topic>/<partition>                      ephemeral: the consumer that owns a partition
         offsets/<topic>/<partition>                     persistent: the group's committed offset
       producer-id-block                                 persistent: the newest block of producer ids taken
+      acls                                              persistent, private: the cluster's ACLs
+      security/
+        token_key                                       persistent, private: the cluster's token key
 
 Two prefixes may stand in front of it.  The connect string's *chroot*
 (``host:2181,host:2182/prod``) is ZooKeeper's own: the client sees ``/`` where the server has
@@ -187,6 +190,18 @@ class ZkPaths:
         """The newest block of producer ids a broker took (persistent, replaced with conditional
         sets: ``hpbroker.coord.producer_ids``)."""
         return self._join("producer-id-block")
+
+    # --- security -------------------------------------------------------------------------------
+
+    @property
+    def acls(self) -> str:
+        """The cluster's ACLs, one JSON document (persistent; ``hpbroker.coord.acl_store``)."""
+        return self._join("acls")
+
+    @property
+    def token_key(self) -> str:
+        """The cluster's token key, its one secret (persistent; ``hpbroker.coord.zk_security``)."""
+        return self._join("security", "token_key")
 
     # --- consumer groups ------------------------------------------------------------------------
 

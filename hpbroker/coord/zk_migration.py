@@ -27,7 +27,6 @@ from typing import Any
 from kazoo.exceptions import NoAuthError, NoNodeError
 from kazoo.security import OPEN_ACL_UNSAFE
 
-from hpbroker.coord.acl_store import acls_path
 from hpbroker.coord.paths import ZkPaths
 from hpbroker.coord.session import Session
 from hpbroker.coord.zk_security import (
@@ -35,7 +34,6 @@ from hpbroker.coord.zk_security import (
     get_or_create_token_key,
     group_acl,
     private_acl,
-    token_key_path,
 )
 from hpbroker.errors import CoordinationError
 
@@ -63,7 +61,7 @@ def secure_tree(session: Session, paths: ZkPaths, *, unsecure: bool = False, dry
                                 "(--zookeeper-credentials-file)")
     client = session.client
     report = SecureReport()
-    private = {token_key_path(paths), acls_path(paths)}
+    private = {paths.token_key, paths.acls}
     key = None if unsecure else get_or_create_token_key(session, paths)
     group_acls: dict[str, list[Any]] = {}
 

@@ -17,9 +17,10 @@ them the nodes carry one of these ACLs:
   cluster holds ADMIN: a member cannot change an ACL (lock the brokers and tools out of its
   group, or open its nodes to the world).
 
-**The token key** (``<root>/security/token_key``, 32 random bytes, private ACL) is the cluster's
-one secret: the data-port tokens' HMAC key, and the key the group credentials are derived from.
-:func:`get_or_create_token_key` reads it, or creates it once (the first broker wins a race).
+**The token key** (``ZkPaths.token_key``: ``<root>/security/token_key``, 32 random bytes,
+private ACL) is the cluster's one secret: the data-port tokens' HMAC key, and the key the group
+credentials are derived from.  :func:`get_or_create_token_key` reads it, or creates it once (the
+first broker wins a race).
 
 **Group credentials** are derived, never stored: user ``group-`` + the first 24 hex digits of
 sha256(group), password base64url(HMAC-SHA256(token_key, ``b"zookeeper-group:" + group``)), so
@@ -70,7 +71,6 @@ __all__ = [
     "member_acl",
     "private_acl",
     "refused",
-    "token_key_path",
     "tool_group_acl",
     "wait_for_node",
     "world_writable",
@@ -200,12 +200,6 @@ def world_writable(acl: Iterable[ACL]) -> bool:
 # --- the token key ------------------------------------------------------------------------------
 
 
-def token_key_path(paths: ZkPaths | None = None) -> str:
-    """``<root>/security/token_key``."""
-    root = (paths or ZkPaths()).root
-    return ("" if root == "/" else root) + "/security/token_key"
-
-
 def get_or_create_token_key(session: Session, paths: ZkPaths | None = None, *,
                             credentials: ZkCredentials | None = None) -> bytes:
     """The cluster's token key, created (random, private ACL) if there is none yet.  Blocking:
@@ -217,7 +211,7 @@ def get_or_create_token_key(session: Session, paths: ZkPaths | None = None, *,
     if credentials is None:
         raise CoordinationError("the token key lives in ZooKeeper only with the cluster's credentials "
                                 "(zookeeper_credentials_file)")
-    path = token_key_path(paths)
+    path = (paths or ZkPaths()).token_key
     client = session.client
     try:
         try:
@@ -365,8 +359,10 @@ def wait_for_node(session: Session, path: str, timeout_s: float, what: str) -> N
         delay_s = min(delay_s * 2, 0.5)
 
 
-def refused(what: str, credentials: ZkCredentials | None) -> AuthorizationError:
-    """The error for ZooKeeper's NoAuth: what was refused, and as whom."""
+def refused(what: str, credentials: ZkCredentials | None, *,
+            remedy: str = "the node's ACL does not allow it (give the cluster's or the group's credentials)"
+            ) -> AuthorizationError:
+    """The error for ZooKeeper's NoAuth, for every module of ``hpbroker.coord``: what was
+    refused, as whom, and ``remedy``."""
     who = "without credentials" if credentials is None else f"as {credentials.user!r}"
-    return AuthorizationError(f"ZooKeeper refused {what} {who}: the node's ACL does not allow it "
-                              "(give the cluster's or the group's credentials)")
+    return AuthorizationError(f"ZooKeeper refused {what} {who}: {remedy}")

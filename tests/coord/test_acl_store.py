@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from hpbroker.coord.acl_store import acls_path, add_acls, read_acls, remove_acls, watch_acls
+from hpbroker.coord.acl_store import add_acls, read_acls, remove_acls, watch_acls
 from hpbroker.coord.paths import ZkPaths
 from hpbroker.errors import CoordinationError
 from hpbroker.security.acls import AclEntry
@@ -20,9 +20,9 @@ OPS = AclEntry("ops", "admin", "cluster", "literal", "cluster")
 
 
 def test_path_is_acls_under_the_root():
-    assert acls_path() == "/hpbroker/acls"
-    assert acls_path(ZkPaths("/")) == "/acls"
-    assert acls_path(ZkPaths("/a/b")) == "/a/b/acls"
+    assert ZkPaths().acls == "/hpbroker/acls"
+    assert ZkPaths("/").acls == "/acls"
+    assert ZkPaths("/a/b").acls == "/a/b/acls"
 
 
 def test_no_node_means_no_acls(zk):
@@ -34,7 +34,7 @@ def test_add_and_remove_count_what_changed_and_keep_each_entry_once(zk):
     assert add_acls(zk, [ALICE, BOB]) == 2
     assert add_acls(zk, [ALICE, OPS]) == 1
     assert set(read_acls(zk)) == {ALICE, BOB, OPS}
-    document = json.loads(zk.client.get(acls_path())[0])
+    document = json.loads(zk.client.get(ZkPaths().acls)[0])
     assert document["version"] == 1
     assert document["acls"] == sorted(document["acls"], key=lambda d: json.dumps(d, sort_keys=True))
     assert {"principal": "alice", "operation": "produce", "resource_type": "topic",
@@ -72,7 +72,7 @@ def test_concurrent_adds_from_several_sessions_all_land(sessions):
 
 
 def test_a_node_that_does_not_parse_is_refused_naming_it(zk):
-    zk.client.create(acls_path(), b"{not json", makepath=True)
+    zk.client.create(ZkPaths().acls, b"{not json", makepath=True)
     with pytest.raises(CoordinationError, match="znode /hpbroker/acls does not hold the ACLs' JSON"):
         read_acls(zk)
     with pytest.raises(CoordinationError, match="does not hold the ACLs' JSON"):
@@ -81,7 +81,7 @@ def test_a_node_that_does_not_parse_is_refused_naming_it(zk):
 
 def test_an_entry_that_does_not_parse_is_skipped(zk):
     document = {"version": 1, "acls": [ALICE.to_dict(), {**BOB.to_dict(), "operation": "teleport"}]}
-    zk.client.create(acls_path(), json.dumps(document).encode(), makepath=True)
+    zk.client.create(ZkPaths().acls, json.dumps(document).encode(), makepath=True)
     assert read_acls(zk) == [ALICE]
 
 
@@ -96,10 +96,10 @@ def test_watch_delivers_the_entries_now_and_after_every_change(zk, sessions):
         assert set(seen.get(timeout=10)) == {ALICE, BOB}
         remove_acls(zk, [ALICE, BOB])
         assert seen.get(timeout=10) == []
-        zk.client.set(acls_path(), b"garbage")  # logged, the entries in force stay
-        zk.client.set(acls_path(), json.dumps({"version": 1, "acls": [OPS.to_dict()]}).encode())
+        zk.client.set(ZkPaths().acls, b"garbage")  # logged, the entries in force stay
+        zk.client.set(ZkPaths().acls, json.dumps({"version": 1, "acls": [OPS.to_dict()]}).encode())
         assert seen.get(timeout=10) == [OPS]
-        zk.client.delete(acls_path())
+        zk.client.delete(ZkPaths().acls)
         assert seen.get(timeout=10) == []
     finally:
         watch.cancel()
@@ -114,7 +114,7 @@ def test_with_the_clusters_credentials_the_node_is_private_to_them(sessions):
     cluster = ZkCredentials("hpbroker", "s3cret")
     owner = sessions(credentials=cluster)
     assert add_acls(owner, [ALICE]) == 1
-    acl, _ = owner.client.get_acls(acls_path())
+    acl, _ = owner.client.get_acls(ZkPaths().acls)
     assert [(entry.id.scheme, entry.id.id, entry.perms) for entry in acl] == \
         [("digest", cluster.id, Permissions.ALL)]
     stranger = sessions()

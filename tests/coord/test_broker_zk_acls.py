@@ -13,7 +13,7 @@ from hpbroker import protocol
 from hpbroker.coord.partition_state import read_state
 from hpbroker.coord.paths import ZkPaths
 from hpbroker.coord.session import Session
-from hpbroker.coord.zk_security import ZkCredentials, cluster_acl, token_key_path, world_writable
+from hpbroker.coord.zk_security import ZkCredentials, cluster_acl, world_writable
 
 pytestmark = pytest.mark.zookeeper
 
@@ -56,7 +56,7 @@ def test_a_broker_with_credentials_protects_every_node_it_creates(tmp_path, zook
         for path in nodes:
             acl = admin.client.get_acls(path)[0]
             assert not world_writable(acl), (path, acl)
-            if path not in (token_key_path(PATHS), PATHS.root + "/acls"):
+            if path not in (PATHS.token_key, PATHS.acls):
                 assert sorted(acl) == sorted(cluster_acl(CLUSTER)), path
         outside = KazooClient(zookeeper.connect_string, auth_data=[CLUSTER.auth_data])
         outside.start(timeout=10)

@@ -23,7 +23,6 @@ from hpbroker.coord.zk_security import (
     cluster_acl,
     digest_id,
     get_or_create_token_key,
-    token_key_path,
     world_writable,
 )
 
@@ -94,12 +93,12 @@ def test_every_node_a_broker_creates_carries_the_cluster_acl(zookeeper, zk_conne
         nodes = walk(admin.client)
         for expected in (PATHS.broker(0), PATHS.topic("orders"), PATHS.topic("logs"), PATHS.controller,
                          PATHS.controller_epoch, PATHS.partition_state("orders", 1),
-                         PATHS.producer_id_block, token_key_path(PATHS)):
+                         PATHS.producer_id_block, PATHS.token_key):
             assert expected in nodes
         for path in nodes:
             acl, _ = admin.client.get_acls(path)
             assert not world_writable(acl), f"{path} is world-writable: {acl}"
-            if path != token_key_path(PATHS):
+            if path != PATHS.token_key:
                 assert sorted(acl) == sorted(cluster_acl(CLUSTER)), path
         # the chroot itself, seen from outside it
         outside = KazooClient(zookeeper.connect_string, auth_data=[CLUSTER.auth_data])
@@ -124,7 +123,7 @@ def test_every_node_a_broker_creates_carries_the_cluster_acl(zookeeper, zk_conne
             with pytest.raises(NoAuthError):
                 attempt()
         with pytest.raises(NoAuthError):
-            plain.get(token_key_path(PATHS))  # the token key cannot even be read
+            plain.get(PATHS.token_key)  # the token key cannot even be read
     finally:
         controller.close()
         member.close()

@@ -22,6 +22,9 @@ def test_default_tree_matches_the_documented_layout():
     assert paths.owner("g1", "orders", 3) == "/hpbroker/consumers/g1/owners/orders/3"
     assert paths.offsets("g1", "orders") == "/hpbroker/consumers/g1/offsets/orders"
     assert paths.offset("g1", "orders", 0) == "/hpbroker/consumers/g1/offsets/orders/0"
+    assert paths.acls == "/hpbroker/acls"
+    assert paths.token_key == "/hpbroker/security/token_key"
+    assert ZkPaths("/").token_key == "/security/token_key"
 
 
 @pytest.mark.parametrize(("root", "expected"), [("/", "/brokers/ids/1"), ("/a/b.c", "/a/b.c/brokers/ids/1")])

@@ -24,7 +24,6 @@ from hpbroker.coord.zk_security import (
     group_credentials,
     member_acl,
     private_acl,
-    token_key_path,
     world_writable,
 )
 
@@ -73,7 +72,7 @@ def test_secure_sets_every_nodes_acl_and_unsecure_opens_them_again(zookeeper, ch
             for path in walk(admin.client, "/"):
                 acl = admin.client.get_acls(path)[0]
                 assert not world_writable(acl), (path, acl)
-                if path == token_key_path(PATHS):
+                if path == PATHS.token_key:
                     assert acl == private_acl(CLUSTER)
                 elif path.startswith(PATHS.group("app")):
                     assert sorted(acl) == sorted(group_acl(key, "app", CLUSTER)), path

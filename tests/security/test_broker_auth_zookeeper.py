@@ -13,8 +13,9 @@ from harness import start_broker, wait_until
 
 from hpbroker import protocol
 from hpbroker.coord.acl_store import add_acls, remove_acls
+from hpbroker.coord.paths import ZkPaths
 from hpbroker.coord.session import connect
-from hpbroker.coord.zk_security import get_or_create_token_key, load_credentials, token_key_path
+from hpbroker.coord.zk_security import get_or_create_token_key, load_credentials
 from hpbroker.security import tokens
 from hpbroker.security.acls import AclEntry
 
@@ -60,7 +61,7 @@ def test_tokens_use_the_cluster_key_and_acls_follow_zookeeper(secured):
     # The fetch token is signed with the cluster's key, the one in ZooKeeper.
     header, issued = alice.ask(protocol.FetchTokenRequest())
     assert header.error_code == 0 and issued.principal == "alice"
-    assert session.client.exists(token_key_path()) is not None  # made by the broker at start
+    assert session.client.exists(ZkPaths().token_key) is not None  # made by the broker at start
     key = get_or_create_token_key(session)
     assert tokens.verify(key, issued.token, issued.expires_at_ms - 1000) == ("alice", issued.expires_at_ms)
 
@@ -86,6 +87,6 @@ def test_a_session_without_the_cluster_credentials_cannot_write_the_brokers_node
         with pytest.raises(NoAuthError):
             intruder.client.create(f"/{child}/planted", b"x")
         with pytest.raises(NoAuthError):
-            intruder.client.get(token_key_path())
+            intruder.client.get(ZkPaths().token_key)
     finally:
         intruder.close()
