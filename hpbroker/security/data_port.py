@@ -17,10 +17,11 @@ Until the first state arrives the guard refuses everything with error 27 ("not r
 never serves a data-port connection it cannot check.
 
 :meth:`DataPortGuard.authenticate` verifies a connection's fetch token
-(``hpbroker.security.tokens``) and that its principal is still on the allowlist: a revoked key's
-token stops working at the next connection, even before it expires (a connection already
-authenticated keeps going until its token expires, as a CurveZMQ connection of a revoked key
-does).  :meth:`DataPortGuard.check` authorises each request on the connection's principal with
+(``hpbroker.security.tokens``) and that its principal is still on the allowlist.  Revocation
+takes effect at once, even before the token expires, as on the front-end: a revoked key's token
+is refused at its next connection, and :meth:`DataPortGuard.check` refuses the next request of a
+connection authenticated before the revocation with error 27 (the data port then closes it).
+:meth:`DataPortGuard.check` authorises each request on the connection's principal with
 the front-end's table (``hpbroker.security.request_access``): a consumer fetch needs ``consume``
 on the topic, a replica fetch ``cluster_action`` on the cluster, a list-offsets ``describe`` on
 the topic (``hpbroker.security.acls``).
@@ -121,10 +122,15 @@ class DataPortGuard:
         return principal, expires_at_ms
 
     def check(self, principal: str, api_key: int, request: protocol.Message) -> HPBrokerError | None:
-        """None when ``principal`` may make ``request``; else the error to answer (28)."""
+        """None when ``principal`` may make ``request``; else the error to answer: 28 when the
+        ACLs do not allow it, 27 (AuthenticationError: the caller closes the connection) when
+        the principal's key is no longer on the allowlist."""
         if not self._ready:
             return AuthenticationError("the data port is not ready: it has not received the broker's "
                                        "security state yet")
+        if principal not in self._principals:
+            return AuthenticationError(f"the key of principal {principal!r} is no longer on the broker's "
+                                       f"allowlist (revoked)")
         if api_key not in _SERVED:
             return InvalidRequestError(f"api_key {api_key} is not served on a data port")
         for operation, resource_type, name in required_access(api_key, request):

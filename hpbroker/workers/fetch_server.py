@@ -37,8 +37,9 @@ and is closed when the slot is done.
 **Security** (docs/SECURITY.md).  On a broker with ``security = "curve"`` and ``data_port_auth =
 "token"`` the server holds a :class:`~hpbroker.security.data_port.DataPortGuard`.  A connection's
 first request must then be an AuthenticateRequest whose fetch token the guard accepts; any other
-first request, a refused token, and any request after the token's expiry are answered with error
-27 and the connection closed once that answer is sent (nothing after it is read).  Each fetch
+first request, a refused token, any request after the token's expiry and any request once the
+principal's key has been revoked (the allowlist no longer names it) are answered with error 27
+and the connection closed once that answer is sent (nothing after it is read).  Each fetch
 and list-offsets of an authenticated connection is checked against the ACLs for its principal:
 a refusal is answered with error 28 and the connection stays.  A connection may authenticate
 again with a newer token before its own expires.  Without a guard an AuthenticateRequest is
@@ -370,6 +371,10 @@ class FetchServer:
             responder(_not_served_reply(header, request))
             return
         error = guard.check(conn.principal, api_key, request)
+        if isinstance(error, AuthenticationError):  # revoked since the connection authenticated
+            logger.info("data port: refused %r: %s", conn, error)
+            self._refuse(conn, header, error, responder)
+            return
         if error is not None:
             responder(error_reply(api_key, header.correlation_id, error, version=header.api_version))
             return
