@@ -120,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     client.add_argument("--fetch-max-wait-ms", type=int, default=500, help="default 500")
     client.add_argument("--fetch-bytes", type=_count, default=1 << 20, help="max_partition_fetch_bytes "
                         "(default 1048576)")
+    client.add_argument("--fetch-via", choices=("data_port", "frontend"), default="data_port",
+                        help="where consumers fetch: the TCP data ports (sendfile, default) or the broker's "
+                        "ZeroMQ front-end (CurveZMQ-encrypted with security on; slower)")
     client.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                         help="e2e: how long consumers may take after the producers end (default 30)")
     out = parser.add_argument_group("output")
@@ -152,7 +155,8 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig:
         max_in_flight=args.max_in_flight, request_timeout_ms=args.request_timeout_ms,
         chunk_records=args.chunk_records, pace_ms=args.pace_ms,
         start_from=args.start_from, check=args.check, fetch_max_wait_ms=args.fetch_max_wait_ms,
-        max_partition_fetch_bytes=args.fetch_bytes, drain_timeout_s=args.drain_timeout,
+        max_partition_fetch_bytes=args.fetch_bytes, fetch_via=args.fetch_via,
+        drain_timeout_s=args.drain_timeout,
         interval_s=args.interval, window_ms=max(1, round(args.window * 1000)), seed=args.seed,
         truth_path=args.truth, report_path=args.report, plot_path=args.plot, json_output=args.json,
         progress=args.progress, key_file=args.key_file, server_key_file=args.server_key_file,

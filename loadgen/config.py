@@ -72,6 +72,9 @@ class LoadConfig:
     check: bool = True
     fetch_max_wait_ms: int = 500
     max_partition_fetch_bytes: int = 1 << 20
+    #: where consumers fetch: "data_port" (the TCP data ports, sendfile) or "frontend" (the
+    #: broker's ZeroMQ front-end, CurveZMQ-encrypted with security on): the consumer's fetch_via.
+    fetch_via: str = "data_port"
     #: e2e: how long consumers may take, after the producers finish, to read what they sent.
     drain_timeout_s: float = 30.0
     #: seconds per progress report and timeline point.
@@ -138,6 +141,8 @@ class LoadConfig:
             raise ValueError(f"start_from {self.start_from!r}: choose earliest or latest")
         _check("fetch_max_wait_ms", self.fetch_max_wait_ms, 0, 600_000)
         _check("max_partition_fetch_bytes", self.max_partition_fetch_bytes, 1024, 1 << 30)
+        if self.fetch_via not in ("data_port", "frontend"):
+            raise ValueError(f"fetch_via {self.fetch_via!r}: choose data_port or frontend")
         _check("drain_timeout_s", self.drain_timeout_s, 0, 10**6)
         _check("interval_s", self.interval_s, 0.05, 3600)
         _check("window_ms", self.window_ms, 1, 2**40)

@@ -88,6 +88,7 @@ class _ConsumerRun:
         consumer = Consumer(config.bootstrap, auto_offset_reset=config.consumer_start, columns=("value",),
                             fetch_max_wait_ms=config.fetch_max_wait_ms,
                             max_partition_fetch_bytes=config.max_partition_fetch_bytes,
+                            fetch_via=config.fetch_via,
                             client_id=f"loadgen-consumer-{task.index}", security=config.security())
         try:
             tps = [TopicPartition(config.topic, p) for p in task.partitions]
