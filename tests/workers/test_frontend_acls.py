@@ -15,7 +15,7 @@ import zmq
 from hpbroker import protocol
 from hpbroker.broker.config import BrokerConfig
 from hpbroker.broker.topics import TopicStore
-from hpbroker.errors import AuthorizationError, InvalidRequestError
+from hpbroker.errors import AuthorizationError, CoordinationError, InvalidRequestError
 from hpbroker.security.acls import AclEntry, Authorizer
 from hpbroker.workers import backend
 from hpbroker.workers.frontend import Frontend
@@ -32,6 +32,7 @@ class StandinSecurity:
         self.principal = principal
         self.authorizer = Authorizer()
         self.issued: list[str] = []
+        self.pending = False  # the ACLs not read yet
 
     def allow(self, *entries: AclEntry) -> None:
         self.authorizer = Authorizer([*self.authorizer.entries, *entries])
@@ -41,7 +42,11 @@ class StandinSecurity:
         return self.principal
 
     def authorize(self, principal, operation, resource_type, name):
-        return self.authorizer.check(principal, operation, resource_type, name)
+        pending = self.acls_pending(principal)
+        return pending or self.authorizer.check(principal, operation, resource_type, name)
+
+    def acls_pending(self, principal):
+        return CoordinationError("ACLs not loaded yet") if self.pending else None
 
     def allows_any(self, principal, operation) -> bool:
         return self.authorizer.allows_any(principal, operation)
@@ -149,6 +154,23 @@ def test_produce_without_acl_is_refused_and_not_relayed_until_an_acl_allows_it(r
     security.allow(topic_acl("produce", "orders"))
     allowed = r.send(produce())
     assert r.relayed() == allowed  # the refused one never reached the worker: this is the first
+
+
+def test_until_the_acls_are_read_every_request_gets_a_retriable_error_not_a_refusal(rig):
+    security = StandinSecurity()
+    security.pending = True
+    r = rig(security)
+    r.store.create("orders", 1)
+    for message in (produce(), protocol.MetadataRequest(["orders"]), protocol.InitProducerIdRequest(),
+                    protocol.FetchTokenRequest()):
+        header, _ = r.answer(message)
+        assert header.error_code == CoordinationError.code, message
+        assert "ACLs not loaded yet" in header.error_message
+    assert security.issued == []
+    security.pending = False
+    security.allow(topic_acl("produce", "orders"))
+    allowed = r.send(produce())
+    assert r.relayed() == allowed  # the one asked while the ACLs were unknown never reached the worker
 
 
 def test_a_refused_acks_0_produce_is_counted_but_not_answered_nor_relayed(rig):
