@@ -1,5 +1,6 @@
 """What CurveZMQ costs: scenarios 1 and 3 against a broker with ``security = "curve"`` beside one
-without, in the same run.
+without, in the same run, and scenario 3 once more on the secured broker with the fetch path
+encrypted too (``fetch_via = "frontend"``).
 
 Run with ``make bench-security`` or::
 
@@ -19,10 +20,16 @@ shared machine's noise hits both alike:
 2. scenario 3: one consumer reading ``--consume-records`` 100-byte records (10 million by
    default) of 2 partitions from the start, checking every record.  Secured, the consumer gets a
    fetch token on the (encrypted) front-end and presents it once per data-port connection; the
-   records themselves still go out with ``sendfile`` in the clear (docs/SECURITY.md).
+   records themselves still go out with ``sendfile`` in the clear (docs/SECURITY.md);
+3. scenario 3 on the secured broker only, with the consumer's ``fetch_via = "frontend"``: the
+   same records fetched through the CurveZMQ front-end, encrypted, without ``sendfile`` (the
+   worker reads each response into memory, the arbiter relays it, libzmq encrypts it and the
+   consumer decrypts it).  Its row compares it with the unsecured broker's data-port read, and
+   says what it is of the secured data-port read too.
 
-Each row gives both sides' median and range and the ratio of the medians (secured / not), and the
-range of the per-round ratios.  Results: ``bench/results/security.{json,md}``.
+The scenario 3 reads of a round run in an order that rotates from round to round.  Each row gives
+both sides' median and range and the ratio of the medians (secured / not), and the range of the
+per-round ratios.  Results: ``bench/results/security.{json,md}``.
 """
 
 from __future__ import annotations
@@ -80,6 +87,7 @@ class Side:
         self.keys = keys
         self.produce: list[float] = []
         self.consume: list[float] = []
+        self.consume_frontend: list[float] = []  # scenario 3 with fetch_via "frontend"
         self.consume_topic = ""
 
     def fill(self, records: int) -> None:
@@ -96,17 +104,17 @@ class Side:
         self.produce.append(figures["records_per_s"])
         return figures["records_per_s"]
 
-    def scenario_3(self, records: int) -> float:
+    def scenario_3(self, records: int, fetch_via: str = "data_port") -> float:
+        name = f"{self.name}-3-consume" + ("-frontend" if fetch_via == "frontend" else "")
         with client_environment(self.keys):
-            report = self.bench.run(f"{self.name}-3-consume", workload="consume", topic=self.consume_topic,
-                                    records=records, check=True)
+            report = self.bench.run(name, workload="consume", topic=self.consume_topic, records=records,
+                                    check=True, fetch_via=fetch_via)
         consume = report["consume"]
         if consume["records"] != records or not report["check"]["ok"]:
-            raise RuntimeError(f"{self.name}: scenario 3 read {consume['records']} of {records}: "
+            raise RuntimeError(f"{name}: scenario 3 read {consume['records']} of {records}: "
                                f"{report['check']}")
-        self.consume.append(consume["records_per_s"])
-        print(f"  {self.name}-3-consume: records_per_s {consume['records_per_s']:,.0f}", file=sys.stderr,
-              flush=True)
+        (self.consume_frontend if fetch_via == "frontend" else self.consume).append(consume["records_per_s"])
+        print(f"  {name}: records_per_s {consume['records_per_s']:,.0f}", file=sys.stderr, flush=True)
         return consume["records_per_s"]
 
 
@@ -116,10 +124,16 @@ def _median_range(values: list[float]) -> str:
 
 def comparison_rows(plain: Side, curve: Side) -> list[dict]:
     rows = []
+    encrypted = statistics.median(curve.consume_frontend) / statistics.median(curve.consume)
     for what, off, on in (("1. one producer, 100 B random values, defaults, max rate (records/s)",
                            plain.produce, curve.produce),
                           ("3. one consumer reading 100 B records of 2 partitions from the start, "
-                           "every record checked (records/s)", plain.consume, curve.consume)):
+                           "every record checked (records/s); secured: fetch token, data ports "
+                           "(sendfile, records in the clear)", plain.consume, curve.consume),
+                          ("3, fetch path encrypted: the same read on the secured broker with "
+                           'fetch_via = "frontend" (CurveZMQ front-end, no sendfile) (records/s); '
+                           f"{encrypted:.2f} of the secured data-port read", plain.consume,
+                           curve.consume_frontend)):
         ratios = [b / a for a, b in zip(off, on, strict=True) if a]
         rows.append({"scenario": what, "off": _median_range(off), "curve": _median_range(on),
                      "ratio": round(statistics.median(on) / statistics.median(off), 3),
@@ -162,21 +176,25 @@ def main(argv: list[str] | None = None) -> int:
             curve = Side("curve", Bench(root / "curve", f"127.0.0.1:{curve_port}", 1, args.duration), keys)
             for side in (plain, curve):
                 side.fill(args.consume_records)
+            reads = [(plain, "data_port"), (curve, "data_port"), (curve, "frontend")]
             for round_number in range(args.rounds):
                 order = (plain, curve) if round_number % 2 == 0 else (curve, plain)
                 for side in order:
                     side.scenario_1()
-                for side in order:
-                    side.scenario_3(args.consume_records)
+                shift = round_number % len(reads)
+                for side, fetch_via in reads[shift:] + reads[:shift]:
+                    side.scenario_3(args.consume_records, fetch_via)
     rows = comparison_rows(plain, curve)
-    text = (f"Machine: {machine()}. {args.rounds} rounds, each side once per round in alternating order; "
+    text = (f"Machine: {machine()}. {args.rounds} rounds: scenario 1 on each side once per round in "
+            f"alternating order, the three scenario 3 reads in an order rotating from round to round; "
             f"{args.duration:g} s per produce run, {args.consume_records:,} records per consume run; "
             f"{time.time() - started:.0f} s in all.\n\n" + table(rows) + "\n")
     (args.out / "security.md").write_text(text)
     with open(args.out / "security.json", "w") as f:
         json.dump({"machine": machine(), "started_at": started, "rounds": args.rounds, "rows": rows,
                    "produce": {"off": plain.produce, "curve": curve.produce},
-                   "consume": {"off": plain.consume, "curve": curve.consume}}, f, indent=1)
+                   "consume": {"off": plain.consume, "curve": curve.consume,
+                               "curve_frontend": curve.consume_frontend}}, f, indent=1)
         f.write("\n")
     print(text)
     return 0
