@@ -62,3 +62,11 @@ def chroot(zookeeper):
     finally:
         admin.stop()
         admin.close()
+
+
+@pytest.fixture
+def no_client_environment(monkeypatch):
+    """No client keys from the environment (``HPBROKER_CLIENT_*``): each client of the test has
+    the security its arguments give it, whatever the shell running the tests holds."""
+    for variable in ("HPBROKER_CLIENT_KEY_FILE", "HPBROKER_CLIENT_SERVER_KEY_FILE", "HPBROKER_CLIENT_CONFIG"):
+        monkeypatch.delenv(variable, raising=False)

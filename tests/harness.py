@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import re
@@ -12,6 +13,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -131,6 +134,72 @@ def start_broker(data_dir: Path, log_path: Path, *, workers: int = 2, port: int 
     process = BrokerProcess(argv, log_path, {**BROKER_TEST_ENV, **(env or {})}, nofile=nofile)
     process.wait_for_log(rf"all {workers} workers serving", timeout_s=20)
     return process, port
+
+
+@dataclass
+class CurveBroker:
+    """A standalone broker with ``security = "curve"`` (:func:`curve_broker`); ``keydir`` holds
+    every key pair (``NAME.key_secret`` and ``NAME.key``, made by ``hpbroker.security.keys``)."""
+
+    process: BrokerProcess
+    port: int
+    keydir: Path
+    allowlist: Path
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+@contextlib.contextmanager
+def curve_broker(root: Path, *, allowed: Iterable[str], others: Iterable[str] = (), super_users: str = "",
+                 workers: int = 2) -> Iterator[CurveBroker]:
+    """A real broker with ``security = "curve"``, standalone: key pairs for ``broker``,
+    ``allowed`` and ``others`` in ``root/keys``, the broker and ``allowed`` on its allowlist
+    (``root/allow``), ``super_users`` (comma-separated) allowed everything.  Stopped at the end,
+    asserting a clean exit."""
+    keydir, allowlist = root / "keys", root / "allow"
+    from hpbroker.security.keys import allow_key, generate_key_pair
+
+    allowed = ["broker", *allowed]
+    for name in (*allowed, *others):
+        generate_key_pair(keydir, name)
+    for name in allowed:
+        allow_key(keydir / f"{name}.key", allowlist)
+    env = {"HPBROKER_SECURITY": "curve", "HPBROKER_SERVER_KEY_FILE": str(keydir / "broker.key_secret"),
+           "HPBROKER_ALLOWLIST_DIR": str(allowlist), "HPBROKER_SUPER_USERS": super_users}
+    process, port = start_broker(root / "data", root / "broker.log", workers=workers, env=env)
+    try:
+        yield CurveBroker(process, port, keydir, allowlist)
+    finally:
+        assert process.stop() == 0, process.log()
+
+
+def credentials_file(directory: Path, line: str = "hpbroker:cluster-secret") -> Path:
+    """A ZooKeeper credentials file (one ``user:password`` line, mode 0600) in ``directory``."""
+    path = directory / "zookeeper.credentials"
+    path.write_text(line + "\n")
+    path.chmod(0o600)
+    return path
+
+
+def znodes(client, path: str = "/") -> list[str]:
+    """``path`` and every znode under it, parents first (``client``: a kazoo client)."""
+    found = [path]
+    for child in client.get_children(path):
+        found += znodes(client, ("" if path == "/" else path) + "/" + child)
+    return found
+
+
+def protected_znodes(client, path: str = "/") -> dict[str, list]:
+    """Every znode under ``path`` (itself included) with its ACL, having asserted that none is
+    world-writable (``client`` may read every ACL: the cluster's credentials)."""
+    from hpbroker.coord.zk_security import world_writable
+
+    acls = {node: client.get_acls(node)[0] for node in znodes(client, path)}
+    for node, acl in acls.items():
+        assert not world_writable(acl), f"{node} is world-writable: {acl}"
+    return acls
 
 
 def start_standin(tmp_path: Path, *, workers: int = 2, modes: dict | None = None, timeout_ms: int = 1000,

@@ -13,7 +13,7 @@ import signal
 import time
 
 import pytest
-from harness import start_broker
+from harness import curve_broker
 
 from hpbroker.cli import main
 from hpbroker.client.admin import Admin
@@ -21,34 +21,20 @@ from hpbroker.client.consumer import Consumer, TopicPartition
 from hpbroker.client.producer import Producer
 from hpbroker.errors import AuthenticationError
 from hpbroker.security.client import ClientSecurity
-from hpbroker.security.keys import allow_key, generate_key_pair
 
 REFUSED_WITHIN_S = 5.0
 _topics = itertools.count()
 
 
+pytestmark = pytest.mark.usefixtures("no_client_environment")
+
+
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory):
     """``(bootstrap, keydir, broker, allowlist)`` of a secured broker."""
-    root = tmp_path_factory.mktemp("secured")
-    keydir, allowlist = root / "keys", root / "allow"
-    for name in ("broker", "alice", "mallory", "carol"):
-        generate_key_pair(keydir, name)
-    for name in ("broker", "alice"):
-        allow_key(keydir / f"{name}.key", allowlist)
-    env = {"HPBROKER_SECURITY": "curve", "HPBROKER_SERVER_KEY_FILE": str(keydir / "broker.key_secret"),
-           "HPBROKER_ALLOWLIST_DIR": str(allowlist), "HPBROKER_SUPER_USERS": "alice"}
-    broker, port = start_broker(root / "data", root / "broker.log", workers=1, env=env)
-    try:
-        yield f"127.0.0.1:{port}", keydir, broker, allowlist
-    finally:
-        assert broker.stop() == 0, broker.log()
-
-
-@pytest.fixture(autouse=True)
-def no_client_environment(monkeypatch):
-    for variable in ("HPBROKER_CLIENT_KEY_FILE", "HPBROKER_CLIENT_SERVER_KEY_FILE", "HPBROKER_CLIENT_CONFIG"):
-        monkeypatch.delenv(variable, raising=False)
+    with curve_broker(tmp_path_factory.mktemp("secured"), allowed=["alice"], others=["mallory", "carol"],
+                      super_users="alice", workers=1) as broker:
+        yield broker.bootstrap, broker.keydir, broker.process, broker.allowlist
 
 
 def security(keydir, name: str) -> ClientSecurity:

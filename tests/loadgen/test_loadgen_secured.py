@@ -5,35 +5,21 @@ ports serve its consumers through fetch tokens; without a key it stops with the 
 from __future__ import annotations
 
 import pytest
-from harness import start_broker
+from harness import curve_broker
 
-from hpbroker.security.keys import allow_key, generate_key_pair
 from loadgen.cli import main
 from loadgen.config import LoadConfig
 from loadgen.runner import LoadgenError, run
+
+pytestmark = pytest.mark.usefixtures("no_client_environment")
 
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory):
     """``(bootstrap, keydir)`` of a secured broker whose super user is ``loader``."""
-    root = tmp_path_factory.mktemp("secured-loadgen")
-    keydir, allowlist = root / "keys", root / "allow"
-    for name in ("broker", "loader"):
-        generate_key_pair(keydir, name)
-        allow_key(keydir / f"{name}.key", allowlist)
-    env = {"HPBROKER_SECURITY": "curve", "HPBROKER_SERVER_KEY_FILE": str(keydir / "broker.key_secret"),
-           "HPBROKER_ALLOWLIST_DIR": str(allowlist), "HPBROKER_SUPER_USERS": "loader"}
-    broker, port = start_broker(root / "data", root / "broker.log", env=env)
-    try:
-        yield f"127.0.0.1:{port}", keydir
-    finally:
-        assert broker.stop() == 0, broker.log()
-
-
-@pytest.fixture(autouse=True)
-def no_client_environment(monkeypatch):
-    for variable in ("HPBROKER_CLIENT_KEY_FILE", "HPBROKER_CLIENT_SERVER_KEY_FILE", "HPBROKER_CLIENT_CONFIG"):
-        monkeypatch.delenv(variable, raising=False)
+    with curve_broker(tmp_path_factory.mktemp("secured-loadgen"), allowed=["loader"],
+                      super_users="loader") as broker:
+        yield broker.bootstrap, broker.keydir
 
 
 def test_an_end_to_end_run_with_keys_checks_every_record(secured):

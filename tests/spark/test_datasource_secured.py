@@ -5,35 +5,19 @@ data ports with fetch tokens; without keys the read fails with the broker's reas
 from __future__ import annotations
 
 import pytest
-from harness import start_broker
+from harness import curve_broker
 
 from hpbroker.client import Admin, ClientSecurity, Producer
-from hpbroker.security.keys import allow_key, generate_key_pair
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.usefixtures("no_client_environment")]
 
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory):
     """``(bootstrap, keydir)`` of a secured broker whose super user is ``analyst``."""
-    root = tmp_path_factory.mktemp("secured-spark")
-    keydir, allowlist = root / "keys", root / "allow"
-    for name in ("broker", "analyst"):
-        generate_key_pair(keydir, name)
-        allow_key(keydir / f"{name}.key", allowlist)
-    env = {"HPBROKER_SECURITY": "curve", "HPBROKER_SERVER_KEY_FILE": str(keydir / "broker.key_secret"),
-           "HPBROKER_ALLOWLIST_DIR": str(allowlist), "HPBROKER_SUPER_USERS": "analyst"}
-    broker, port = start_broker(root / "data", root / "broker.log", env=env)
-    try:
-        yield f"127.0.0.1:{port}", keydir
-    finally:
-        assert broker.stop() == 0, broker.log()
-
-
-@pytest.fixture(autouse=True)
-def no_client_environment(monkeypatch):
-    for variable in ("HPBROKER_CLIENT_KEY_FILE", "HPBROKER_CLIENT_SERVER_KEY_FILE", "HPBROKER_CLIENT_CONFIG"):
-        monkeypatch.delenv(variable, raising=False)
+    with curve_broker(tmp_path_factory.mktemp("secured-spark"), allowed=["analyst"],
+                      super_users="analyst") as broker:
+        yield broker.bootstrap, broker.keydir
 
 
 def test_a_read_with_the_key_options_returns_every_record(spark, secured):
