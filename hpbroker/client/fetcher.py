@@ -62,11 +62,17 @@ with ``token=`` (``hpbroker.client.fetch_tokens``) sends an AuthenticateRequest 
 connect and reads its answer before its first request.  A refused token (error 27: expired,
 revoked key, another cluster's) is dropped and a fresh one asked for once, on a new connection
 (the broker closes a refused one); refused again, the connect raises
-:class:`~hpbroker.errors.AuthenticationError`.  A connection is made again, between requests,
-once two thirds of its token's lifetime have passed, so it never outlives its token; a request
-answered with error 27 all the same (the clocks disagree) raises AuthenticationError from
-:meth:`PartitionFetcher.receive` with the connection dropped, and the next request connects
-with a fresh token.
+:class:`~hpbroker.errors.AuthenticationError`, which is final.  A data port whose worker has not
+yet received the broker's security state (it just started or was respawned) answers error 15
+instead: the connect raises :class:`~hpbroker.errors.PartitionNotAvailableError`, retriable, as
+does a connection the data port closes or drops before answering (ConnectionError, an OSError);
+the fetcher is left disconnected with nothing in flight, and its owner backs off and sends the
+request again (the consumer's ``retry_backoff_ms``), which connects anew.
+
+A connection is made again, between requests, once two thirds of its token's lifetime have
+passed, so it never outlives its token; a request answered with error 27 all the same (the
+clocks disagree) raises AuthenticationError from :meth:`PartitionFetcher.receive` with the
+connection dropped, and the next request connects with a fresh token.
 
 Threads: a fetcher belongs to the thread of its consumer.
 """
@@ -91,6 +97,7 @@ from hpbroker.errors import (
     InvalidConfigError,
     InvalidRequestError,
     OffsetOutOfRangeError,
+    PartitionNotAvailableError,
     error_for_code,
 )
 from hpbroker.records import Record, decode_records, read_header, scan_batches
@@ -315,6 +322,9 @@ class PartitionFetcher:
             return True
         if header.error_code == AuthenticationError.code and not fresh:
             return False
+        if header.error_code == PartitionNotAvailableError.code:  # its worker just started: retriable
+            raise PartitionNotAvailableError(f"data port {self.host}:{self.port} serving {self.topic}-"
+                                             f"{self.partition} is not ready: {header.error_message}")
         raise error_for_code(header.error_code, f"data port {self.host}:{self.port} refused the fetch token "
                                                 f"for {self.topic}-{self.partition}: {header.error_message}")
 

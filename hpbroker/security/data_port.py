@@ -13,8 +13,11 @@ worker becomes ready and whenever the allowlist, the ACLs or the token key chang
      "data_port_auth": "token" | "loopback",
      "own_principal": "broker-1"}              # this broker's key name (its replica fetches)
 
-Until the first state arrives the guard refuses everything with error 27 ("not ready"): a worker
-never serves a data-port connection it cannot check.
+Until the first state (with the token key) arrives the guard refuses every connection with error
+15 (PartitionNotAvailableError, "not ready"): a worker never serves a data-port connection it
+cannot check.  That happens after every worker start or respawn, until the arbiter's push
+arrives, and on a broker with ZooKeeper until it has read the cluster's token key.  The error is
+retriable, unlike 27: clients back off and connect again, as when the worker is not serving yet.
 
 :meth:`DataPortGuard.authenticate` verifies a connection's fetch token
 (``hpbroker.security.tokens``) and that its principal is still on the allowlist.  Revocation
@@ -36,7 +39,12 @@ import time
 from typing import Any
 
 from hpbroker import protocol
-from hpbroker.errors import AuthenticationError, HPBrokerError, InvalidRequestError
+from hpbroker.errors import (
+    AuthenticationError,
+    HPBrokerError,
+    InvalidRequestError,
+    PartitionNotAvailableError,
+)
 from hpbroker.protocol import ApiKey
 from hpbroker.security import tokens
 from hpbroker.security.acls import AclEntry, Authorizer
@@ -110,11 +118,11 @@ class DataPortGuard:
 
     def authenticate(self, token: str, now_ms: int | None = None) -> tuple[str, int]:
         """``(principal, expires_at_ms)`` of a connection presenting ``token``; AuthenticationError
-        saying why not (not ready, malformed, forged, expired, principal no longer allowed)."""
+        saying why not (malformed, forged, expired, principal no longer allowed), or
+        PartitionNotAvailableError (retriable) while the guard is not ready (module docstring)."""
         key = self._key
         if not self._ready or key is None:
-            raise AuthenticationError("the data port is not ready: it has not received the broker's "
-                                      "security state yet; connect again shortly")
+            raise _not_ready()
         principal, expires_at_ms = tokens.verify(key, token, _now_ms() if now_ms is None else now_ms)
         if principal not in self._principals:
             raise AuthenticationError(f"the key of principal {principal!r} is no longer on the broker's "
@@ -126,8 +134,7 @@ class DataPortGuard:
         ACLs do not allow it, 27 (AuthenticationError: the caller closes the connection) when
         the principal's key is no longer on the allowlist."""
         if not self._ready:
-            return AuthenticationError("the data port is not ready: it has not received the broker's "
-                                       "security state yet")
+            return _not_ready()
         if principal not in self._principals:
             return AuthenticationError(f"the key of principal {principal!r} is no longer on the broker's "
                                        f"allowlist (revoked)")
@@ -146,3 +153,9 @@ class DataPortGuard:
             return None
         return tokens.mint(self._key, self.own_principal, self._token_lifetime_ms,
                            _now_ms() if now_ms is None else now_ms)
+
+
+def _not_ready() -> PartitionNotAvailableError:
+    return PartitionNotAvailableError("the data port is not ready: its worker has not received the "
+                                      "broker's security state (or the cluster's token key) yet; connect "
+                                      "again shortly")

@@ -41,9 +41,12 @@ first request, a refused token, any request after the token's expiry and any req
 principal's key has been revoked (the allowlist no longer names it) are answered with error 27
 and the connection closed once that answer is sent (nothing after it is read).  Each fetch
 and list-offsets of an authenticated connection is checked against the ACLs for its principal:
-a refusal is answered with error 28 and the connection stays.  A connection may authenticate
-again with a newer token before its own expires.  Without a guard an AuthenticateRequest is
-answered with error 0 and an empty principal, and each request costs one attribute check more.
+a refusal is answered with error 28 and the connection stays.  Until the worker has the
+broker's security state (it just started) an AuthenticateRequest is answered with error 15
+(PartitionNotAvailableError, retriable: connect again shortly) and the connection closed.  A
+connection may authenticate again with a newer token before its own expires.  Without a guard
+an AuthenticateRequest is answered with error 0 and an empty principal, and each request costs
+one attribute check more.
 
 The listener and every connection sit in one ``epoll`` object, level-triggered, whose own
 descriptor the worker polls with its other sockets: the worker's poll stays four entries long
@@ -64,7 +67,12 @@ import time
 from collections import OrderedDict, deque
 
 from hpbroker import protocol
-from hpbroker.errors import AuthenticationError, HPBrokerError, InvalidRequestError
+from hpbroker.errors import (
+    AuthenticationError,
+    HPBrokerError,
+    InvalidRequestError,
+    PartitionNotAvailableError,
+)
 from hpbroker.protocol import ApiKey
 from hpbroker.security.data_port import DataPortGuard
 from hpbroker.workers.handlers import RequestHandler
@@ -346,7 +354,7 @@ class FetchServer:
         if api_key == ApiKey.AUTHENTICATE:
             try:
                 principal, expires_at_ms = guard.authenticate(request.token)  # type: ignore[attr-defined]
-            except AuthenticationError as e:
+            except (AuthenticationError, PartitionNotAvailableError) as e:  # refused, or not ready yet
                 logger.info("data port: refused %r: %s", conn, e)
                 self._refuse(conn, header, e, responder)
                 return
@@ -380,10 +388,10 @@ class FetchServer:
             return
         self._handler.dispatch(header, request, responder, conn, SERVED_API_KEYS, "tcp")
 
-    def _refuse(self, conn: _Connection, header: protocol.RequestHeader, error: AuthenticationError,
+    def _refuse(self, conn: _Connection, header: protocol.RequestHeader, error: HPBrokerError,
                 responder: Responder) -> None:
-        """Answer ``error`` (27), then close the connection once everything before it is sent:
-        nothing more is read from it."""
+        """Answer ``error`` (27, or 15 while not ready), then close the connection once everything
+        before it is sent: nothing more is read from it."""
         conn.reading = False
         responder(error_reply(header.api_key, header.correlation_id, error, version=header.api_version))
 

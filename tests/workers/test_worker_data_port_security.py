@@ -10,7 +10,7 @@ import pytest
 from worker_harness import TcpClient, fetch_request, make_batch, produce_request
 
 from hpbroker import protocol
-from hpbroker.errors import AuthenticationError
+from hpbroker.errors import AuthenticationError, PartitionNotAvailableError
 from hpbroker.protocol import ApiKey
 from hpbroker.replica.fetcher import ReplicaFetcher
 from hpbroker.security import tokens
@@ -141,11 +141,38 @@ def test_request_after_the_token_expired_is_refused_and_the_connection_closed(se
     _refused_and_closed(client, ApiKey.FETCH, "expired")
 
 
-def test_everything_is_refused_until_the_security_state_arrives(start_worker):
+def test_connections_get_a_retriable_not_ready_until_the_security_state_arrives(start_worker, arbiter):
     worker = start_worker(**SECURE)
     client = TcpClient(worker.port)
     client.send(protocol.AuthenticateRequest(_token()), 1)
-    _refused_and_closed(client, ApiKey.AUTHENTICATE, "not ready")
+    header, _ = client.response(ApiKey.AUTHENTICATE)
+    assert header.error_code == PartitionNotAvailableError.code, header  # retriable, unlike 27
+    assert "not ready" in header.error_message
+    assert client.is_closed_by_peer()
+    assert arbiter.control(0, "security", **_state())["error"] is None
+    client = TcpClient(worker.port)
+    assert _authenticate(client, _token())[0].error_code == 0
+    client.close()
+
+
+def test_partition_fetcher_raises_a_retriable_error_while_the_data_port_is_not_ready(start_worker, arbiter):
+    worker = start_worker(**SECURE)
+    assert arbiter.call(0, produce_request("orders", 0, make_batch("a")))[0].error_code == 0
+    asked = []
+
+    def token(fresh):
+        asked.append(fresh)
+        return _token()
+
+    fetcher = _fetcher(worker.port, token)
+    with pytest.raises(PartitionNotAvailableError, match="not ready") as raised:
+        fetcher.fetch(0)
+    assert raised.value.retriable and asked == [False]  # no fresh token: the token was not refused
+    assert not fetcher.in_flight
+    assert arbiter.control(0, "security", **_state())["error"] is None
+    completed = _fetch_one(fetcher)  # the same fetcher, tried again
+    assert completed.error is None and len(completed.records) == 3
+    fetcher.close()
 
 
 def test_bad_security_state_is_refused_in_the_ack_and_the_old_one_kept(secured, arbiter):
