@@ -18,7 +18,12 @@
 - **the workers** get the security state (the ``security`` control,
   ``BrokerSecurity.worker_state``) when they report ready (:meth:`SecurityState.slot_ready`,
   before their data port is told to serve anything) and whenever the allowlist, the ACLs or the
-  token key change.
+  token key change.  The state is versioned (:attr:`SecurityState.version`, one higher after
+  every change); each control's id is ``security-<pid>-<version>`` and the worker's ack without
+  an error records that its process holds that version.  A control can be lost (the backend
+  send does not block: a worker not keeping up, or not connected yet), so every turn a serving
+  slot whose process has not acknowledged the current version is sent it again, at most every
+  :data:`RESEND_AFTER_S`.
 
 With security off every method is a no-op.  Only the arbiter's loop thread calls it (and
 :meth:`join` before the loop runs).
@@ -29,6 +34,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +52,8 @@ logger = logging.getLogger(__name__)
 
 # Hands a control to a slot's process: (slot index, op, body) -> False when it cannot now.
 SendControl = Callable[[int, str, dict[str, Any]], bool]
+RESEND_AFTER_S = 1.0  # a slot behind on the security state is sent it again at most this often
+_ID_PREFIX = "security-"  # a security control's id: security-<pid>-<version>
 
 
 class SecurityState:
@@ -53,11 +61,15 @@ class SecurityState:
     ``wake`` wakes the loop from another thread."""
 
     def __init__(self, security: BrokerSecurity, slots: Sequence[Slot], send_control: SendControl,
-                 wake: Callable[[], None]) -> None:
+                 wake: Callable[[], None], *, clock: Callable[[], float] = time.monotonic) -> None:
         self.security = security
         self._slots = slots
         self._send_control = send_control
         self._wake = wake
+        self._clock = clock
+        self.version = 1  # of the workers' security state: one higher after every change
+        self._acked: dict[int, tuple[int, int]] = {}  # slot -> (pid, version) its process acknowledged
+        self._sent_at: dict[int, float] = {}  # slot -> when it was last sent the state
         # ACLs as a kazoo thread last saw them, for the loop to take (a deque: append and pop are atomic)
         self._acl_updates: collections.deque[list[AclEntry]] = collections.deque(maxlen=1)
         self._acl_watch: Any = None  # the ACL node's watch (hpbroker.coord.acl_store), once joined
@@ -119,6 +131,8 @@ class SecurityState:
             return False
         if self._take_acls():
             self.push()
+        else:
+            self._resend()
         return True
 
     def _take_acls(self) -> bool:
@@ -150,24 +164,56 @@ class SecurityState:
 
     def slot_ready(self, slot: Slot) -> None:
         """A worker reported ready: its state, before its data port is told to serve anything."""
-        self.push(slot)
-
-    def push(self, slot: Slot | None = None) -> None:
-        """Send the workers (``slot``'s alone, or every serving one) the security state (the
-        ``security`` control: ``BrokerSecurity.worker_state``).  Security off: nothing."""
         if not self.enabled:
             return
+        self._acked.pop(slot.index, None)
+        self._send(slot, self.security.worker_state())
+
+    def push(self) -> None:
+        """The state changed: a new version, sent to every serving slot."""
+        if not self.enabled:
+            return
+        self.version += 1
         state = self.security.worker_state()
-        for target in (slot,) if slot is not None else self._slots:
-            if target.serving:
-                self._send_control(target.index, "security", state)
+        for slot in self._slots:
+            if slot.serving:
+                self._send(slot, state)
+
+    def _resend(self) -> None:
+        """Send the state again to every serving slot whose process has not acknowledged this
+        version, at most every :data:`RESEND_AFTER_S` (a send refused or a control lost)."""
+        now, state = self._clock(), None
+        for slot in self._slots:
+            if slot.serving and self._acked.get(slot.index) != (slot.pid, self.version) \
+                    and now - self._sent_at.get(slot.index, -float("inf")) >= RESEND_AFTER_S:
+                if state is None:
+                    state = self.security.worker_state()
+                logger.info("[arbiter] worker slot=%d has not acknowledged security state %d: sent again",
+                            slot.index, self.version)
+                self._send(slot, state)
+
+    def _send(self, slot: Slot, state: dict[str, Any]) -> None:
+        self._sent_at[slot.index] = self._clock()
+        self._send_control(slot.index, "security", {**state, "id": f"{_ID_PREFIX}{slot.pid}-{self.version}"})
 
     @staticmethod
     def owns(control_id: object) -> bool:
         """Whether a worker's ack is of a ``security`` control."""
-        return control_id is None
+        return isinstance(control_id, str) and control_id.startswith(_ID_PREFIX)
 
-    def acked(self, slot: Slot, control_id: object, error: object) -> None:
-        """A worker's ack of a ``security`` control."""
+    def acked(self, slot: Slot, control_id: str, error: object) -> None:
+        """A worker's ack of a ``security`` control: without an error, its process has the
+        version the id names; with one, it is sent again (logged)."""
         if error:
             logger.error("[arbiter] worker slot=%d could not take the security state: %s", slot.index, error)
+            return
+        try:
+            pid, version = (int(part) for part in control_id[len(_ID_PREFIX):].split("-"))
+        except ValueError:
+            logger.warning("[arbiter] worker slot=%d acknowledged a security control %r of no version",
+                           slot.index, control_id)
+            return
+        if pid == slot.pid:
+            before = self._acked.get(slot.index)
+            if before is None or before[0] != pid or before[1] < version:
+                self._acked[slot.index] = (pid, version)
