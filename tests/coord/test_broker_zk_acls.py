@@ -5,7 +5,7 @@ the chroot) carries the cluster ACL; a process without the credentials writes no
 from __future__ import annotations
 
 import pytest
-from harness import Client, start_broker, wait_until
+from harness import Client, credentials_file, protected_znodes, start_broker, wait_until
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
@@ -13,7 +13,7 @@ from hpbroker import protocol
 from hpbroker.coord.partition_state import read_state
 from hpbroker.coord.paths import ZkPaths
 from hpbroker.coord.session import Session
-from hpbroker.coord.zk_security import ZkCredentials, cluster_acl, world_writable
+from hpbroker.coord.zk_security import ZkCredentials, cluster_acl
 
 pytestmark = pytest.mark.zookeeper
 
@@ -21,20 +21,11 @@ PATHS = ZkPaths()
 CLUSTER = ZkCredentials("hpbroker", "cluster-password")
 
 
-def walk(client, path: str) -> list[str]:
-    found = [path]
-    for child in client.get_children(path):
-        found += walk(client, ("" if path == "/" else path) + "/" + child)
-    return found
-
-
 def test_a_broker_with_credentials_protects_every_node_it_creates(tmp_path, zookeeper, chroot, zk_connect):
-    credentials_file = tmp_path / "zk.credentials"
-    credentials_file.write_text(f"{CLUSTER.user}:{CLUSTER.password}\n")
-    credentials_file.chmod(0o600)
+    credentials = credentials_file(tmp_path, f"{CLUSTER.user}:{CLUSTER.password}")
     (tmp_path / "broker.toml").write_text(
         f'[broker]\nzookeeper = "{zk_connect}"\nzookeeper_session_timeout_ms = 4000\n'
-        f'zookeeper_credentials_file = "{credentials_file}"\n')
+        f'zookeeper_credentials_file = "{credentials}"\n')
     broker, port = start_broker(tmp_path / "data", tmp_path / "broker.log", config=tmp_path / "broker.toml")
     client = Client(port)
     admin = plain = None
@@ -49,13 +40,11 @@ def test_a_broker_with_credentials_protects_every_node_it_creates(tmp_path, zook
         wait_until(lambda: all(read_state(admin, PATHS, "orders", p) for p in (0, 1)), 20,
                    what="the partition states")
         wait_until(lambda: admin.client.exists(PATHS.topic("logs")), 20, what="the topic node of logs")
-        nodes = walk(admin.client, "/")
+        nodes = protected_znodes(admin.client)
         for expected in (PATHS.broker(0), PATHS.topic("orders"), PATHS.partition_state("orders", 1),
                          PATHS.controller, PATHS.controller_epoch, PATHS.producer_id_block):
-            assert expected in nodes, nodes
-        for path in nodes:
-            acl = admin.client.get_acls(path)[0]
-            assert not world_writable(acl), (path, acl)
+            assert expected in nodes, list(nodes)
+        for path, acl in nodes.items():
             if path not in (PATHS.token_key, PATHS.acls):
                 assert sorted(acl) == sorted(cluster_acl(CLUSTER)), path
         outside = KazooClient(zookeeper.connect_string, auth_data=[CLUSTER.auth_data])

@@ -5,7 +5,7 @@ cluster ACL; a process without the credentials reads what it may and writes noth
 from __future__ import annotations
 
 import pytest
-from harness import wait_until
+from harness import protected_znodes, wait_until
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 from kazoo.security import make_digest_acl_credential
@@ -59,13 +59,6 @@ def secured(zk_connect):
         session.close()
 
 
-def walk(client: KazooClient, path: str = "/") -> list[str]:
-    found = [path]
-    for child in client.get_children(path):
-        found += walk(client, ("" if path == "/" else path) + "/" + child)
-    return found
-
-
 def test_digest_id_is_zookeepers():
     assert digest_id("hpbroker", "pw") == make_digest_acl_credential("hpbroker", "pw")
     assert CLUSTER.id == make_digest_acl_credential(CLUSTER.user, CLUSTER.password)
@@ -90,14 +83,12 @@ def test_every_node_a_broker_creates_carries_the_cluster_acl(zookeeper, zk_conne
         assert get_or_create_token_key(secured(), PATHS) == key  # every broker reads the same key
 
         admin = secured()
-        nodes = walk(admin.client)
+        nodes = protected_znodes(admin.client)
         for expected in (PATHS.broker(0), PATHS.topic("orders"), PATHS.topic("logs"), PATHS.controller,
                          PATHS.controller_epoch, PATHS.partition_state("orders", 1),
                          PATHS.producer_id_block, PATHS.token_key):
             assert expected in nodes
-        for path in nodes:
-            acl, _ = admin.client.get_acls(path)
-            assert not world_writable(acl), f"{path} is world-writable: {acl}"
+        for path, acl in nodes.items():
             if path != PATHS.token_key:
                 assert sorted(acl) == sorted(cluster_acl(CLUSTER)), path
         # the chroot itself, seen from outside it

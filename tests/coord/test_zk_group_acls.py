@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from harness import wait_until
+from harness import protected_znodes, wait_until
 from kazoo.exceptions import NoAuthError
 from kazoo.security import OPEN_ACL_UNSAFE
 
@@ -89,10 +89,7 @@ def test_a_member_with_the_groups_credentials_owns_and_commits(broker, open_sess
     assert member.commit({("orders", 0): 42}, "m1") == set()
     assert member.committed("orders", 0) == 42
     # every node of the group carries the group's ACL: nothing is world-writable
-    admin = broker[0]
-    for path in walk(admin.client, PATHS.group("app")):
-        acl, _ = admin.client.get_acls(path)
-        assert not world_writable(acl), (path, acl)
+    for path, acl in protected_znodes(broker[0].client, PATHS.group("app")).items():
         assert sorted(acl) == sorted(member_acl(issued.acl_ids)), path
 
 
@@ -185,13 +182,6 @@ def test_a_group_node_made_before_security_gets_the_groups_acl(broker):
 
 def member_registration(consumer_id: str) -> ConsumerRegistration:
     return ConsumerRegistration(consumer_id, ("orders",), "host", 1)
-
-
-def walk(client, path: str) -> list[str]:
-    found = [path]
-    for child in client.get_children(path):
-        found += walk(client, path + "/" + child)
-    return found
 
 
 def test_issuing_credentials_never_waits_for_zookeeper(zookeeper, chroot, broker):

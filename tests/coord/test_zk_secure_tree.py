@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from harness import credentials_file, protected_znodes
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
@@ -33,15 +34,8 @@ PATHS = ZkPaths()
 CLUSTER = ZkCredentials("hpbroker", "cluster-password")
 
 
-def walk(client, path: str) -> list[str]:
-    found = [path]
-    for child in client.get_children(path):
-        found += walk(client, ("" if path == "/" else path) + "/" + child)
-    return found
-
-
-def secure(zk_connect: str, credentials_file, *args: str) -> subprocess.CompletedProcess:
-    environment = {**os.environ, "HPBROKER_ZOOKEEPER_CREDENTIALS_FILE": str(credentials_file)}
+def secure(zk_connect: str, credentials, *args: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "HPBROKER_ZOOKEEPER_CREDENTIALS_FILE": str(credentials)}
     return subprocess.run([sys.executable, "-m", "hpbroker.cli", "zookeeper", "secure", "--zookeeper",
                            zk_connect, *args], capture_output=True, text=True, timeout=60, env=environment)
 
@@ -55,23 +49,19 @@ def test_secure_sets_every_nodes_acl_and_unsecure_opens_them_again(zookeeper, ch
         group = GroupRegistry(old, "app", PATHS, timeout_s=10)
         group.register(ConsumerRegistration("m0", ("t",)))
         assert group.claim("t", 0, "m0") and group.commit({("t", 0): 3}, "m0") == set()
-        credentials_file = tmp_path / "zk.credentials"
-        credentials_file.write_text(f"{CLUSTER.user}:{CLUSTER.password}\n")
-        credentials_file.chmod(0o600)
+        credentials = credentials_file(tmp_path, f"{CLUSTER.user}:{CLUSTER.password}")
 
-        planned = secure(zk_connect, credentials_file, "--dry-run")
+        planned = secure(zk_connect, credentials, "--dry-run")
         assert planned.returncode == 0, planned.stderr
         assert f"would set the ACL of {PATHS.offset('app', 't', 0)}" in planned.stdout
         assert world_writable(old.client.get_acls(PATHS.topic("t"))[0])  # a dry run changes nothing
 
-        done = secure(zk_connect, credentials_file)
+        done = secure(zk_connect, credentials)
         assert done.returncode == 0, done.stdout + done.stderr
         admin = Session(zk_connect, session_timeout_s=5.0, credentials=CLUSTER).start()
         try:
             key = get_or_create_token_key(admin, PATHS)
-            for path in walk(admin.client, "/"):
-                acl = admin.client.get_acls(path)[0]
-                assert not world_writable(acl), (path, acl)
+            for path, acl in protected_znodes(admin.client).items():
                 if path == PATHS.token_key:
                     assert acl == private_acl(CLUSTER)
                 elif path.startswith(PATHS.group("app")):
@@ -85,7 +75,7 @@ def test_secure_sets_every_nodes_acl_and_unsecure_opens_them_again(zookeeper, ch
             finally:
                 outside.stop()
                 outside.close()
-            again = secure(zk_connect, credentials_file)
+            again = secure(zk_connect, credentials)
             assert again.returncode == 0 and " 0 changed" in again.stdout, again.stdout
 
             # the old session, without credentials, can no longer write; the group's members can
@@ -101,7 +91,7 @@ def test_secure_sets_every_nodes_acl_and_unsecure_opens_them_again(zookeeper, ch
             finally:
                 member_session.close()
 
-            opened = secure(zk_connect, credentials_file, "--unsecure")
+            opened = secure(zk_connect, credentials, "--unsecure")
             assert opened.returncode == 0, opened.stderr
             assert world_writable(old.client.get_acls(PATHS.offset("app", "t", 0))[0])
             old.client.set(PATHS.topic("t"), old.client.get(PATHS.topic("t"))[0])
