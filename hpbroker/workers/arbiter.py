@@ -148,7 +148,7 @@ from hpbroker.workers.liveness import HeartbeatWatch
 from hpbroker.workers.notify import ServiceNotifier
 from hpbroker.workers.ownership import owner_slot
 from hpbroker.workers.replication import UNSAFE_ACK_BEFORE_REPLICATION_ENV, unsafe_ack_before_replication
-from hpbroker.workers.security_state import SecurityState
+from hpbroker.workers.security_state import SecurityState, data_port_host
 from hpbroker.workers.slots import (
     BACKOFF_MAX_S,
     BACKOFF_RESET_S,
@@ -309,9 +309,7 @@ class Arbiter:
         for slot in self._slots:
             _remove_heartbeat(self._run_dir, slot.index)
         self._heartbeats = HeartbeatWatch(self._run_dir)
-        data_host = config.host
-        if self._security.enabled and config.data_port_auth == "loopback":
-            data_host = "127.0.0.1"  # the data ports serve this host only: no token needed
+        data_host = data_port_host(config)  # 127.0.0.1 with data_port_auth = "loopback"
         for slot in self._slots:
             self._listeners.append(_data_listener(data_host, config.fetch_port + slot.index,
                                                   min(config.max_connections, socket.SOMAXCONN)))

@@ -33,11 +33,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ipaddress
 import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from hpbroker.broker.config import BrokerConfig
 from hpbroker.security.broker import BrokerSecurity
 from hpbroker.workers.slots import Slot
 
@@ -46,7 +48,7 @@ if TYPE_CHECKING:  # kazoo is loaded only by a broker configured with ZooKeeper
     from hpbroker.coord.zk_security import ZkCredentials
     from hpbroker.security.acls import AclEntry
 
-__all__ = ["SecurityState"]
+__all__ = ["RESEND_AFTER_S", "SecurityState", "data_port_host"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +56,30 @@ logger = logging.getLogger(__name__)
 SendControl = Callable[[int, str, dict[str, Any]], bool]
 RESEND_AFTER_S = 1.0  # a slot behind on the security state is sent it again at most this often
 _ID_PREFIX = "security-"  # a security control's id: security-<pid>-<version>
+
+
+def data_port_host(config: BrokerConfig) -> str:
+    """The address the data ports bind: ``host``, or 127.0.0.1 with security on and
+    ``data_port_auth = "loopback"`` -- then, when ``host`` is not a loopback address, a WARNING:
+    the broker advertises ``host`` with its data ports, so consumers and followers on other
+    hosts are refused there."""
+    if config.security != "curve" or config.data_port_auth != "loopback":
+        return config.host
+    if not _is_loopback(config.host):
+        logger.warning("[arbiter] data_port_auth = 'loopback': the data ports listen on 127.0.0.1 only, "
+                       "while the broker is reached at %s: consumers on other hosts cannot fetch from it "
+                       "and followers on other hosts cannot replicate from it (connection refused); use "
+                       "data_port_auth = 'token' for a broker served to other hosts", config.host)
+    return "127.0.0.1"
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: what it resolves to is not looked up here
+        return False
 
 
 class SecurityState:
