@@ -47,7 +47,7 @@ class _Token:
     token: str | None  # None: the broker's data ports need none
     principal: str
     expires_at_ms: int
-    renew_at: float  # time.monotonic() seconds
+    renew_at: float  # monotonic seconds (FetchTokens' clock)
 
 
 class FetchTokens:
@@ -55,13 +55,15 @@ class FetchTokens:
 
     ``connect(address)``: a :class:`~hpbroker.client.connection.BrokerConnection` (secured with
     ``security``) to ask ``address`` over; the caller owns it.  ``timeout_s``: how long a
-    FetchTokenRequest may take."""
+    FetchTokenRequest may take.  ``clock``: monotonic seconds, when a token is due for renewal
+    (``time.monotonic``; tests pass their own)."""
 
     def __init__(self, security: ClientSecurity | None, connect: Callable[[BrokerAddress], BrokerConnection],
-                 *, timeout_s: float = 30.0) -> None:
+                 *, timeout_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.security = security
         self._connect = connect
         self._timeout_s = timeout_s
+        self._clock = clock
         self._tokens: dict[BrokerAddress, _Token] = {}
 
     def token_for(self, address: BrokerAddress, *, fresh: bool = False) -> str | None:
@@ -72,7 +74,7 @@ class FetchTokens:
         if self.security is None:
             return None
         cached = self._tokens.get(address)
-        if cached is not None and not fresh and (cached.token is None or time.monotonic() < cached.renew_at):
+        if cached is not None and not fresh and (cached.token is None or self._clock() < cached.renew_at):
             return cached.token
         self._tokens.pop(address, None)
         connection = self._connect(address)
@@ -83,7 +85,7 @@ class FetchTokens:
                         "used without one", address)
             self._tokens[address] = _Token(None, "", -1, float("inf"))
             return None
-        now_s, now_ms = time.monotonic(), time.time_ns() // 1_000_000
+        now_s, now_ms = self._clock(), time.time_ns() // 1_000_000
         left_s = max(0.0, (response.expires_at_ms - now_ms) / 1000)
         self._tokens[address] = _Token(response.token, response.principal, response.expires_at_ms,
                                        now_s + left_s * (1 - RENEW_SHARE))

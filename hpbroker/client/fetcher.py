@@ -174,10 +174,12 @@ class PartitionFetcher:
     def __init__(self, topic: str, partition: int, host: str, port: int, config: FetchConfig,
                  client_id: str = "hpbroker-python", *, raw: bool = False,
                  columns: tuple[str, ...] | None = None,
-                 token: Callable[[bool], str | None] | None = None) -> None:
+                 token: Callable[[bool], str | None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         """``token(fresh)``: the fetch token to authenticate each connection with (module
         docstring, "Fetch tokens"; ``fresh``: the last one was refused); None, or a token of
-        None: the data port needs none."""
+        None: the data port needs none.  ``clock``: monotonic seconds, when a connection is due
+        to be made again with a newer token (``time.monotonic``; tests pass their own)."""
         self.topic = topic
         self.partition = partition
         self.host = host
@@ -197,7 +199,8 @@ class PartitionFetcher:
         self._limit_s = 0.0  # how long the request in flight may go unanswered
         self._correlation_ids = itertools.count(1)
         self._token = token
-        self._renew_at = float("inf")  # when to connect again with a newer token (monotonic)
+        self._clock = clock
+        self._renew_at = float("inf")  # when to connect again with a newer token (on self._clock)
 
     def __repr__(self) -> str:
         return f"PartitionFetcher({self.topic}-{self.partition} via {self.host}:{self.port})"
@@ -259,7 +262,7 @@ class PartitionFetcher:
         frames = protocol.frame_tcp(protocol.encode_request(request, next(self._correlation_ids) & 0xFFFFFFFF,
                                                             self._client_id, version))
         try:
-            if self._sock is not None and time.monotonic() >= self._renew_at:
+            if self._sock is not None and self._clock() >= self._renew_at:
                 self.disconnect()  # nothing in flight: connect again with a newer token
             if self._sock is None:
                 self._connect()
@@ -318,7 +321,7 @@ class PartitionFetcher:
             assert isinstance(response, protocol.AuthenticateResponse)
             left_s = max(0.0, response.expires_at_ms / 1000 - time.time()) if response.expires_at_ms >= 0 \
                 else float("inf")
-            self._renew_at = time.monotonic() + left_s * 2 / 3
+            self._renew_at = self._clock() + left_s * 2 / 3
             return True
         if header.error_code == AuthenticationError.code and not fresh:
             return False

@@ -45,12 +45,25 @@ def test_token_is_cached_per_address_and_asked_again_when_fresh():
     assert tokens.token_for(A) == "t2"
 
 
+class _Clock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now_s = 1000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
 def test_token_is_renewed_with_a_third_of_its_lifetime_left():
-    broker = _Broker(lifetime_ms=900)
-    tokens = FetchTokens(SECURITY, lambda address: broker)
+    broker = _Broker(lifetime_ms=900_000)  # 900 s, so the test's own run time does not count
+    clock = _Clock()
+    tokens = FetchTokens(SECURITY, lambda address: broker, clock=clock)
     assert tokens.token_for(A) == "t1"
+    clock.now_s += 590  # under two thirds of the lifetime gone: the cached token serves
     assert tokens.token_for(A) == "t1"
-    time.sleep(0.65)  # past 600 ms of 900: less than a third left
+    clock.now_s += 20  # 610 s of 900: less than a third left
+    assert tokens.token_for(A) == "t2"
     assert tokens.token_for(A) == "t2"
 
 

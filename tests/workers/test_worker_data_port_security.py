@@ -130,7 +130,7 @@ def test_revoked_principal_is_refused_at_its_next_connection_and_on_those_open(s
 
 def test_request_after_the_token_expired_is_refused_and_the_connection_closed(secured):
     now_ms = time.time_ns() // 1_000_000
-    token, expires_at_ms = tokens.mint(KEY, "alice", 600_000, now_ms - 600_000 + 1500)
+    token, expires_at_ms = tokens.mint(KEY, "alice", 600_000, now_ms - 600_000 + 3000)  # 3 s left
     client = TcpClient(secured.port)
     assert _authenticate(client, token)[1].expires_at_ms == expires_at_ms
     client.send(fetch_request("orders", 0, 0), 2)
@@ -255,10 +255,11 @@ def _fetch_one(fetcher, offset=0, timeout_s=10.0):
         time.sleep(0.005)
 
 
-def _fetcher(port, token):
+def _fetcher(port, token, **options):
     from hpbroker.client.fetcher import FetchConfig, PartitionFetcher
 
-    return PartitionFetcher("orders", 0, "127.0.0.1", port, FetchConfig(fetch_max_wait_ms=0), token=token)
+    return PartitionFetcher("orders", 0, "127.0.0.1", port, FetchConfig(fetch_max_wait_ms=0), token=token,
+                            **options)
 
 
 def test_partition_fetcher_authenticates_each_connection(secured):
@@ -304,22 +305,21 @@ def _list_latest(fetcher, timeout_s=10.0):
 
 
 def test_partition_fetcher_connects_again_with_a_new_token_before_the_old_expires(secured):
-    now_ms = time.time_ns() // 1_000_000
-    short, expires_at_ms = tokens.mint(KEY, "alice", 600_000, now_ms - 600_000 + 1500)
-    given = [short, _token()]
+    # The fetcher's clock is the test's: the tokens live 600 s of real time, the fetcher is told
+    # when two thirds of that have passed.  The first token is bob's (who may not describe
+    # orders), the second alice's, so each answer says which token its connection presented.
+    given = [_token("bob"), _token("alice")]
     asked = []
 
     def token(fresh):
         asked.append(fresh)
         return given[len(asked) - 1]
 
-    fetcher = _fetcher(secured.port, token)
-    assert _list_latest(fetcher).offset == 3 and asked == [False]
-    time.sleep(1.1)  # past two thirds of the 1.5 s the first token had left
-    assert _list_latest(fetcher).offset == 3 and asked == [False, False]  # connected again, new token
-    deadline = time.monotonic() + 10
-    while time.time_ns() // 1_000_000 <= expires_at_ms:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    assert _list_latest(fetcher).error is None  # the first token expired: this connection has the second
+    now = [1000.0]
+    fetcher = _fetcher(secured.port, token, clock=lambda: now[0])
+    assert _list_latest(fetcher).error.code == 28 and asked == [False]  # bob's connection
+    now[0] += 350  # well under two thirds of 600 s: the same connection
+    assert _list_latest(fetcher).error.code == 28 and asked == [False]
+    now[0] += 60  # past two thirds (400 s): connect again, with a new token, before any request
+    assert _list_latest(fetcher).offset == 3 and asked == [False, False]  # alice's connection
     fetcher.close()
