@@ -38,6 +38,10 @@ the others are never decoded nor shipped to the JVM.
 ``failOnDataLoss``     ``true`` (default): a range starting below the log start (retention
                        deleted it) fails the read; ``false``: read on from the log start
 ``fetchMaxBytes``      bytes one fetch asks for (default 1048576)
+``fetchVia``           ``data_port`` (default): fetch over the TCP data ports (``sendfile``; in
+                       the clear, also with security on); ``frontend``: through the broker's
+                       ZeroMQ front-end, CurveZMQ-encrypted when the broker has security on, at
+                       a cost (docs/SECURITY.md, "What it costs")
 ``keyFile``            a broker with ``security = "curve"``: the client's secret key file
                        (default ``$HPBROKER_CLIENT_KEY_FILE``); read on the driver, the keys
                        travel to the executors with the plan
@@ -55,8 +59,9 @@ action); later actions of the same DataFrame read the same ranges, and records a
 are not read.  A new ``load()`` takes a new snapshot.
 
 Each task fetches its range over the partition's TCP data port (``sendfile`` from the segment
-files) and decodes it in compiled code into Arrow batches (``hpbroker.spark.reading``); nothing is
-done per record in Python.  Register with ``spark.dataSource.register(HPBrokerDataSource)``, or
+files; or, with ``fetchVia`` ``frontend``, through the front-end) and decodes it in compiled
+code into Arrow batches (``hpbroker.spark.reading``); nothing is done per record in Python.
+Register with ``spark.dataSource.register(HPBrokerDataSource)``, or
 use ``hpbroker.spark.session()``.
 """
 
@@ -79,6 +84,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from hpbroker.client.frontend_fetcher import FETCH_VIAS
 from hpbroker.errors import InvalidConfigError
 from hpbroker.security.client import resolve_client_security
 from hpbroker.spark.planning import OffsetRange, OffsetSpec, parse_offsets, plan_read
@@ -133,11 +139,14 @@ class ReadOptions:
                                                config_file=get("clientconfig"))
         except InvalidConfigError as e:
             raise ValueError(f"options keyFile, serverKeyFile, clientConfig: {e.message}") from None
+        fetch_via = (get("fetchvia") or "data_port").strip().lower()
+        if fetch_via not in FETCH_VIAS:
+            raise ValueError(f"option fetchVia {fetch_via!r}: expected {' or '.join(FETCH_VIAS)}")
         self.read_config = ReadConfig(
             fetch_max_bytes=_int(get("fetchmaxbytes"), defaults.fetch_max_bytes, "fetchMaxBytes", 1024),
             records_per_batch=_int(get("recordsperbatch"), defaults.records_per_batch, "recordsPerBatch", 1),
             timeout_ms=_int(get("timeoutms"), defaults.timeout_ms, "timeoutMs", 1),
-            fail_on_data_loss=fail == "true", security=security)
+            fail_on_data_loss=fail == "true", security=security, fetch_via=fetch_via)
 
 
 def _spec(offsets: str | None, timestamp: str | None, default: str, what: str) -> OffsetSpec:

@@ -22,6 +22,10 @@ without Spark::
   CurveZMQ client ``ReadConfig.security`` (default: the environment's or client config file's,
   ``hpbroker.security.client.resolve_client_security``), and the data connection presents a
   fetch token asked over the same kind of connection (``hpbroker.client.fetch_tokens``).
+- **The encrypted fetch path.**  With ``ReadConfig.fetch_via = "frontend"`` (the source's option
+  ``fetchVia``) the split is fetched through the partition leader's ZeroMQ front-end
+  (``hpbroker.client.frontend_fetcher``): CurveZMQ-encrypted when the broker has security on, no
+  fetch token, no ``sendfile`` (docs/SECURITY.md, "What it costs").
 - **Faults.**  A lost connection, or a partition not (yet) served, is retried with backoff
   (metadata asked again, in case the partition moved) until it has failed for ``timeout_ms``.
 """
@@ -35,10 +39,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import zmq
 
 from hpbroker.client.connection import BrokerAddress, BrokerConnection, parse_bootstrap
 from hpbroker.client.fetch_tokens import FetchTokens
 from hpbroker.client.fetcher import CompletedFetch, FetchConfig, PartitionFetcher
+from hpbroker.client.frontend_fetcher import FETCH_VIAS, FrontendConnections, FrontendFetcher
 from hpbroker.client.metadata import ClusterMetadata
 from hpbroker.errors import (
     BrokerNotAvailableError,
@@ -75,8 +81,13 @@ class ReadConfig:
     fail_on_data_loss: bool = True
     #: the client's key pair and the broker's public key; None: the environment's, if any.
     security: ClientSecurity | None = None
+    #: where fetches go: "data_port" (the TCP data ports, sendfile) or "frontend" (the broker's
+    #: ZeroMQ front-end, CurveZMQ-encrypted with security on).
+    fetch_via: str = "data_port"
 
     def __post_init__(self) -> None:
+        if self.fetch_via not in FETCH_VIAS:
+            raise InvalidConfigError(f"fetch_via must be one of {FETCH_VIAS}, got {self.fetch_via!r}")
         for name, low in (("fetch_max_bytes", 1024), ("records_per_batch", 1), ("timeout_ms", 1)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
@@ -131,6 +142,7 @@ class _RangeFetches:
         self._token_connection: BrokerConnection | None = None  # what fetch tokens are asked over
         self._tokens = FetchTokens(self.security, self._connect_for_tokens,
                                    timeout_s=config.timeout_ms / 1000)
+        self._frontends: FrontendConnections | None = None  # fetch_via "frontend"
 
     def __iter__(self) -> Iterator[tuple[int, memoryview | bytes]]:
         offset, end = self.split.start, self.split.end
@@ -160,7 +172,7 @@ class _RangeFetches:
                 fetcher.fetch(offset)
             deadline = time.monotonic() + self.config.timeout_ms / 1000
             while True:
-                select.select([fetcher], [], [], max(0.0, min(1.0, deadline - time.monotonic())))
+                _wait(fetcher, max(0.0, min(1.0, deadline - time.monotonic())))
                 completed = fetcher.receive()
                 if completed is not None:
                     assert isinstance(completed, CompletedFetch)
@@ -186,12 +198,22 @@ class _RangeFetches:
         try:  # the first bootstrap address that answers
             info = metadata.partition(split.topic, split.partition, refresh=True)
             answered = metadata.connection.address
+            if info.error_code == 0 and self.config.fetch_via == "frontend":
+                leader = metadata.leader_address(split.topic, split.partition) or answered
         finally:
             metadata.close()
         if info.error_code or not info.fetch_port:
             raise error_for_code(info.error_code or PartitionNotAvailableError.code,
                                  f"{split.topic}-{split.partition} is not being served (error "
                                  f"{info.error_code})")
+        if self.config.fetch_via == "frontend":
+            if self._frontends is None:
+                connect_timeout_s = min(5.0, self.config.timeout_ms / 1000)
+                self._frontends = FrontendConnections(client_id="hpbroker-spark", security=self.security,
+                                                      connect_timeout_s=connect_timeout_s)
+            self.fetcher = FrontendFetcher(split.topic, split.partition, self._frontends, leader,
+                                           self.fetch_config, "hpbroker-spark", raw=True)
+            return self.fetcher
         token = None
         if self.security is not None:
             tokens = self._tokens
@@ -245,9 +267,23 @@ class _RangeFetches:
 
     def close(self) -> None:
         self._forget_fetcher()
+        if self._frontends is not None:
+            self._frontends.close()
+            self._frontends = None
         if self._token_connection is not None:
             self._token_connection.close()
             self._token_connection = None
+
+
+def _wait(fetcher: PartitionFetcher, timeout_s: float) -> None:
+    """Sleep until ``fetcher``'s answer may have arrived, at most ``timeout_s``."""
+    if not isinstance(fetcher, FrontendFetcher):
+        select.select([fetcher], [], [], timeout_s)
+    elif fetcher.in_flight and not fetcher.answered:
+        poller = zmq.Poller()
+        for pollable in fetcher.pollables():
+            poller.register(pollable, zmq.POLLIN)
+        poller.poll(int(timeout_s * 1000))
 
 
 def _security(config: ReadConfig) -> ClientSecurity | None:
