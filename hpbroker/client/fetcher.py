@@ -74,7 +74,12 @@ passed, so it never outlives its token; a request answered with error 27 all the
 clocks disagree) raises AuthenticationError from :meth:`PartitionFetcher.receive` with the
 connection dropped, and the next request connects with a fresh token.
 
-Threads: a fetcher belongs to the thread of its consumer.
+Threads: a fetcher belongs to the thread of its consumer, and its calls block that thread only
+while connecting: the TCP connect (up to ``connect_timeout_ms``) and, to a secured broker, the
+AuthenticateRequest's round trip (up to ``request_timeout_ms``), before which ``token`` may itself
+make a blocking FetchTokenRequest on the front-end (when no token is cached or it is due for
+renewal).  So after a rebalance or a broker restart, N partitions that connect anew cost N such
+round trips, one after the other; requests on a connected fetcher never block.
 """
 
 from __future__ import annotations
