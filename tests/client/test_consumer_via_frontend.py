@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from harness import wait_until
+from harness import start_broker, wait_until
 
 from hpbroker import Consumer, TopicPartition, protocol
 from hpbroker.client.connection import BrokerAddress, BrokerConnection
@@ -182,3 +182,32 @@ def test_the_frontend_answers_unknown_partitions_and_out_of_range_offsets(broker
 def test_an_unknown_fetch_via_is_refused_by_name(bootstrap):
     with pytest.raises(InvalidConfigError, match="fetch_via"):
         Consumer(bootstrap, fetch_via="zmq")
+
+
+def test_a_broker_restart_costs_a_refetch_not_the_request_timeout(tmp_path):
+    """A fetch parked in a broker that restarts is never answered; the connection's monitor sees
+    the disconnect and the fetch is sent again at once, long before it would be overdue."""
+    broker, port = start_broker(tmp_path / "data", tmp_path / "broker.log", workers=1)
+    try:
+        connection = BrokerConnection(BrokerAddress("127.0.0.1", port))
+        create_topic(connection, "restarted", 1)
+        produce(connection, "restarted", 0, values("before", 3))
+        connection.close()
+        tp = TopicPartition("restarted", 0)
+        long_poll_ms = 20_000
+        with Consumer(f"127.0.0.1:{port}", auto_offset_reset="earliest", fetch_via="frontend",
+                      fetch_max_wait_ms=long_poll_ms, request_timeout_ms=30_000) as consumer:
+            consumer.assign([tp])
+            assert [r.value for r in consume(consumer, 3)] == values("before", 3)
+            assert consumer.poll(timeout_ms=300) == {}  # the next fetch parked in the broker
+            assert broker.stop() == 0, broker.log()
+            broker, port = start_broker(tmp_path / "data", tmp_path / "broker.log", workers=1, port=port)
+            started = time.monotonic()
+            connection = BrokerConnection(BrokerAddress("127.0.0.1", port))
+            produce(connection, "restarted", 0, values("after", 2))
+            connection.close()
+            after = consume(consumer, 2, timeout_s=long_poll_ms / 1000)
+            assert [r.value for r in after] == values("after", 2)
+            assert time.monotonic() - started < long_poll_ms / 1000 / 2
+    finally:
+        broker.stop()
