@@ -1,32 +1,40 @@
 """Client-side probes of a secured broker's front-end, with pyzmq's CURVE directly: key pairs
-made with ``zmq.auth``, an allowlist directory, and a DEALER that records its handshake's fate."""
+made with ``zmq.auth``, an allowlist directory, a DEALER that records its handshake's fate, and
+a real secured broker (standalone or under ZooKeeper with the cluster's credentials) to point
+them at."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
 import zmq.auth
+from harness import BrokerProcess, credentials_file, start_broker
 
 from hpbroker import protocol
 
-__all__ = ["Keys", "Probe", "make_keys"]
+__all__ = ["Keys", "Probe", "SecuredBroker", "make_keys", "secured_broker"]
 
 
 class Keys:
     """Key pairs made with pyzmq: ``secrets/NAME.key_secret`` and the public ``NAME.key``
-    beside it; the broker's allowlist is ``allowlist/``."""
+    beside it; the broker's allowlist is ``allowlist/``, holding ``allowed``."""
 
-    def __init__(self, root: Path, names: list[str]) -> None:
+    def __init__(self, root: Path, names: Iterable[str], allowed: Iterable[str] = ()) -> None:
         self.secrets = root / "secrets"
         self.allowlist = root / "allowlist"
         self.secrets.mkdir()
         self.allowlist.mkdir()
         for name in names:
             zmq.auth.create_certificates(str(self.secrets), name)
+        for name in allowed:
+            self.allow(name)
 
     def pair(self, name: str) -> tuple[bytes, bytes]:
         return zmq.auth.load_certificate(str(self.secrets / f"{name}.key_secret"))  # type: ignore[return-value]
@@ -45,10 +53,7 @@ class Keys:
 
 def make_keys(root: Path) -> Keys:
     """broker, alice and bob on the allowlist; mallory not."""
-    keys = Keys(root, ["broker", "alice", "bob", "mallory"])
-    for name in ("broker", "alice", "bob"):
-        keys.allow(name)
-    return keys
+    return Keys(root, ["broker", "alice", "bob", "mallory"], allowed=["broker", "alice", "bob"])
 
 
 class Probe:
@@ -74,6 +79,7 @@ class Probe:
         self.monitor.setsockopt(zmq.LINGER, 0)
         self.monitor.connect(address)
         self.events: list[int] = []
+        self.correlation_id = 1
         self.socket.connect(f"tcp://127.0.0.1:{port}")
         self.socket.send_multipart(protocol.encode_request(protocol.MetadataRequest([]), 1, "probe"))
 
@@ -98,13 +104,76 @@ class Probe:
         return response
 
     def ask(self, message: protocol.Message, timeout_s: float = 10.0):
-        """Send ``message`` on this connection and return its response's ``(header, body)``."""
-        self.socket.send_multipart(protocol.encode_request(message, 2, "probe"))
+        """Send ``message`` on this connection and return its response's ``(header, body)``
+        (after :meth:`metadata` took the first request's answer)."""
+        self.correlation_id += 1
+        self.socket.send_multipart(protocol.encode_request(message, self.correlation_id, "probe"))
         if not self.socket.poll(int(timeout_s * 1000)):
             raise AssertionError(f"no response to {type(message).__name__} in {timeout_s} s")
-        return protocol.decode_response(message.API_KEY, self.socket.recv_multipart())
+        header, body = protocol.decode_response(message.API_KEY, self.socket.recv_multipart())
+        assert header.correlation_id == self.correlation_id, (header, self.correlation_id)
+        return header, body
 
     def close(self) -> None:
         self.socket.disable_monitor()
         self.monitor.close()
         self.socket.close()
+
+
+@dataclass
+class SecuredBroker:
+    """A running broker with ``security = "curve"`` (:func:`secured_broker`).  ``session``: a
+    ZooKeeper session with the cluster's credentials (None standalone); ``context``: for
+    :class:`Probe` s, destroyed with the broker."""
+
+    process: BrokerProcess
+    port: int
+    keys: Keys
+    context: zmq.Context
+    connect_string: str | None = None
+    credentials_file: Path | None = None
+    session: object | None = None
+
+    @property
+    def server_key(self) -> bytes:
+        return self.keys.pair("broker")[0]
+
+    def probe(self, name: str) -> Probe:
+        """A probe authenticated as ``name``, its first request answered: ready to :meth:`Probe.ask`."""
+        probe = Probe(self.context, self.port, self.server_key, self.keys.pair(name))
+        probe.metadata()
+        return probe
+
+
+@contextlib.contextmanager
+def secured_broker(root: Path, zookeeper: str | None = None, *, keys: Keys | None = None,
+                   super_users: str = "", workers: int = 2,
+                   env: dict[str, str] | None = None) -> Iterator[SecuredBroker]:
+    """A real ``hpbroker serve`` with CURVE on, its keys ``keys`` (default :func:`make_keys`),
+    ``super_users`` (comma-separated) allowed everything.  With ``zookeeper`` (a connect string,
+    a test's chroot) it joins that ZooKeeper with the cluster's credentials (a file in ``root``),
+    and the yielded ``session`` holds them too; the nodes, which carry the cluster's ACL, are
+    removed with it at the end (nobody else could).  ``env``: more of the broker's settings."""
+    keys = keys or make_keys(root)
+    settings = {**keys.env(), **({"HPBROKER_SUPER_USERS": super_users} if super_users else {})}
+    credentials = None
+    if zookeeper is not None:
+        credentials = credentials_file(root)
+        settings |= {"HPBROKER_ZOOKEEPER": zookeeper, "HPBROKER_ZOOKEEPER_CREDENTIALS_FILE": str(credentials)}
+    settings |= env or {}
+    process, port = start_broker(root / "data", root / "broker.log", workers=workers, env=settings)
+    context = zmq.Context()
+    session = None
+    try:
+        if zookeeper is not None:
+            from hpbroker.coord.session import connect
+            from hpbroker.coord.zk_security import load_credentials
+
+            session = connect(zookeeper, session_timeout_s=10.0, credentials=load_credentials(credentials))
+        yield SecuredBroker(process, port, keys, context, zookeeper, credentials, session)
+    finally:
+        process.stop()
+        context.destroy(linger=0)
+        if session is not None:
+            session.client.delete("/", recursive=True)
+            session.close()

@@ -6,99 +6,52 @@ without a restart.  The client side is pyzmq's CURVE directly; ``ops`` is a supe
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-import zmq
-import zmq.auth
-from harness import start_broker, wait_until
+from curve_probe import Keys, Probe, secured_broker
+from harness import wait_until
 
 from hpbroker import protocol, records
 
 pytestmark = [pytest.mark.zookeeper, pytest.mark.slow]
 
 WORKERS = 1
-
-
-class Keys:
-    def __init__(self, root: Path, names: list[str]) -> None:
-        self.secrets = root / "secrets"
-        self.allowlist = root / "allowlist"
-        self.secrets.mkdir()
-        self.allowlist.mkdir()
-        for name in names:
-            zmq.auth.create_certificates(str(self.secrets), name)
-            shutil.copy(self.secrets / f"{name}.key", self.allowlist / f"{name}.key")
-
-    def pair(self, name: str) -> tuple[bytes, bytes]:
-        return zmq.auth.load_certificate(str(self.secrets / f"{name}.key_secret"))  # type: ignore[return-value]
-
-
-class CurveClient:
-    """A DEALER on the broker's front-end, authenticated as ``name``."""
-
-    def __init__(self, context: zmq.Context, port: int, keys: Keys, name: str) -> None:
-        self.socket = context.socket(zmq.DEALER)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.curve_publickey, self.socket.curve_secretkey = keys.pair(name)
-        self.socket.curve_serverkey = keys.pair("broker")[0]
-        self.socket.connect(f"tcp://127.0.0.1:{port}")
-        self.correlation_id = 0
-
-    def ask(self, message: protocol.Message, timeout_s: float = 10.0):
-        self.correlation_id += 1
-        self.socket.send_multipart(protocol.encode_request(message, self.correlation_id, "acl-test"))
-        if not self.socket.poll(int(timeout_s * 1000)):
-            raise AssertionError(f"no response to {type(message).__name__} in {timeout_s} s")
-        header, body = protocol.decode_response(message.API_KEY, self.socket.recv_multipart())
-        assert header.correlation_id == self.correlation_id
-        return header, body
+NAMES = ["broker", "alice", "ops"]
 
 
 @pytest.fixture
 def secured(tmp_path, zookeeper, chroot):
     """A broker with CURVE, ZooKeeper ACLs and ``ops`` as super user; ``(alice, ops, acls)``
     where ``acls(*args)`` runs ``hpbroker acls ...`` with the cluster's credentials."""
-    keys = Keys(tmp_path, ["broker", "alice", "ops"])
-    credentials = tmp_path / "zookeeper.credentials"
-    credentials.write_text("hpbroker:cluster-secret\n")
-    credentials.chmod(0o600)
-    zk_connect = zookeeper.connect_string + chroot
-    env = {"HPBROKER_SECURITY": "curve", "HPBROKER_SERVER_KEY_FILE": str(keys.secrets / "broker.key_secret"),
-           "HPBROKER_ALLOWLIST_DIR": str(keys.allowlist), "HPBROKER_SUPER_USERS": "ops",
-           "HPBROKER_ZOOKEEPER": zk_connect, "HPBROKER_ZOOKEEPER_CREDENTIALS_FILE": str(credentials)}
-    broker, port = start_broker(tmp_path / "data", tmp_path / "broker.log", workers=WORKERS, env=env)
-    context = zmq.Context()
+    keys = Keys(tmp_path, NAMES, allowed=NAMES)
+    with secured_broker(tmp_path, zookeeper.connect_string + chroot, keys=keys, super_users="ops",
+                        workers=WORKERS) as broker:
 
-    def acls(*args: str) -> None:
-        done = subprocess.run([sys.executable, "-m", "hpbroker.cli", "acls", *args, "--zookeeper", zk_connect,
-                               "--zookeeper-credentials-file", str(credentials)],
-                              capture_output=True, text=True, timeout=60, env=os.environ.copy())
-        assert done.returncode == 0, done.stderr
+        def acls(*args: str) -> None:
+            done = subprocess.run([sys.executable, "-m", "hpbroker.cli", "acls", *args,
+                                   "--zookeeper", broker.connect_string,
+                                   "--zookeeper-credentials-file", str(broker.credentials_file)],
+                                  capture_output=True, text=True, timeout=60, env=os.environ.copy())
+            assert done.returncode == 0, done.stderr
 
-    try:
-        yield CurveClient(context, port, keys, "alice"), CurveClient(context, port, keys, "ops"), acls
-    finally:
-        context.destroy(linger=0)
-        broker.stop()
+        yield broker.probe("alice"), broker.probe("ops"), acls
 
 
-def log_end(client: CurveClient, topic: str) -> int:
+def log_end(client: Probe, topic: str) -> int:
     header, body = client.ask(protocol.ListOffsetsRequest(topic, 0, protocol.LATEST_TIMESTAMP))
     assert header.error_code == 0, header.error_message
     return body.offset
 
 
-def topic_metadata(client: CurveClient, topic: str) -> protocol.TopicMetadata:
+def topic_metadata(client: Probe, topic: str) -> protocol.TopicMetadata:
     header, body = client.ask(protocol.MetadataRequest([topic]))
     assert header.error_code == 0
     return body.topics[0]
 
 
-def succeeds_once_allowed(client: CurveClient, message: protocol.Message, what: str):
+def succeeds_once_allowed(client: Probe, message: protocol.Message, what: str):
     """Send ``message`` until it is no longer refused (the brokers take a new ACL from their
     ZooKeeper watch, moments after it is written); every refused try is error 28 (or 17,
     retriable: a producer id block not taken yet)."""
@@ -184,21 +137,14 @@ def test_fetch_token_group_credentials_and_producer_ids_follow_the_acls(secured)
 
 
 def test_a_standalone_secured_broker_allows_only_its_super_users(tmp_path):
-    keys = Keys(tmp_path, ["broker", "alice", "ops"])
-    env = {"HPBROKER_SECURITY": "curve", "HPBROKER_SERVER_KEY_FILE": str(keys.secrets / "broker.key_secret"),
-           "HPBROKER_ALLOWLIST_DIR": str(keys.allowlist), "HPBROKER_SUPER_USERS": "ops"}
-    broker, port = start_broker(tmp_path / "data", tmp_path / "broker.log", workers=WORKERS, env=env)
-    context = zmq.Context()
-    try:
-        alice, ops = CurveClient(context, port, keys, "alice"), CurveClient(context, port, keys, "ops")
+    keys = Keys(tmp_path, NAMES, allowed=NAMES)
+    with secured_broker(tmp_path, keys=keys, super_users="ops", workers=WORKERS) as broker:
+        alice, ops = broker.probe("alice"), broker.probe("ops")
         header, _ = alice.ask(protocol.CreateTopicRequest("orders", 1))
         assert header.error_code == 28
         assert topic_metadata(ops, "orders").error_code == 6
         assert ops.ask(protocol.CreateTopicRequest("orders", 1))[0].error_code == 0
         assert alice.ask(protocol.MetadataRequest([]))[1].topics == []
         assert [t.name for t in ops.ask(protocol.MetadataRequest([]))[1].topics] == ["orders"]
-        wait_until(lambda: "refused: principal 'alice' may not create topic 'orders'" in broker.log(),
+        wait_until(lambda: "refused: principal 'alice' may not create topic 'orders'" in broker.process.log(),
                    what="the refusal logged")
-    finally:
-        context.destroy(linger=0)
-        broker.stop()

@@ -7,15 +7,14 @@ from __future__ import annotations
 import re
 
 import pytest
-import zmq
-from curve_probe import Probe, make_keys
-from harness import start_broker, wait_until
+from curve_probe import Probe, secured_broker
+from harness import wait_until
 
 from hpbroker import protocol
 from hpbroker.coord.acl_store import add_acls, remove_acls
 from hpbroker.coord.paths import ZkPaths
 from hpbroker.coord.session import connect
-from hpbroker.coord.zk_security import get_or_create_token_key, load_credentials
+from hpbroker.coord.zk_security import get_or_create_token_key
 from hpbroker.security import tokens
 from hpbroker.security.acls import AclEntry
 
@@ -24,25 +23,10 @@ WORKERS = 2
 
 @pytest.fixture
 def secured(tmp_path, zookeeper, chroot):
-    """A secured broker in ``chroot``: (broker, port, keys, cluster session); the chroot's
-    nodes, which carry the cluster's ACL, removed with its credentials afterwards."""
-    keys = make_keys(tmp_path)
-    credentials_file = tmp_path / "zookeeper.credentials"
-    credentials_file.write_text("hpbroker:cluster-secret\n")
-    credentials_file.chmod(0o600)
-    connect_string = zookeeper.connect_string + chroot
-    env = {**keys.env(), "HPBROKER_ZOOKEEPER": connect_string,
-           "HPBROKER_ZOOKEEPER_CREDENTIALS_FILE": str(credentials_file), "HPBROKER_BROKER_ID": "1"}
-    broker, port = start_broker(tmp_path / "data", tmp_path / "broker.log", workers=WORKERS, env=env)
-    session = connect(connect_string, session_timeout_s=10.0, credentials=load_credentials(credentials_file))
-    context = zmq.Context()
-    try:
-        yield broker, port, keys, session, context
-    finally:
-        broker.stop()
-        context.destroy(linger=0)
-        session.client.delete("/", recursive=True)
-        session.close()
+    """A secured broker in ``chroot`` (curve_probe.secured_broker)."""
+    with secured_broker(tmp_path, zookeeper.connect_string + chroot, workers=WORKERS,
+                        env={"HPBROKER_BROKER_ID": "1"}) as broker:
+        yield broker
 
 
 def topic_error(probe: Probe, topic: str) -> int:
@@ -53,10 +37,8 @@ def topic_error(probe: Probe, topic: str) -> int:
 
 
 def test_tokens_use_the_cluster_key_and_acls_follow_zookeeper(secured):
-    broker, port, keys, session, context = secured
-    server_key = keys.pair("broker")[0]
-    alice = Probe(context, port, server_key, keys.pair("alice"))
-    assert alice.metadata().brokers
+    broker, session = secured.process, secured.session
+    alice = secured.probe("alice")
 
     # The fetch token is signed with the cluster's key, the one in ZooKeeper.
     header, issued = alice.ask(protocol.FetchTokenRequest())
@@ -80,7 +62,7 @@ def test_tokens_use_the_cluster_key_and_acls_follow_zookeeper(secured):
 def test_a_session_without_the_cluster_credentials_cannot_write_the_brokers_nodes(secured, zookeeper, chroot):
     from kazoo.exceptions import NoAuthError
 
-    broker, port, keys, session, context = secured
+    session = secured.session
     intruder = connect(zookeeper.connect_string + chroot, session_timeout_s=10.0)
     try:
         (child, *_) = session.client.get_children("/")

@@ -9,8 +9,8 @@ import socket
 import time
 
 import pytest
-from curve_probe import make_keys
-from harness import start_broker
+from curve_probe import secured_broker
+from harness import wait_until
 
 from hpbroker import protocol, records
 from hpbroker.client.connection import BrokerAddress, BrokerConnection
@@ -25,33 +25,27 @@ from hpbroker.security.client import ClientSecurity
 def secured(tmp_path):
     """``(port, keys, alice, bob)``: a broker holding orders-0 with 3 records; each client a
     secured BrokerConnection."""
-    keys = make_keys(tmp_path)
-    env = {**keys.env(), "HPBROKER_SUPER_USERS": "alice"}
-    broker, port = start_broker(tmp_path / "data", tmp_path / "broker.log", workers=1, env=env)
     made = []
-    try:
-        def connect(name):
-            security = ClientSecurity.from_files(keys.secrets / f"{name}.key_secret",
-                                                 keys.secrets / "broker.key")
-            made.append(BrokerConnection(BrokerAddress("127.0.0.1", port), security=security))
-            return made[-1]
+    with secured_broker(tmp_path, super_users="alice", workers=1) as broker:
+        keys = broker.keys
+        try:
+            def connect(name):
+                security = ClientSecurity.from_files(keys.secrets / f"{name}.key_secret",
+                                                     keys.secrets / "broker.key")
+                made.append(BrokerConnection(BrokerAddress("127.0.0.1", broker.port), security=security))
+                return made[-1]
 
-        alice, bob = connect("alice"), connect("bob")
-        alice.call(protocol.CreateTopicRequest("orders", 1), timeout_s=10)
-        produce = protocol.ProduceRequest("orders", 0, acks=1, timeout_ms=10_000,
-                                          payload=records.build_batch([b"a", b"b", b"c"]))
-        deadline = time.monotonic() + 10
-        while True:  # the new partition's worker may still be opening it
-            response = alice.wait_for(alice.send(produce), 10)
-            if not response.header.error_code or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-        assert response.header.error_code == 0, response.header
-        yield port, keys, alice, bob
-    finally:
-        for connection in made:
-            connection.close()
-        broker.stop()
+            alice, bob = connect("alice"), connect("bob")
+            alice.call(protocol.CreateTopicRequest("orders", 1), timeout_s=10)
+            produce = protocol.ProduceRequest("orders", 0, acks=1, timeout_ms=10_000,
+                                              payload=records.build_batch([b"a", b"b", b"c"]))
+            # the new partition's worker may still be opening it: its error is retriable
+            wait_until(lambda: alice.wait_for(alice.send(produce), 10).header.error_code == 0, 10,
+                       interval_s=0.05, what="the 3 records produced to orders-0")
+            yield broker.port, keys, alice, bob
+        finally:
+            for connection in made:
+                connection.close()
 
 
 def _data_port(connection):

@@ -6,18 +6,18 @@ the group's offsets or ownership.  A real broker, a real ZooKeeper, real consume
 from __future__ import annotations
 
 import pytest
-import zmq
-from curve_probe import Probe, make_keys
-from harness import start_broker, wait_until
+from curve_probe import secured_broker
+from harness import protected_znodes, wait_until
 from kazoo.exceptions import NoAuthError
+from kazoo.security import Permissions
 
 from hpbroker import Consumer, protocol
 from hpbroker.client.consumer import TopicPartition
 from hpbroker.coord.acl_store import add_acls
 from hpbroker.coord.groups import GroupRegistry
 from hpbroker.coord.paths import ZkPaths
-from hpbroker.coord.session import Session, connect
-from hpbroker.coord.zk_security import load_credentials, member_acl, world_writable
+from hpbroker.coord.session import Session
+from hpbroker.coord.zk_security import member_acl
 from hpbroker.errors import AuthorizationError
 from hpbroker.security.acls import AclEntry
 from hpbroker.security.client import ClientSecurity
@@ -30,24 +30,14 @@ PATHS = ZkPaths()
 @pytest.fixture
 def secured(tmp_path, zookeeper, chroot):
     """A secured broker in ``chroot`` with topic ``t`` (2 partitions) and alice allowed to consume
-    it as group ``app``: (port, keys, connect string, cluster session)."""
-    keys = make_keys(tmp_path)
-    credentials_file = tmp_path / "zookeeper.credentials"
-    credentials_file.write_text("hpbroker:cluster-secret\n")
-    credentials_file.chmod(0o600)
-    connect_string = zookeeper.connect_string + chroot
-    env = {**keys.env(), "HPBROKER_ZOOKEEPER": connect_string,
-           "HPBROKER_ZOOKEEPER_CREDENTIALS_FILE": str(credentials_file)}
-    broker, port = start_broker(tmp_path / "data", tmp_path / "broker.log", env=env)
-    session = connect(connect_string, session_timeout_s=10.0, credentials=load_credentials(credentials_file))
-    context = zmq.Context()
-    try:
+    it as group ``app`` (a curve_probe.SecuredBroker)."""
+    with secured_broker(tmp_path, zookeeper.connect_string + chroot) as broker:
+        session = broker.session
         add_acls(session, [AclEntry("alice", "create", "topic", "literal", "t"),
                            AclEntry("alice", "consume", "topic", "literal", "t"),
                            AclEntry("alice", "consume", "group", "literal", "app"),
                            AclEntry("bob", "consume", "topic", "literal", "t")])
-        alice = Probe(context, port, keys.pair("broker")[0], keys.pair("alice"))
-        alice.metadata()  # the probe's first request's answer
+        alice = broker.probe("alice")
 
         def created() -> bool:
             header, _ = alice.ask(protocol.CreateTopicRequest("t", 2))
@@ -56,27 +46,15 @@ def secured(tmp_path, zookeeper, chroot):
         wait_until(created, 15, what="topic t created by alice")
         wait_until(lambda: session.client.exists(PATHS.topic("t")), 15, what="topic t in ZooKeeper")
         alice.close()
-        yield port, keys, connect_string, session
-    finally:
-        broker.stop()
-        context.destroy(linger=0)
-        session.client.delete("/", recursive=True)
-        session.close()
+        yield broker
 
 
 def security_of(keys, name: str) -> ClientSecurity:
     return ClientSecurity.from_files(keys.secrets / f"{name}.key_secret", keys.secrets / "broker.key")
 
 
-def walk(client, path: str) -> list[str]:
-    found = [path]
-    for child in client.get_children(path):
-        found += walk(client, path + "/" + child)
-    return found
-
-
 def test_a_member_writes_its_group_with_the_groups_acl_and_nobody_else_can(secured):
-    port, keys, connect_string, cluster = secured
+    port, keys, connect_string, cluster = secured.port, secured.keys, secured.connect_string, secured.session
     consumer = Consumer(f"127.0.0.1:{port}", security=security_of(keys, "alice"), group="app", topics=["t"],
                         zookeeper=connect_string, session_timeout_ms=4000, enable_auto_commit=False)
     outsider = None
@@ -89,15 +67,16 @@ def test_a_member_writes_its_group_with_the_groups_acl_and_nobody_else_can(secur
 
         wait_until(assigned, 20, what="alice to own both partitions")
         consumer.commit({TopicPartition("t", 0): 0, TopicPartition("t", 1): 0})
-        nodes = walk(cluster.client, PATHS.group("app"))
+        nodes = protected_znodes(cluster.client, PATHS.group("app"))
         assert PATHS.offset("app", "t", 1) in nodes and PATHS.owner("app", "t", 0) in nodes
-        group_acl = None
-        for path in nodes:
-            acl = cluster.client.get_acls(path)[0]
-            assert not world_writable(acl), (path, acl)
-            group_acl = group_acl or sorted(acl)
+        group_acl = sorted(nodes[PATHS.group("app")])
+        for path, acl in nodes.items():
             assert sorted(acl) == group_acl, path
         assert len(group_acl) == 3  # the cluster's id, the group's id, world read
+        # the group's id may not change an ACL: only the cluster's holds ADMIN
+        (member_id,) = [entry.id.id for entry in group_acl if entry.id.id.startswith("group-")]
+        assert [entry.perms for entry in group_acl if entry.id.id == member_id] == [Permissions.ALL
+                                                                                     & ~Permissions.ADMIN]
 
         outsider = Session(connect_string, session_timeout_s=5.0).start()  # no credentials
         stranger = GroupRegistry(outsider, "app", PATHS, timeout_s=10)
@@ -116,7 +95,7 @@ def test_a_member_writes_its_group_with_the_groups_acl_and_nobody_else_can(secur
 
 
 def test_a_principal_without_consume_on_the_group_gets_no_credentials(secured):
-    port, keys, connect_string, cluster = secured
+    port, keys, connect_string, cluster = secured.port, secured.keys, secured.connect_string, secured.session
     with pytest.raises(AuthorizationError, match="bob"):
         Consumer(f"127.0.0.1:{port}", security=security_of(keys, "bob"), group="app", topics=["t"],
                  zookeeper=connect_string, session_timeout_ms=4000)
@@ -124,11 +103,9 @@ def test_a_principal_without_consume_on_the_group_gets_no_credentials(secured):
 
 
 def test_a_member_with_its_groups_credentials_cannot_write_another_group(secured):
-    port, keys, connect_string, cluster = secured
+    connect_string, cluster = secured.connect_string, secured.session
     add_acls(cluster, [AclEntry("alice", "consume", "group", "literal", "other")])
-    probe_context = zmq.Context()
-    alice = Probe(probe_context, port, keys.pair("broker")[0], keys.pair("alice"))
-    alice.metadata()  # the probe's first request's answer
+    alice = secured.probe("alice")
     try:
         def issued(group: str):
             header, response = alice.ask(protocol.GroupCredentialsRequest(group))
@@ -151,4 +128,3 @@ def test_a_member_with_its_groups_credentials_cannot_write_another_group(secured
             member.close()
     finally:
         alice.close()
-        probe_context.destroy(linger=0)
