@@ -11,7 +11,10 @@ loop until told to stop.  The loop polls four things with one ``zmq.Poller``:
   "error"}``);
 - a wake-up pipe, written by the flusher thread when a group commit is done and by the signal
   machinery (``signal.set_wakeup_fd``) when a signal arrives;
-- the TCP data port (``hpbroker.workers.fetch_server``), through its epoll descriptor;
+- the TCP data port (``hpbroker.workers.fetch_server``), through its epoll descriptor.  It
+  serves from the first turn, before the arbiter's security state has arrived: a secured
+  worker's data port answers every connection meanwhile with error 15 ("not ready", retriable)
+  and closes it, never serving one it cannot check;
 - the replica fetchers' connections to their leaders (``hpbroker.workers.replication``: one per
   partition this broker follows), registered anew each turn as they connect and reconnect;
 
@@ -151,7 +154,7 @@ class Worker:
         self._stats_failing = False  # the last stats file write failed (logged once)
         self._heartbeat_failing = False  # the last heartbeat content write failed (logged once)
         # Data-port security (hpbroker.security.data_port): the state comes in the "security" control
-        # message; until then a secured worker's data port refuses every connection.
+        # message; until then a secured worker's data port answers every connection "not ready" (15).
         self._guard = DataPortGuard(config.fetch_token_lifetime_ms) if config.security == "curve" else None
         self._partitions = PartitionSet(config.data_dir, config.log, self._flusher, self._stats,
                                         producer_id_issued=IssuedProducerIds(config.data_dir))
