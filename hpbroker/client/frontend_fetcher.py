@@ -249,7 +249,7 @@ class FrontendFetcher(PartitionFetcher):
         self._fetch_offset = -1
         self._listing = None
 
-    def close(self) -> None:  # type: ignore[override]
+    def close(self) -> None:
         """Forget the request in flight and let go of the connection (closed with its last user)."""
         self.disconnect()
         shared, self._shared = self._shared, None
