@@ -155,10 +155,12 @@ class AllowlistAuthenticator(ThreadAuthenticator):
         removed = frozenset(name for name, _ in before - after)
         return added, removed
 
-    def stop(self) -> None:
+    def stop(self) -> bool:
         """Stop the handler's thread and close its sockets; before the ZeroMQ context ends.  A
         thread that has died already is not asked (its end of the pipe is gone: a send would
-        block for ever)."""
+        block for ever).  False when the thread did not stop within :data:`_STOP_TIMEOUT_S`:
+        its sockets stay open (they are its own while it runs), so ``context.term()`` would
+        wait for ever -- the owner ends the context with ``context.destroy(linger=0)`` instead."""
         if self.pipe is not None:
             thread = self.thread
             if thread is not None and thread.is_alive():
@@ -166,15 +168,16 @@ class AllowlistAuthenticator(ThreadAuthenticator):
                     self.pipe.send(b"TERMINATE", zmq.NOBLOCK)
                 thread.join(_STOP_TIMEOUT_S)
                 if thread.is_alive():
-                    logger.error("[security] the ZAP handler's thread did not stop within %g s",
-                                 _STOP_TIMEOUT_S)
-                    return  # its sockets are its own while it runs
+                    logger.error("[security] the ZAP handler's thread did not stop within %g s; its "
+                                 "sockets are closed with the context", _STOP_TIMEOUT_S)
+                    return False
             self.pipe.close(linger=0)
             self.pipe = None  # type: ignore[assignment]
             self.thread = None  # type: ignore[assignment]
         if self.zap_socket is not None:
             self.zap_socket.close(linger=0)
             self.zap_socket = None  # type: ignore[assignment]
+        return True
 
     def principals(self) -> frozenset[str]:
         """The names on the allowlist now."""
@@ -183,10 +186,6 @@ class AllowlistAuthenticator(ThreadAuthenticator):
     def alive(self) -> bool:
         """Whether the handler's thread runs."""
         return self.is_alive()
-
-    def curve_user_id(self, client_public_key: bytes) -> str:
-        """The principal of a key on the allowlist (``User-Id``); empty when it is not on it."""
-        return self._keys.get(z85.encode(client_public_key), "")
 
     async def handle_zap_message(self, msg: list[bytes]) -> None:
         """Answer one ZAP request (RFC 27): 200 with the key's name as User-Id for a CURVE key on

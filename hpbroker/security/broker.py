@@ -277,8 +277,12 @@ class BrokerSecurity:
                 "acls": [entry.to_dict() for entry in self._acls],
                 "data_port_auth": self._config.data_port_auth, "own_principal": self.own_principal}
 
-    def close(self) -> None:
-        """Stop the ZAP handler; before the ZeroMQ context ends."""
+    def close(self) -> bool:
+        """Stop the ZAP handler; before the ZeroMQ context ends.  False when its thread did not
+        stop: end the context with ``destroy(linger=0)``, not ``term()`` (which would wait for
+        the thread's sockets for ever)."""
+        stopped = True
         if self._authenticator is not None:
-            self._authenticator.stop()
+            stopped = self._authenticator.stop()
             self._authenticator = None
+        return stopped

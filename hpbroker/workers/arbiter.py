@@ -591,10 +591,14 @@ class Arbiter:
         for sock in (self._front, self._back):
             if sock is not None:
                 sock.close()
-        if self._security is not None:  # its ZAP handler's sockets, before the context ends
-            self._security.close()
+        # its ZAP handler's sockets, before the context ends; a handler that would not stop
+        # keeps its sockets open, and term() would wait for them for ever
+        stopped = self._security is None or self._security.close()
         if self._context is not None:
-            self._context.term()
+            if stopped:
+                self._context.term()
+            else:
+                self._context.destroy(linger=0)
         self._front = self._back = self._context = None
         for listener in self._listeners:
             listener.close()

@@ -164,19 +164,18 @@ class Frontend:
         self._dropped_ids: dict[str, str] = {}
         # The enabled BrokerSecurity, or None: the one attribute the unsecured path tests.
         self._security: BrokerSecurity | None = None
-        self._security_object: BrokerSecurity | None = None
         self._denials_logged_at = float("-inf")
         self._denials_unlogged = 0
 
     @property
     def security(self) -> BrokerSecurity | None:
-        """The broker's security (set by the arbiter before the front-end binds); None, or one
-        not enabled, serves every request as a broker without security does."""
-        return self._security_object
+        """The broker's security when enabled, else None (set by the arbiter before the
+        front-end binds); setting None, or one not enabled, serves every request as a broker
+        without security does."""
+        return self._security
 
     @security.setter
     def security(self, security: BrokerSecurity | None) -> None:
-        self._security_object = security
         self._security = security if security is not None and security.enabled else None
 
     def configure(self, front: zmq.Socket) -> FrontendPeers:
