@@ -43,6 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="start at the first record at or after TIME (ms since the epoch or ISO 8601)")
     consume.add_argument("--max-records", "-n", type=int, metavar="N", help="stop after N records")
     consume.add_argument("--timeout-ms", type=int, metavar="MS", help="stop once no record came for MS ms")
+    consume.add_argument("--fetch-via", choices=("data_port", "frontend"), default="data_port",
+                         help="fetch over the TCP data ports (sendfile, in the clear; default) or through "
+                              "the front-end (encrypted when the broker runs security = curve)")
     consume.add_argument("--format", choices=("text", "raw", "value", "json"), default="text",
                          help="text (default: newlines and unprintable bytes escaped), raw (the same "
                               "lines, bytes as they are), value (the value's bytes alone) or json")
@@ -135,7 +138,8 @@ def _run(args: argparse.Namespace) -> int:
     else:
         reset = "latest"
     with Consumer(args.bootstrap, auto_offset_reset=reset, consumer_timeout_ms=args.timeout_ms,
-                  client_id="hpbroker-cli", security=client_security(args)) as consumer:
+                  client_id="hpbroker-cli", security=client_security(args),
+                  fetch_via=args.fetch_via) as consumer:
         partitions = args.partition or sorted(consumer.partitions_for_topic(args.topic))
         assigned = [TopicPartition(args.topic, p) for p in partitions]
         consumer.assign(assigned)

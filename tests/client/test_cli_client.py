@@ -81,6 +81,9 @@ def test_consume_from_an_offset_or_a_time_in_text(broker, topic_name):
     idle = hpbroker(port, "consume", topic_name, "--from-beginning", "--timeout-ms", "300",
                     "--format", "value")
     assert idle.returncode == 0 and idle.stdout == b"first\nsecond\nthird\n"
+    via_frontend = hpbroker(port, "consume", topic_name, "--from-beginning", "--timeout-ms", "300",
+                            "--format", "value", "--fetch-via", "frontend")
+    assert via_frontend.returncode == 0 and via_frontend.stdout == b"first\nsecond\nthird\n"
 
 
 def test_an_unknown_topic_is_a_clear_error(broker):
