@@ -52,6 +52,7 @@ from kazoo.security import ACL, Id, Permissions, make_acl
 
 from hpbroker.coord.paths import ZkPaths
 from hpbroker.errors import AuthorizationError, CoordinationError, InvalidConfigError
+from hpbroker.security.tokens import TOKEN_KEY_BYTES  # the token key's length (pure: no kazoo, no zmq)
 
 if TYPE_CHECKING:
     from hpbroker.coord.session import Session
@@ -78,7 +79,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-TOKEN_KEY_BYTES = 32  # the token key's length: an HMAC-SHA256 key of the hash's size
 _MAX_FILE_BYTES = 4096  # a credentials file is one short line; anything longer is not one
 _GROUP_USER_PREFIX = "group-"
 _GROUP_USER_HEX = 24  # hex digits of sha256(group) in the group's user name

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpbroker.errors import AuthorizationError, InvalidConfigError
+from hpbroker.security.keys import KEY_NAME as _PRINCIPAL  # a principal is a key's name
 
 __all__ = [
     "ANY_PRINCIPAL",
@@ -85,7 +86,6 @@ OPERATIONS_BY_TYPE: Mapping[ResourceType, frozenset[Operation]] = {
 _IMPLY_DESCRIBE = frozenset({Operation.PRODUCE, Operation.CONSUME, Operation.CREATE, Operation.DELETE,
                              Operation.ALTER})
 
-_PRINCIPAL = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")  # a key name (hpbroker.security.keys)
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")  # a topic or group name, or a prefix of one
 _FIELDS = ("principal", "operation", "resource_type", "pattern_type", "name")
 

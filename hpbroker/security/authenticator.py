@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import time
 from collections.abc import Mapping
 
@@ -45,41 +44,16 @@ from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
 from hpbroker.errors import InvalidConfigError
+from hpbroker.security.keys import PUBLIC_SUFFIX, check_key_name, load_public_key
 
-__all__ = ["ZAP_DOMAIN", "AllowlistAuthenticator", "read_allowlist", "read_public_key"]
+__all__ = ["ZAP_DOMAIN", "AllowlistAuthenticator", "read_allowlist"]
 
 logger = logging.getLogger(__name__)
 
 ZAP_DOMAIN = "hpbroker"  # the front-end's ZAP domain (ZAP_DOMAIN socket option)
-KEY_SUFFIX = ".key"  # a public key file: NAME.key
-_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")  # a principal: a key file's stem
 _ZAP_VERSION = b"1.0"
 _STOP_TIMEOUT_S = 5.0  # how long stop() waits for the handler's thread
 _REFUSAL_LOG_INTERVAL_S = 10.0  # one WARNING per this long while connections are refused
-
-
-def read_public_key(path: str) -> bytes:
-    """The z85 public key (40 bytes) of a ``zmq.auth`` key file; InvalidConfigError naming the
-    path when it cannot be read or holds no valid public key."""
-    try:
-        with open(path, "rb") as f:
-            text = f.read(65536)
-    except OSError as e:
-        raise InvalidConfigError(f"cannot read key file {path}: {e.strerror or e}") from None
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith(b"public-key"):
-            _, _, value = line.partition(b"=")
-            key = value.strip().strip(b"'\"")
-            if len(key) != 40:
-                raise InvalidConfigError(f"key file {path}: public-key must be 40 z85 characters, "
-                                         f"got {len(key)}")
-            try:
-                z85.decode(key)
-            except (ValueError, KeyError, IndexError):
-                raise InvalidConfigError(f"key file {path}: public-key is not z85") from None
-            return key
-    raise InvalidConfigError(f"key file {path} holds no public-key line (not a zmq.auth key file)")
 
 
 def read_allowlist(directory: str, *, strict: bool) -> dict[bytes, str]:
@@ -93,17 +67,18 @@ def read_allowlist(directory: str, *, strict: bool) -> dict[bytes, str]:
                                  f"{e.strerror or e}") from None
     keys: dict[bytes, str] = {}
     for entry in entries:
-        if not entry.endswith(KEY_SUFFIX):
+        if not entry.endswith(PUBLIC_SUFFIX):
             continue
         path = os.path.join(directory, entry)
-        name = entry[:-len(KEY_SUFFIX)]
+        name = entry[:-len(PUBLIC_SUFFIX)]
         try:
             if not os.path.isfile(path):
                 continue
-            if not _NAME.fullmatch(name):
-                raise InvalidConfigError(f"key file {path}: {name!r} is not a valid key name "
-                                         "(1 to 100 of A-Z a-z 0-9 . _ -, not starting with '.')")
-            key = read_public_key(path)
+            try:
+                check_key_name(name)
+            except InvalidConfigError as e:
+                raise InvalidConfigError(f"key file {path}: {e.message}") from None
+            key = load_public_key(path)
         except InvalidConfigError as e:
             if strict:
                 raise

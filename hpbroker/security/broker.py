@@ -2,13 +2,14 @@
 
 :class:`BrokerSecurity` gathers what ``security = "curve"`` needs on the arbiter's side:
 
-- **the server key** (``server_key_file``, a ``zmq.auth`` secret key file ``NAME.key_secret``):
-  read and checked when the object is made (the broker's start, before any worker is forked):
-  a missing file, one without a secret key, or a secret key whose public key is not the one
-  beside it in the file stops the start with an InvalidConfigError naming the path.  ``NAME``
-  is the broker's own principal (:attr:`BrokerSecurity.own_principal`): the one its followers'
-  replica fetches carry, which the other brokers' allowlists must hold and their ACLs allow
-  ``cluster_action`` (or list among ``super_users``).
+- **the server key** (``server_key_file``, a ``zmq.auth`` secret key file ``NAME.key_secret``,
+  read by ``hpbroker.security.keys``): read and checked when the object is made (the broker's
+  start, before any worker is forked): a missing file, one without a secret key, or a secret
+  key whose public key is not the one beside it in the file stops the start with an
+  InvalidConfigError naming the path.  ``NAME`` is the broker's own principal
+  (:attr:`BrokerSecurity.own_principal`): the one its followers' replica fetches carry, which
+  the other brokers' allowlists must hold and their ACLs allow ``cluster_action`` (or list
+  among ``super_users``).
 - **the allowlist** (``hpbroker.security.authenticator``): read once when the object is made,
   so that a bad directory stops the start before anything else; its ZAP handler started by
   :meth:`BrokerSecurity.secure_front`, which then makes the front-end ROUTER a CURVE server
@@ -43,7 +44,6 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import zmq
@@ -59,6 +59,7 @@ from hpbroker.errors import (
 from hpbroker.security import tokens
 from hpbroker.security.acls import AclEntry, Authorizer
 from hpbroker.security.authenticator import ZAP_DOMAIN, AllowlistAuthenticator, read_allowlist
+from hpbroker.security.keys import SECRET_SUFFIX, key_name, read_key_file
 
 if TYPE_CHECKING:  # only a type: hpbroker.security never imports hpbroker.coord
     from hpbroker.coord.zk_security import GroupCredentials
@@ -69,8 +70,6 @@ if TYPE_CHECKING:  # only a type: hpbroker.security never imports hpbroker.coord
 __all__ = ["BrokerSecurity", "ServerKey", "load_server_key"]
 
 logger = logging.getLogger(__name__)
-
-SECRET_SUFFIX = ".key_secret"  # a secret key file: NAME.key_secret
 
 
 class ServerKey:
@@ -83,36 +82,24 @@ class ServerKey:
 
 
 def load_server_key(path: str) -> ServerKey:
-    """Read and check ``server_key_file`` (module docstring); InvalidConfigError naming the path."""
+    """Read and check ``server_key_file`` (module docstring, ``hpbroker.security.keys``'s reader);
+    InvalidConfigError naming the path."""
     try:
-        with open(path, "rb") as f:
-            text = f.read(65536)
-    except OSError as e:
-        raise InvalidConfigError(f"cannot read server_key_file {path}: {e.strerror or e}") from None
-    fields: dict[bytes, bytes] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        for field in (b"public-key", b"secret-key"):
-            if line.startswith(field):
-                fields.setdefault(field, line.partition(b"=")[2].strip().strip(b"'\""))
-    if b"secret-key" not in fields:
+        public, secret = read_key_file(path)
+    except InvalidConfigError as e:
+        raise InvalidConfigError(f"server_key_file: {e.message}") from None
+    if secret is None:
         raise InvalidConfigError(f"server_key_file {path} holds no secret-key: give the secret key "
                                  f"file (NAME{SECRET_SUFFIX}, from `hpbroker keys generate NAME`), not the "
                                  "public one")
-    secret = fields[b"secret-key"]
     try:
-        if len(secret) != 40:
-            raise ValueError
-        public = zmq.curve_public(secret)
-    except (ValueError, zmq.ZMQError):
-        raise InvalidConfigError(f"server_key_file {path}: secret-key must be 40 z85 characters "
-                                 f"(got {len(secret)} characters that are not a CurveZMQ key)") from None
-    if b"public-key" in fields and fields[b"public-key"] != public:
+        own_public = zmq.curve_public(secret)
+    except zmq.ZMQError:
+        raise InvalidConfigError(f"server_key_file {path}: its secret-key is not a CurveZMQ key") from None
+    if own_public != public:
         raise InvalidConfigError(f"server_key_file {path}: its public-key is not the secret key's (the file "
                                  "was edited or pieced together from two key pairs)")
-    name = os.path.basename(path)
-    name = name[:-len(SECRET_SUFFIX)] if name.endswith(SECRET_SUFFIX) else Path(name).stem
-    return ServerKey(name, public, secret)
+    return ServerKey(key_name(path), public, secret)
 
 
 class BrokerSecurity:

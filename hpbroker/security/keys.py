@@ -36,7 +36,7 @@ from zmq.utils import z85
 
 from hpbroker.errors import InvalidConfigError
 
-__all__ = ["PUBLIC_SUFFIX", "REVOKED_DIR", "SECRET_SUFFIX", "KeyInfo", "KeyPair", "allow_key",
+__all__ = ["KEY_NAME", "PUBLIC_SUFFIX", "REVOKED_DIR", "SECRET_SUFFIX", "KeyInfo", "KeyPair", "allow_key",
            "check_key_name", "generate_key_pair", "key_name", "list_keys", "load_key_pair", "load_public_key",
            "read_key_file", "revoke_key"]
 
@@ -46,7 +46,7 @@ PUBLIC_SUFFIX = ".key"  # zmq.auth's public certificate
 SECRET_SUFFIX = ".key_secret"  # zmq.auth's secret certificate
 REVOKED_DIR = "revoked"  # under an allowlist: keys taken off it (the broker does not read it)
 Z85_KEY_CHARS = 40  # a 32-byte CURVE key in z85
-_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
+KEY_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")  # a key's name: its principal
 _Z85_ALPHABET = frozenset(b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
                           b".-:+=^!/*?&<>()[]{}@%$#")
 
@@ -73,7 +73,7 @@ class KeyInfo:
 
 def check_key_name(name: str) -> str:
     """``name`` if it may name a key (module docstring), else InvalidConfigError saying why."""
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
+    if not isinstance(name, str) or not KEY_NAME.fullmatch(name):
         raise InvalidConfigError(
             f"bad key name {name!r}: expected 1 to 100 of A-Z a-z 0-9 . _ - , not starting with '.'")
     return name

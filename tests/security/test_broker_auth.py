@@ -191,13 +191,13 @@ def test_bad_key_files_stop_the_start(tmp_path, keys, case):
         expected = f"cannot read the allowlist directory {tmp_path / 'nowhere'}"
     elif case == "bad key in allowlist":
         (keys.allowlist / "carol.key").write_text("public-key = \"short\"\n")
-        expected = f"key file {keys.allowlist / 'carol.key'}: public-key must be 40 z85 characters"
+        expected = f"{keys.allowlist / 'carol.key'}: the public key is not 40 z85 characters"
     elif case == "public server key":
         env["HPBROKER_SERVER_KEY_FILE"] = str(keys.secrets / "broker.key")
         expected = "holds no secret-key: give the secret key file"
     elif case == "missing server key":
         env["HPBROKER_SERVER_KEY_FILE"] = str(tmp_path / "none.key_secret")
-        expected = f"cannot read server_key_file {tmp_path / 'none.key_secret'}"
+        expected = f"server_key_file: key file {tmp_path / 'none.key_secret'} does not exist"
     else:
         damaged = tmp_path / "damaged.key_secret"
         text = (keys.secrets / "broker.key_secret").read_text()

@@ -124,10 +124,12 @@ def test_security_off_does_nothing(tmp_path):
 
 def test_a_server_key_file_with_a_bad_name_or_content_is_refused(keys, tmp_path):
     (tmp_path / "empty.key_secret").write_text("")
-    with pytest.raises(InvalidConfigError, match="holds no secret-key"):
+    with pytest.raises(InvalidConfigError, match="server_key_file: .*empty.key_secret is not a CURVE key"):
         BrokerSecurity(config_for(keys, tmp_path, server_key_file=str(tmp_path / "empty.key_secret")))
+    with pytest.raises(InvalidConfigError, match="holds no secret-key"):
+        BrokerSecurity(config_for(keys, tmp_path, server_key_file=str(keys.secrets / "alice.key")))
     (keys.allowlist / ".hidden.key").write_bytes((keys.secrets / "alice.key").read_bytes())
-    with pytest.raises(InvalidConfigError, match="not a valid key name"):
+    with pytest.raises(InvalidConfigError, match=r"\.hidden\.key: bad key name '\.hidden'"):
         BrokerSecurity(config_for(keys, tmp_path))
 
 
@@ -154,3 +156,21 @@ def test_the_arbiter_halts_when_the_zap_handler_dies(keys, tmp_path, caplog):
         router.close()
         security.close()
         context.destroy(linger=0)
+
+
+@pytest.mark.parametrize("content", ["", 'public-key = "short"\n', 'public-key = "' + "~" * 40 + '"\n'])
+def test_the_allowlist_and_the_server_key_are_read_as_hpbroker_keys_reads_them(keys, tmp_path, content):
+    """One reader of key files: the broker's start says what ``hpbroker keys`` says of a bad one."""
+    from hpbroker.security.authenticator import read_allowlist
+    from hpbroker.security.keys import read_key_file
+
+    bad = keys.allowlist / "carol.key"
+    bad.write_text(content)
+    with pytest.raises(InvalidConfigError) as expected:
+        read_key_file(bad)
+    with pytest.raises(InvalidConfigError) as allowlist:
+        read_allowlist(str(keys.allowlist), strict=True)
+    assert allowlist.value.message == expected.value.message
+    with pytest.raises(InvalidConfigError) as server_key:
+        BrokerSecurity(config_for(keys, tmp_path, server_key_file=str(bad)))
+    assert server_key.value.message == f"server_key_file: {expected.value.message}"
