@@ -11,12 +11,26 @@ import pytest
 
 from hpbroker.coord.acl_store import read_acls
 from hpbroker.coord.session import connect
+from hpbroker.coord.zk_security import ZkCredentials, world_writable
 from hpbroker.security.acls import AclEntry
+
+CLUSTER = ZkCredentials("hpbroker", "a-long-cluster-password-0123")
+CREDENTIALS_VARIABLE = "HPBROKER_ZOOKEEPER_CREDENTIALS_FILE"
 
 
 @pytest.fixture
 def zk_connect(zookeeper, chroot) -> str:
     return zookeeper.connect_string + chroot
+
+
+@pytest.fixture(autouse=True)
+def cluster_credentials(tmp_path, monkeypatch) -> str:
+    """The cluster's credentials file, in the environment every ``acls`` run inherits."""
+    path = tmp_path / "zookeeper.credentials"
+    path.write_text(f"{CLUSTER.user}:{CLUSTER.password}\n")
+    path.chmod(0o600)
+    monkeypatch.setenv(CREDENTIALS_VARIABLE, str(path))
+    return str(path)
 
 
 def acls(zk_connect: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -26,7 +40,7 @@ def acls(zk_connect: str, *args: str, env: dict | None = None) -> subprocess.Com
 
 
 def stored(zk_connect: str, **session) -> set[AclEntry]:
-    with connect(zk_connect, session_timeout_s=5.0, **session) as zk:
+    with connect(zk_connect, session_timeout_s=5.0, **{"credentials": CLUSTER, **session}) as zk:
         return set(read_acls(zk))
 
 
@@ -91,19 +105,31 @@ def test_a_resource_is_required_and_only_one(zk_connect):
     assert two.returncode == 2 and "not allowed with argument" in two.stderr
 
 
-def test_with_credentials_the_node_is_the_clusters_alone(zk_connect, tmp_path):
-    from hpbroker.coord.zk_security import load_credentials
-
-    path = tmp_path / "zk.credentials"
-    path.write_text("hpbroker:s3cret\n")
-    path.chmod(0o600)
-    done = acls(zk_connect, "add", "-p", "alice", "-o", "consume", "--topic", "t",
-                env={"HPBROKER_ZOOKEEPER_CREDENTIALS_FILE": str(path)})
+def test_with_credentials_the_node_is_the_clusters_alone(zk_connect):
+    done = acls(zk_connect, "add", "-p", "alice", "-o", "consume", "--topic", "t")
     assert done.returncode == 0, done.stderr
-    expected = {AclEntry("alice", "consume", "topic", "literal", "t")}
-    assert stored(zk_connect, credentials=load_credentials(path)) == expected
-    refused = acls(zk_connect, "list")
+    assert stored(zk_connect) == {AclEntry("alice", "consume", "topic", "literal", "t")}
+    without = {CREDENTIALS_VARIABLE: ""}
+    refused = acls(zk_connect, "list", env=without)
     assert refused.returncode == 1
     assert "ZooKeeper refused reading /hpbroker/acls without credentials" in refused.stderr
-    refused = acls(zk_connect, "add", "-p", "mallory", "-o", "admin", "--cluster")
-    assert refused.returncode == 1 and "ZooKeeper refused" in refused.stderr
+    refused = acls(zk_connect, "add", "-p", "mallory", "-o", "admin", "--cluster", env=without)
+    assert refused.returncode == 1 and "--zookeeper-credentials-file" in refused.stderr
+
+
+@pytest.mark.parametrize("command", ["add", "remove"])
+def test_changes_without_the_clusters_credentials_are_refused_and_nothing_is_written(zk_connect, command):
+    done = acls(zk_connect, command, "-p", "alice", "-o", "produce", "--topic", "orders",
+                env={CREDENTIALS_VARIABLE: ""})
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"hpbroker acls {command}: invalid configuration: ")
+    assert "--zookeeper-credentials-file" in done.stderr and CREDENTIALS_VARIABLE in done.stderr
+    with connect(zk_connect, session_timeout_s=5.0) as zk:
+        assert zk.client.exists("/hpbroker/acls") is None  # no node open to the world
+
+
+def test_the_first_add_creates_a_node_nobody_else_may_write(zk_connect):
+    done = acls(zk_connect, "add", "-p", "alice", "-o", "produce", "--topic", "orders")
+    assert done.returncode == 0, done.stderr
+    with connect(zk_connect, session_timeout_s=5.0, credentials=CLUSTER) as zk:
+        assert not world_writable(zk.client.get_acls("/hpbroker/acls")[0])

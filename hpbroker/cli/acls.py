@@ -16,9 +16,11 @@ within moments, without a restart.  ``add`` of an entry already there and ``remo
 there change nothing; ``remove`` exits 1 when none of its entries was there (a typo would
 otherwise leave the permission in place unnoticed).
 
-ZooKeeper is ``--zookeeper`` (else ``$HPBROKER_ZOOKEEPER``, else the local stack's); on a cluster
-with ZooKeeper ACLs, the ACL node is readable and writable only with the cluster's credentials:
-``--zookeeper-credentials-file`` (else ``$HPBROKER_ZOOKEEPER_CREDENTIALS_FILE``).
+ZooKeeper is ``--zookeeper`` (else ``$HPBROKER_ZOOKEEPER``, else the local stack's).  The ACL node
+is readable and writable only with the cluster's credentials: ``--zookeeper-credentials-file``
+(else ``$HPBROKER_ZOOKEEPER_CREDENTIALS_FILE``).  ``add`` and ``remove`` refuse to run without
+them (a node written without credentials would be open to anyone who reaches ZooKeeper, and
+brokers ignore such a node); ``list`` reads with whatever it is given.
 """
 
 from __future__ import annotations
@@ -89,10 +91,15 @@ def entries_of(args: argparse.Namespace) -> list[Any]:
             for o in dict.fromkeys(operations)]
 
 
-def _session(args: argparse.Namespace) -> Any:
+def _session(args: argparse.Namespace, *, writes: bool = False) -> Any:
     from hpbroker.coord.session import connect
+    from hpbroker.errors import InvalidConfigError
 
     credentials = zookeeper_credentials(args)
+    if writes and credentials is None:
+        raise InvalidConfigError("changing the ACLs needs the cluster's ZooKeeper credentials, so that "
+                                 "only the cluster may write them: give --zookeeper-credentials-file FILE "
+                                 "(or set HPBROKER_ZOOKEEPER_CREDENTIALS_FILE)")
     return connect(args.zookeeper, session_timeout_s=10.0, name="acls", credentials=credentials)
 
 
@@ -101,7 +108,7 @@ def _add(args: argparse.Namespace) -> int:
     from hpbroker.coord.acl_store import add_acls
 
     entries = entries_of(args)
-    with _session(args) as session:
+    with _session(args, writes=True) as session:
         added = add_acls(session, entries)
     print(f"added {added} ACL{'' if added == 1 else 's'}"
           + (f" ({len(entries) - added} already there)" if added < len(entries) else "") + ":")
@@ -115,7 +122,7 @@ def _remove(args: argparse.Namespace) -> int:
     from hpbroker.coord.acl_store import remove_acls
 
     entries = entries_of(args)
-    with _session(args) as session:
+    with _session(args, writes=True) as session:
         removed = remove_acls(session, entries)
     if removed == 0:
         print("hpbroker acls remove: no such ACL: " + "; ".join(e.describe() for e in entries),

@@ -52,4 +52,6 @@ def _secure(args: argparse.Namespace) -> int:
     print(f"{report.seen} nodes, {len(report.changed)} {verb}, {len(report.refused)} refused")
     for path, why in sorted(report.refused.items()):
         print(f"refused: {path}: {why}")
+    for note in report.notes:
+        print(f"note: {note}")
     return 1 if report.refused else 0

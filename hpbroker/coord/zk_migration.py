@@ -11,6 +11,12 @@ the connect string has one) and sets, by path (``hpbroker.coord.zk_security``):
   created if no broker has yet);
 - every other node: the cluster ACL.
 
+Brokers ignore an ``acls`` node that anyone but the cluster may change
+(``hpbroker.coord.acl_store``); ZooKeeper fires no watch on an ACL change, so after giving
+``acls`` the private ACL :func:`secure_tree` writes its data back unchanged (a conditional set):
+the brokers read it again, see it private, and apply its entries.  It was open to others until
+then, so :attr:`SecureReport.notes` asks the operator to review it (``hpbroker acls list``).
+
 ``unsecure=True`` sets ZooKeeper's open ACL everywhere instead (turning security off again).
 Nodes that already carry the wanted ACL are left alone, so a second run changes nothing; an
 ephemeral node created meanwhile by a broker already has its ACL.  The session must hold the
@@ -19,12 +25,13 @@ cluster's credentials (a node protected by other credentials is reported, not ch
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kazoo.exceptions import NoAuthError, NoNodeError
+from kazoo.exceptions import BadVersionError, NoAuthError, NoNodeError
 from kazoo.security import OPEN_ACL_UNSAFE
 
 from hpbroker.coord.paths import ZkPaths
@@ -44,11 +51,13 @@ logger = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class SecureReport:
-    """What :func:`secure_tree` did: nodes looked at, changed, and refused (path -> why)."""
+    """What :func:`secure_tree` did: nodes looked at, changed, and refused (path -> why), and
+    notes for the operator (one line each)."""
 
     seen: int = 0
     changed: list[str] = field(default_factory=list)
     refused: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
 def secure_tree(session: Session, paths: ZkPaths, *, unsecure: bool = False, dry_run: bool = False,
@@ -90,6 +99,11 @@ def secure_tree(session: Session, paths: ZkPaths, *, unsecure: bool = False, dry
                 report.changed.append(path)
                 if progress is not None:
                     progress(f"{'would set' if dry_run else 'set'} the ACL of {path}")
+                if path == paths.acls and not unsecure:
+                    if not dry_run:
+                        _touch(client, path)
+                    report.notes.append(f"{path} could be changed by others until now: review its entries "
+                                        "(`hpbroker acls list`) and remove any you did not add")
             children = client.get_children(path)
         except NoNodeError:
             return  # deleted meanwhile (an ephemeral node whose session ended)
@@ -107,6 +121,14 @@ def secure_tree(session: Session, paths: ZkPaths, *, unsecure: bool = False, dry
         return report
     visit(paths.root)
     return report
+
+
+def _touch(client: Any, path: str) -> None:
+    """Write ``path``'s data back unchanged, so that its data watches fire (brokers read the ACLs
+    node again after its ACL changed); a node changed or deleted meanwhile fired them already."""
+    data, stat = client.get(path)
+    with contextlib.suppress(BadVersionError, NoNodeError):
+        client.set(path, data, version=stat.version)
 
 
 def visit_node_only(client: Any, path: str, target: list[Any], report: SecureReport, dry_run: bool,

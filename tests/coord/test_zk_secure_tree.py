@@ -106,3 +106,27 @@ def test_secure_needs_the_credentials(zk_connect):
     done = subprocess.run([sys.executable, "-m", "hpbroker.cli", "zookeeper", "secure", "--zookeeper",
                            zk_connect], capture_output=True, text=True, timeout=60, env=environment)
     assert done.returncode == 1 and "--zookeeper-credentials-file" in done.stderr, done.stderr
+
+
+def test_secure_makes_an_open_acls_node_private_and_the_brokers_watch_applies_it(sessions):
+    import queue
+
+    from hpbroker.coord.acl_store import encode_acls, watch_acls
+    from hpbroker.coord.zk_migration import secure_tree
+    from hpbroker.security.acls import AclEntry
+
+    alice = AclEntry("alice", "produce", "topic", "literal", "orders")
+    old = sessions()  # `hpbroker acls add` as it once ran: without credentials, an open node
+    old.client.create(PATHS.acls, encode_acls([alice]), makepath=True)
+    broker = sessions(credentials=CLUSTER)
+    seen: queue.Queue = queue.Queue()
+    watch = watch_acls(broker, seen.put, PATHS)
+    try:
+        assert seen.get(timeout=10) == []  # open to the world: not trusted
+        report = secure_tree(sessions(credentials=CLUSTER), PATHS)
+        assert PATHS.acls in report.changed
+        assert any("hpbroker acls list" in note for note in report.notes)
+        assert seen.get(timeout=10) == [alice]  # private now: the watch read it again
+        assert broker.client.get_acls(PATHS.acls)[0] == private_acl(CLUSTER)
+    finally:
+        watch.cancel()
