@@ -29,6 +29,19 @@ byte either way and has no fetch parked for ``connections_max_idle_ms`` is close
 :meth:`FetchServer.close_idle`, which the worker calls on every turn of its loop (which wakes at
 least every heartbeat); TCP keepalive is on, so the kernel also notices a peer that vanished.
 
+**Connection limits** before a connection has shown it is a client (docs/PROTOCOL.md).  A
+connection that has not sent a whole first request within :data:`FIRST_REQUEST_DEADLINE_S` (10 s)
+of its accept is closed by :meth:`FetchServer.close_idle`, whatever the bytes it trickles (they
+would reset the idle clock).  With tokens required (``data_port_auth = "token"``) "shown" means
+"authenticated": the deadline runs until its AuthenticateRequest is accepted; it may send at most
+:data:`UNAUTHENTICATED_MAX_BYTES` (8 KiB) before that (more closes it, and no more is ever
+buffered); and at most :data:`MAX_UNAUTHENTICATED_CONNECTIONS` (64, and at most half of
+``max_connections``) such connections are held: a new connection beyond that, or beyond
+``max_connections``, closes the oldest unauthenticated one instead of being refused.  So peers
+that never authenticate cannot take the slots of consumers and followers, nor hold more than 64 x
+8 KiB of a worker's memory.  The cost once a connection has shown itself: one attribute test per
+``recv``, none per request.
+
 File descriptors: a slice's descriptor belongs to the log, which may close it (topic deleted,
 retention, shutdown) before a slow reader has it all.  So a slot that cannot be sent in the call
 that filled it first ``dup``\\s the descriptor; the duplicate reads the same file (deleted or not)
@@ -78,7 +91,8 @@ from hpbroker.security.data_port import DataPortGuard
 from hpbroker.workers.handlers import RequestHandler
 from hpbroker.workers.replies import Reply, Responder, error_reply
 
-__all__ = ["MAX_QUEUED_RESPONSES", "SERVED_API_KEYS", "FetchServer"]
+__all__ = ["FIRST_REQUEST_DEADLINE_S", "MAX_QUEUED_RESPONSES", "MAX_UNAUTHENTICATED_CONNECTIONS",
+           "SERVED_API_KEYS", "UNAUTHENTICATED_MAX_BYTES", "FetchServer"]
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +100,14 @@ SERVED_API_KEYS = frozenset({ApiKey.FETCH, ApiKey.LIST_OFFSETS})
 # Requests in flight per connection before the worker stops reading more from it.
 MAX_QUEUED_RESPONSES = 64
 RECV_BYTES = 256 << 10
+# Connection limits before a connection has shown it is a client (module docstring, "Connection
+# limits"; docs/PROTOCOL.md): seconds from accept to its first whole request (with tokens: to its
+# accepted AuthenticateRequest); with tokens, the bytes it may send before that (an
+# AuthenticateRequest is under 2 KiB) and how many such connections a worker holds at once
+# (at most half of max_connections).
+FIRST_REQUEST_DEADLINE_S = 10.0
+UNAUTHENTICATED_MAX_BYTES = 8 << 10
+MAX_UNAUTHENTICATED_CONNECTIONS = 64
 # The TCP framing's prefix (docs/PROTOCOL.md, "Two transports"): head_length u32, payload_length
 # u32.  Written here rather than with protocol.frame_tcp because the payload is a file slice.
 _TCP_PREFIX = struct.Struct("<II")
@@ -135,8 +157,8 @@ class _Connection:
     fetches and what queues behind them); ``active_at`` is when a byte last moved or a reply
     was made (``time.monotonic()``), for the idle timeout."""
 
-    __slots__ = ("active_at", "closed", "decoder", "expires_at_ms", "fd", "mask", "peer", "principal",
-                 "reading", "slots", "sock", "unfilled")
+    __slots__ = ("accepted_at", "active_at", "closed", "decoder", "expires_at_ms", "fd", "mask", "peer",
+                 "principal", "reading", "received", "slots", "sock", "unfilled", "unproven")
 
     def __init__(self, sock: socket.socket, peer: object, max_request_bytes: int, now: float) -> None:
         self.sock = sock
@@ -148,7 +170,11 @@ class _Connection:
         self.reading = True
         self.closed = False
         self.mask = select.EPOLLIN
-        self.active_at = now
+        self.active_at = self.accepted_at = now
+        # Not yet shown to be a client: no whole request yet (with tokens: not authenticated yet);
+        # ``received`` counts its bytes until then.
+        self.unproven = True
+        self.received = 0
         self.principal: str | None = None  # who the connection acts for, once authenticated
         self.expires_at_ms = 0  # when its token expires (ms since the epoch)
 
@@ -161,12 +187,18 @@ class FetchServer:
 
     def __init__(self, listener: socket.socket, handler: RequestHandler, *, max_connections: int,
                  max_request_bytes: int, max_idle_s: float = 600.0,
-                 guard: DataPortGuard | None = None) -> None:
-        """``guard``: set on a broker with ``security = "curve"`` and ``data_port_auth = "token"``
-        (module docstring, "Security"); None serves every connection."""
+                 guard: DataPortGuard | None = None, tokens_required: bool = True) -> None:
+        """``guard``: set on a broker with ``security = "curve"`` (module docstring, "Security");
+        None serves every connection.  ``tokens_required``: with a guard, whether every connection
+        authenticates first (``data_port_auth = "token"``) or only those that send replica
+        fetches (``"loopback"``)."""
         self._listener = listener
         self._handler = handler
         self._guard = guard
+        self._tokens_required = guard is not None and tokens_required
+        # Connections not yet shown to be clients (_Connection.unproven), in accept order.
+        self._unproven: OrderedDict[int, _Connection] = OrderedDict()
+        self._max_unproven = max(1, min(MAX_UNAUTHENTICATED_CONNECTIONS, max_connections // 2))
         self._max_connections = max_connections
         self._max_request_bytes = max_request_bytes
         self._max_idle_s = max_idle_s
@@ -228,7 +260,19 @@ class FetchServer:
 
     def close_idle(self, now: float) -> None:
         """Close the connections idle for ``connections_max_idle_ms`` (module docstring): no byte
-        moved and no fetch parked.  Cheap when none is: the least recently active comes first."""
+        moved and no fetch parked; and those that have not sent a whole first request (with
+        tokens: not authenticated) within :data:`FIRST_REQUEST_DEADLINE_S` of their accept.
+        Cheap when none is: the oldest of each kind comes first."""
+        unproven = self._unproven
+        deadline = now - FIRST_REQUEST_DEADLINE_S
+        while unproven:
+            conn = next(iter(unproven.values()))
+            if conn.accepted_at > deadline:
+                break
+            logger.info("data port: closing %r: %s within %.0f s of its connect", conn,
+                        "not authenticated" if self._tokens_required else "no whole request",
+                        FIRST_REQUEST_DEADLINE_S)
+            self._close(conn, "no first request in time")
         connections = self._connections
         deadline = now - self._max_idle_s
         while connections:
@@ -259,6 +303,14 @@ class FetchServer:
                     continue
                 logger.warning("data port: accept failed: %s", e)
                 return
+            if self._tokens_required and self._unproven and (
+                    len(self._unproven) >= self._max_unproven
+                    or len(self._connections) >= self._max_connections):
+                # Not authenticated yet: never in the way of a new connection (module docstring,
+                # "Connection limits").
+                oldest = next(iter(self._unproven.values()))
+                logger.debug("data port: closing %r: not authenticated, and %s connects", oldest, peer)
+                self._close(oldest, "not authenticated; making room")
             if len(self._connections) >= self._max_connections:
                 logger.warning("data port: refused %s: max_connections %d reached", peer,
                                self._max_connections)
@@ -269,6 +321,7 @@ class FetchServer:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
             conn = _Connection(sock, peer, self._max_request_bytes, time.monotonic())
             self._connections[conn.fd] = conn
+            self._unproven[conn.fd] = conn
             self._epoll.register(conn.fd, conn.mask)
 
     def _set_accepting(self, accepting: bool) -> None:
@@ -295,8 +348,11 @@ class FetchServer:
     def _read(self, conn: _Connection) -> None:
         if not conn.reading:
             return
+        size = RECV_BYTES
+        if conn.unproven and self._tokens_required:  # never buffer more than the limit
+            size = UNAUTHENTICATED_MAX_BYTES + 1 - conn.received
         try:
-            data = conn.sock.recv(RECV_BYTES)
+            data = conn.sock.recv(size)
         except BlockingIOError:
             return
         except OSError as e:
@@ -317,6 +373,10 @@ class FetchServer:
         except HPBrokerError as e:
             self._close(conn, f"unparsable stream: {e}")
             return
+        if conn.unproven:
+            conn.received += len(data)
+            if messages and not self._tokens_required:
+                self._prove(conn)
         for frames in messages:
             slot = _Slot()
             conn.slots.append(slot)
@@ -342,8 +402,19 @@ class FetchServer:
                     self._handler.dispatch(header, request, responder, conn, SERVED_API_KEYS, "tcp")
             if conn.closed or not conn.reading:  # (not reading: refused, the rest is not served)
                 break
+        if conn.unproven and conn.received > UNAUTHENTICATED_MAX_BYTES and self._tokens_required \
+                and not conn.closed:
+            logger.info("data port: closing %r: %d bytes without an accepted AuthenticateRequest", conn,
+                        conn.received)
+            self._close(conn, "too many bytes before authenticating")
+            return
         if not conn.closed:
             self._update_interest(conn)
+
+    def _prove(self, conn: _Connection) -> None:
+        """``conn`` has shown it is a client: the first-request limits no longer apply."""
+        conn.unproven = False
+        del self._unproven[conn.fd]
 
     def _serve_guarded(self, conn: _Connection, header: protocol.RequestHeader, request: protocol.Message,
                        responder: Responder) -> None:
@@ -360,6 +431,8 @@ class FetchServer:
                 return
             if conn.principal is None:
                 logger.debug("data port: %r authenticated as %r", conn, principal)
+            if conn.unproven:
+                self._prove(conn)
             conn.principal, conn.expires_at_ms = principal, expires_at_ms
             responder(_authenticated_reply(header, principal, expires_at_ms))
             return
@@ -465,6 +538,8 @@ class FetchServer:
         conn.closed = True
         logger.debug("data port: closing %r: %s", conn, reason)
         del self._connections[conn.fd]
+        if conn.unproven:
+            del self._unproven[conn.fd]
         with contextlib.suppress(OSError):
             self._epoll.unregister(conn.fd)
         conn.sock.close()
