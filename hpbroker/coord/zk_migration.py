@@ -6,10 +6,18 @@ Nodes keep the ACL they were created with, so a cluster whose brokers start with
 world-writable.  :func:`secure_tree` walks everything under the root (and the chroot node, when
 the connect string has one) and sets, by path (``hpbroker.coord.zk_security``):
 
-- ``<root>/security/token_key`` and ``<root>/acls``: the private ACL;
-- ``<root>/consumers/<group>`` and everything below it: that group's ACL (the token key is
-  created if no broker has yet);
+- ``<root>/acls``: the private ACL;
+- ``<root>/consumers/<group>`` and everything below it: that group's ACL;
 - every other node: the cluster ACL.
+
+The token key ``<root>/security/token_key`` is never re-ACLed: its value may have been read or
+planted by anyone while the tree was open, so it is replaced by a fresh key under the private
+ACL first (``zk_security.replace_token_key``), and the groups' ACLs are those of the fresh key.
+So every secure run rotates the key: fetch tokens made with the old one are refused once the
+brokers have the new one (they read it at start: restart them), and every group's ZooKeeper
+credentials change (members take new ones when they join again).  ``unsecure=True`` deletes the
+token key instead of opening it (a broker still running with security keeps its copy until it
+is restarted; the next to start creates a fresh one).
 
 Brokers ignore an ``acls`` node that anyone but the cluster may change
 (``hpbroker.coord.acl_store``); ZooKeeper fires no watch on an ACL change, so after giving
@@ -17,7 +25,7 @@ Brokers ignore an ``acls`` node that anyone but the cluster may change
 the brokers read it again, see it private, and apply its entries.  It was open to others until
 then, so :attr:`SecureReport.notes` asks the operator to review it (``hpbroker acls list``).
 
-``unsecure=True`` sets ZooKeeper's open ACL everywhere instead (turning security off again).
+``unsecure=True`` sets ZooKeeper's open ACL everywhere else (turning security off again).
 Nodes that already carry the wanted ACL are left alone, so a second run changes nothing; an
 ephemeral node created meanwhile by a broker already has its ACL.  The session must hold the
 cluster's credentials (a node protected by other credentials is reported, not changed).
@@ -27,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,10 +46,12 @@ from kazoo.security import OPEN_ACL_UNSAFE
 from hpbroker.coord.paths import ZkPaths
 from hpbroker.coord.session import Session
 from hpbroker.coord.zk_security import (
+    TOKEN_KEY_BYTES,
     cluster_acl,
     get_or_create_token_key,
     group_acl,
     private_acl,
+    replace_token_key,
 )
 from hpbroker.errors import CoordinationError
 
@@ -70,8 +81,8 @@ def secure_tree(session: Session, paths: ZkPaths, *, unsecure: bool = False, dry
                                 "(--zookeeper-credentials-file)")
     client = session.client
     report = SecureReport()
-    private = {paths.token_key, paths.acls}
-    key = None if unsecure else get_or_create_token_key(session, paths)
+    private = {paths.acls}
+    key = _rotate_token_key(session, paths, report, unsecure=unsecure, dry_run=dry_run, progress=progress)
     group_acls: dict[str, list[Any]] = {}
 
     def wanted(path: str) -> list[Any]:
@@ -90,6 +101,8 @@ def secure_tree(session: Session, paths: ZkPaths, *, unsecure: bool = False, dry
 
     def visit(path: str) -> None:
         report.seen += 1
+        if path == paths.token_key:
+            return  # replaced (or deleted) above, never re-ACLed
         try:
             current, stat = client.get_acls(path)
             target = wanted(path)
@@ -121,6 +134,46 @@ def secure_tree(session: Session, paths: ZkPaths, *, unsecure: bool = False, dry
         return report
     visit(paths.root)
     return report
+
+
+def _rotate_token_key(session: Session, paths: ZkPaths, report: SecureReport, *, unsecure: bool,
+                      dry_run: bool, progress: Callable[[str], None] | None) -> bytes | None:
+    """Replace the token key by a fresh one (delete it with ``unsecure``; module docstring);
+    the key the groups' ACLs are computed with (a random one for a dry run: every group's
+    ACL changes), None with ``unsecure``."""
+    credentials = session.credentials
+    assert credentials is not None
+    path = paths.token_key
+    exists = session.client.exists(path) is not None
+    if unsecure:
+        if exists:
+            if not dry_run:
+                with contextlib.suppress(NoNodeError):
+                    session.client.delete(path)
+            report.changed.append(path)
+            report.notes.append(f"{'would delete' if dry_run else 'deleted'} the token key {path}: brokers "
+                                "still running with security keep theirs until they are restarted")
+            if progress is not None:
+                progress(f"{'would delete' if dry_run else 'deleted'} the token key {path}")
+        return None
+    if dry_run:
+        key = os.urandom(TOKEN_KEY_BYTES)
+    else:
+        try:
+            replace_token_key(session, path, credentials)
+        except NoAuthError:
+            report.refused[path] = "ZooKeeper refused replacing the token key: its parent is protected by " \
+                                   "other credentials"
+            return get_or_create_token_key(session, paths)
+        key = get_or_create_token_key(session, paths)
+    report.changed.append(path)
+    report.notes.append(f"{'would write' if dry_run else 'wrote'} a fresh token key at {path}: restart the "
+                        "brokers one at a time for them to use it; fetch tokens made with the old key "
+                        "are refused (clients fetch new ones), and every group's ZooKeeper credentials "
+                        "change (members take new ones when they join again)")
+    if progress is not None:
+        progress(f"{'would replace' if dry_run else 'replaced'} the token key {path} with a fresh one")
+    return key
 
 
 def _touch(client: Any, path: str) -> None:

@@ -20,7 +20,9 @@ them the nodes carry one of these ACLs:
 **The token key** (``ZkPaths.token_key``: ``<root>/security/token_key``, 32 random bytes,
 private ACL) is the cluster's one secret: the data-port tokens' HMAC key, and the key the group
 credentials are derived from.  :func:`get_or_create_token_key` reads it, or creates it once (the
-first broker wins a race).
+first broker wins a race); a key node that has not carried exactly the private ACL since its
+creation may be known to others (planted while the tree was open), so it is replaced by a fresh
+key (:func:`replace_token_key`: delete and create again, never re-ACL), not adopted.
 
 **Group credentials** are derived, never stored: user ``group-`` + the first 24 hex digits of
 sha256(group), password base64url(HMAC-SHA256(token_key, ``b"zookeeper-group:" + group``)), so
@@ -47,7 +49,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kazoo.exceptions import KazooException, NoAuthError, NodeExistsError, NoNodeError
+from kazoo.exceptions import (
+    BadVersionError,
+    KazooException,
+    NoAuthError,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+)
 from kazoo.security import ACL, Id, Permissions, make_acl
 
 from hpbroker.coord.paths import ZkPaths
@@ -72,6 +81,7 @@ __all__ = [
     "member_acl",
     "private_acl",
     "refused",
+    "replace_token_key",
     "tool_group_acl",
     "wait_for_node",
     "world_writable",
@@ -79,6 +89,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+_TOKEN_KEY_ATTEMPTS = 20  # reads of the key node (each after a race or a replacement) before giving up
 _MAX_FILE_BYTES = 4096  # a credentials file is one short line; anything longer is not one
 _GROUP_USER_PREFIX = "group-"
 _GROUP_USER_HEX = 24  # hex digits of sha256(group) in the group's user name
@@ -206,27 +217,41 @@ def get_or_create_token_key(session: Session, paths: ZkPaths | None = None, *,
     call it where the caller may wait on ZooKeeper (a broker's start).  ``credentials``: the
     session's (default ``session.credentials``); without any the key node would be readable by
     anyone, so CoordinationError.  AuthorizationError when ZooKeeper refuses (other
-    credentials); CoordinationError when the node holds something other than a key."""
+    credentials); CoordinationError when the node holds something other than a key.
+
+    A key is trusted only when its node has had exactly the private ACL since it was created
+    (ACL version 0): one found otherwise (planted before ZooKeeper ACLs were on, or opened by
+    someone) may be known to others, so it is replaced by a fresh one (:func:`replace_token_key`,
+    conditional on the version read; logged as a WARNING) and the fresh one is used.  The data
+    and the ACL are read as one state of the node (their versions must agree), else read again."""
     credentials = credentials or getattr(session, "credentials", None)
     if credentials is None:
         raise CoordinationError("the token key lives in ZooKeeper only with the cluster's credentials "
                                 "(zookeeper_credentials_file)")
     path = (paths or ZkPaths()).token_key
     client = session.client
+    private = sorted(private_acl(credentials))
     try:
-        try:
-            client.create(path, os.urandom(TOKEN_KEY_BYTES), acl=private_acl(credentials), makepath=False)
-            logger.info("created the cluster's token key at %s", path)
-        except NodeExistsError:
-            pass
-        except NoNodeError:  # the parent is missing: create it, with the cluster's ACL
-            client.ensure_path(path.rsplit("/", 1)[0], acl=cluster_acl(credentials))
-            try:
-                client.create(path, os.urandom(TOKEN_KEY_BYTES), acl=private_acl(credentials))
+        for _ in range(_TOKEN_KEY_ATTEMPTS):
+            if _create_token_key(client, path, credentials):
                 logger.info("created the cluster's token key at %s", path)
-            except NodeExistsError:
-                pass
-        key, _ = client.get(path)
+            try:
+                key, stat_ = client.get(path)
+                acl, acl_stat = client.get_acls(path)
+            except NoNodeError:
+                continue  # replaced or deleted meanwhile: read again
+            if (acl_stat.czxid, acl_stat.version, acl_stat.aversion) != (stat_.czxid, stat_.version,
+                                                                         stat_.aversion):
+                continue  # changed between the two reads
+            if sorted(acl) == private and stat_.aversion == 0:
+                break
+            logger.warning("the token key at %s was not private to the cluster since its creation (ACL %s, "
+                           "ACL version %d): replacing it with a fresh key; fetch tokens and group "
+                           "credentials made with the old one are no longer valid", path,
+                           _describe(acl), stat_.aversion)
+            replace_token_key(session, path, credentials, version=stat_.version)
+        else:
+            raise CoordinationError(f"the token key {path} kept changing while it was read")
     except NoAuthError:
         raise refused(f"reading the token key {path}", credentials) from None
     except KazooException as e:  # connection loss, session expired: the caller's orderly error
@@ -234,6 +259,46 @@ def get_or_create_token_key(session: Session, paths: ZkPaths | None = None, *,
     if len(key) != TOKEN_KEY_BYTES:
         raise CoordinationError(f"{path} holds {len(key)} bytes, not a {TOKEN_KEY_BYTES}-byte token key")
     return key
+
+
+def _create_token_key(client: Any, path: str, credentials: ZkCredentials) -> bool:
+    """Create the key node with a fresh key (the parent, with the cluster's ACL, when missing);
+    False when it exists."""
+    try:
+        client.create(path, os.urandom(TOKEN_KEY_BYTES), acl=private_acl(credentials))
+        return True
+    except NodeExistsError:
+        return False
+    except NoNodeError:  # the parent is missing: create it, with the cluster's ACL
+        client.ensure_path(path.rsplit("/", 1)[0], acl=cluster_acl(credentials))
+    try:
+        client.create(path, os.urandom(TOKEN_KEY_BYTES), acl=private_acl(credentials))
+        return True
+    except NodeExistsError:
+        return False
+
+
+def replace_token_key(session: Session, path: str, credentials: ZkCredentials, *,
+                      version: int = -1) -> bool:
+    """Replace the token key node at ``path`` by a fresh key under the private ACL: the node is
+    deleted (conditional on ``version``; -1: whatever it holds) and created again, so that no
+    moment exists when the fresh key is readable by others, or the old key looks private.
+    False when another session changed or replaced it first (the caller reads it again).
+    CoordinationError when the node has children (not a key node); NoAuthError propagates."""
+    client = session.client
+    try:
+        client.delete(path, version=version)
+    except (BadVersionError, NoNodeError):
+        if version != -1:
+            return False
+    except NotEmptyError:
+        raise CoordinationError(f"{path} has children: it is not a token key; delete it (and them) with "
+                                "the cluster's credentials") from None
+    return _create_token_key(client, path, credentials)
+
+
+def _describe(acl: Iterable[ACL]) -> str:
+    return ", ".join(f"{entry.id.scheme}:{entry.id.id}={entry.perms}" for entry in acl) or "empty"
 
 
 # --- group credentials --------------------------------------------------------------------------

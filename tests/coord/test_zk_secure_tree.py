@@ -75,8 +75,15 @@ def test_secure_sets_every_nodes_acl_and_unsecure_opens_them_again(zookeeper, ch
             finally:
                 outside.stop()
                 outside.close()
-            again = secure(zk_connect, credentials)
-            assert again.returncode == 0 and " 0 changed" in again.stdout, again.stdout
+            again = secure(zk_connect, credentials)  # a fresh token key: only the groups' ACLs change
+            assert again.returncode == 0, again.stdout + again.stderr
+            assert f"replaced the token key {PATHS.token_key} with a fresh one" in again.stdout
+            assert "group's ZooKeeper credentials change" in again.stdout
+            changed = [line.removeprefix("set the ACL of ") for line in again.stdout.splitlines()
+                       if line.startswith("set the ACL of ")]
+            assert changed and all(path.startswith(PATHS.group("app")) for path in changed), changed
+            assert get_or_create_token_key(admin, PATHS) != key
+            key = get_or_create_token_key(admin, PATHS)
 
             # the old session, without credentials, can no longer write; the group's members can
             with pytest.raises(NoAuthError):
@@ -93,6 +100,7 @@ def test_secure_sets_every_nodes_acl_and_unsecure_opens_them_again(zookeeper, ch
 
             opened = secure(zk_connect, credentials, "--unsecure")
             assert opened.returncode == 0, opened.stderr
+            assert admin.client.exists(PATHS.token_key) is None  # deleted, never opened
             assert world_writable(old.client.get_acls(PATHS.offset("app", "t", 0))[0])
             old.client.set(PATHS.topic("t"), old.client.get(PATHS.topic("t"))[0])
         finally:
