@@ -24,13 +24,12 @@ A client message on the front-end ROUTER is ``[client_id, head, payload?]``.  Th
 **Security.**  With :attr:`Frontend.security` set to an enabled
 :class:`~hpbroker.security.broker.BrokerSecurity` (``security = "curve"``), each request's
 principal is the key name the CURVE handshake authenticated (its frames' ``User-Id``), and every
-request is checked before anything else is done with it (``hpbroker.security.request_access``
-lists what each needs): a refused one is answered with error 28 (AuthorizationError, naming
-principal, operation and resource; an acks=0 produce gets no answer), nothing is relayed,
-created or changed; refusals are counted in :attr:`Frontend.error_counts` and logged at INFO,
-at most one line per ``_DENIAL_LOG_INTERVAL_S``.  Metadata lists only the topics the principal
-may describe; one named and not describable gets error 28 in its ``TopicMetadata``.  Without
-security the only cost on a request is one attribute test.
+request is checked before anything else is done with it (``hpbroker.workers.frontend_security``
+says what each needs and what a refusal is answered): a refused one gets its error (28 when no
+ACL allows it; an acks=0 produce gets no answer), nothing is relayed, created or changed, and
+the refusal is counted in :attr:`Frontend.error_counts`.  Metadata lists only the topics the
+principal may describe; one named and not describable gets error 28 in its ``TopicMetadata``.
+Without security the only cost on a request is one attribute test.
 
 Every response goes out in the version its request was asked in (``api_version``; the nearest
 served for a version refused with error 9), whether answered here or relayed: a relayed
@@ -70,7 +69,6 @@ from hpbroker.broker.topics import (
     parse_topic_config,
 )
 from hpbroker.errors import (
-    AuthenticationError,
     AuthorizationError,
     CoordinationError,
     HPBrokerError,
@@ -84,10 +82,9 @@ from hpbroker.errors import (
     UnsupportedVersionError,
 )
 from hpbroker.protocol import ApiKey
-from hpbroker.security.acls import Operation, ResourceType
-from hpbroker.security.request_access import required_access
 from hpbroker.workers import backend
 from hpbroker.workers.admin import TopicAdmin
+from hpbroker.workers.frontend_security import FrontendSecurity, no_fetch_tokens, no_group_credentials
 from hpbroker.workers.heartbeat import read_heartbeat
 from hpbroker.workers.leadership import Leadership
 from hpbroker.workers.ownership import owner_slot
@@ -107,7 +104,6 @@ logger = logging.getLogger(__name__)
 _RELAYED = (ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.LIST_OFFSETS)
 _MAX_ERROR_MESSAGE = 1000  # characters of an error message sent to a client
 UNKNOWN_API_KEY = -1  # Frontend.error_counts' key for every api key not in protocol.REQUEST_TYPES
-_DENIAL_LOG_INTERVAL_S = 10.0  # at most one INFO line about refused requests this often
 # (client_id, api_key, correlation_id, api_version): how TopicAdmin's waiters are answered.
 _Waiter = tuple[bytes, int, int, int]
 # (topic, partition) -> (log_start_offset, high_watermark), from the workers' heartbeats
@@ -162,21 +158,20 @@ class Frontend:
         # name -> topic id of the last replicated topic of that name deleted here: a snapshot that
         # still shows it (it lags ZooKeeper) must not have it stored again.
         self._dropped_ids: dict[str, str] = {}
-        # The enabled BrokerSecurity, or None: the one attribute the unsecured path tests.
-        self._security: BrokerSecurity | None = None
-        self._denials_logged_at = float("-inf")
-        self._denials_unlogged = 0
+        # The checks of the enabled BrokerSecurity, or None: the one attribute the unsecured path tests.
+        self._security: FrontendSecurity | None = None
 
     @property
     def security(self) -> BrokerSecurity | None:
         """The broker's security when enabled, else None (set by the arbiter before the
         front-end binds); setting None, or one not enabled, serves every request as a broker
         without security does."""
-        return self._security
+        return self._security.security if self._security is not None else None
 
     @security.setter
     def security(self, security: BrokerSecurity | None) -> None:
-        self._security = security if security is not None and security.enabled else None
+        self._security = None if security is None or not security.enabled else \
+            FrontendSecurity(security, self._config, self._store, self._cluster, self._clock)
 
     def configure(self, front: zmq.Socket) -> FrontendPeers:
         """Set the front-end ROUTER's limits and start counting and capping its connections
@@ -236,11 +231,13 @@ class Frontend:
         elif header.api_key == ApiKey.ALTER_TOPIC_CONFIG:
             self._alter(client, header, request)
         elif header.api_key == ApiKey.FETCH_TOKEN:
-            self._respond(client, header.api_key, header.correlation_id, self._fetch_token(principal),
-                          header.api_version)
+            answer = self._security.fetch_token(principal) if self._security is not None \
+                else no_fetch_tokens()
+            self._respond(client, header.api_key, header.correlation_id, answer, header.api_version)
         elif header.api_key == ApiKey.GROUP_CREDENTIALS:
-            self._respond(client, header.api_key, header.correlation_id, self._group_credentials(request),
-                          header.api_version)
+            answer = self._security.group_credentials(request) if self._security is not None \
+                else no_group_credentials()
+            self._respond(client, header.api_key, header.correlation_id, answer, header.api_version)
         elif header.api_key == ApiKey.AUTHENTICATE:
             self._respond(client, header.api_key, header.correlation_id, InvalidRequestError(
                 "AuthenticateRequest is served on the data ports only; the front-end authenticates by "
@@ -253,88 +250,15 @@ class Frontend:
         """Check the request against the ACLs (module docstring); a refused one is answered here
         (True): nothing else is done with it.  While the ACLs are not read yet the answer is 17
         (retriable), not a refusal."""
-        security = self._security
-        assert security is not None
-        error = security.acls_pending(principal) or self._denial(header, request, principal)
+        assert self._security is not None
+        error = self._security.check(header, request, principal)
         if error is None:
             return False
-        self._log_denial(error)
         if header.api_key == ApiKey.PRODUCE and request.acks == 0:
             key = (header.api_key, error.code)
             self.error_counts[key] = self.error_counts.get(key, 0) + 1
         self._respond_unless_silent(client, header, request, error)
         return True
-
-    def _denial(self, header: protocol.RequestHeader, request: Any, principal: str | None,
-                ) -> HPBrokerError | None:
-        """What the ACLs answer the request: None when they allow it."""
-        security = self._security
-        assert security is not None
-        if header.api_key == ApiKey.INIT_PRODUCER_ID:
-            if not security.allows_any(principal, Operation.PRODUCE):
-                return AuthorizationError(f"principal {principal!r} may not produce to any topic, so it "
-                                          "gets no producer id (no ACL allows it)")
-            return None
-        if header.api_key == ApiKey.FETCH_TOKEN:
-            if principal is None:
-                return AuthenticationError("a fetch token needs an authenticated connection")
-            return None
-        creates = header.api_key in _RELAYED and self._would_auto_create(header, request)
-        for operation, resource_type, name in required_access(header.api_key, request, creates_topic=creates):
-            error = security.authorize(principal, operation, resource_type, name)
-            if error is not None:
-                return error
-        return None
-
-    def _would_auto_create(self, header: protocol.RequestHeader, request: Any) -> bool:
-        """Whether :meth:`_auto_create` would try to create the produce's or fetch's topic."""
-        if not self._config.auto_create_topics or header.api_key == ApiKey.LIST_OFFSETS \
-                or request.partition >= self._config.default_partitions:
-            return False
-        topic = self._store.get(request.topic)
-        if topic is not None:
-            return False
-        cluster = self._cluster() if self._cluster is not None else None
-        registration = cluster.topics.get(request.topic) if cluster is not None else None
-        return registration is None or not registration.replicas  # _check_not_replicated_in_cluster's rule
-
-    def _log_denial(self, error: HPBrokerError) -> None:
-        now = self._clock()
-        if now < self._denials_logged_at + _DENIAL_LOG_INTERVAL_S:
-            self._denials_unlogged += 1
-            return
-        if self._denials_unlogged:
-            logger.info("[arbiter] refused: %s (and %d more since the last such line)", error.message,
-                        self._denials_unlogged)
-        else:
-            logger.info("[arbiter] refused: %s", error.message)
-        self._denials_logged_at, self._denials_unlogged = now, 0
-
-    def _describable(self, principal: str | None, name: str) -> bool:
-        return self._security is None or \
-            self._security.authorize(principal, Operation.DESCRIBE, ResourceType.TOPIC, name) is None
-
-    def _fetch_token(self, principal: str | None) -> protocol.FetchTokenResponse | HPBrokerError:
-        if self._security is None or principal is None:
-            return InvalidRequestError("fetch tokens are issued only by a broker with security = 'curve'")
-        try:
-            token, expires_at_ms = self._security.mint_token(principal)
-        except HPBrokerError as e:
-            return e
-        return protocol.FetchTokenResponse(token, principal, expires_at_ms)
-
-    def _group_credentials(self, request: protocol.GroupCredentialsRequest,
-                           ) -> protocol.GroupCredentialsResponse | HPBrokerError:
-        if self._security is None:
-            return InvalidRequestError("group credentials are issued only by a broker with "
-                                       "security = 'curve' and ZooKeeper")
-        try:
-            issued = self._security.group_credentials(request.group)
-        except HPBrokerError as e:
-            logger.info("[arbiter] group credentials of %r refused: %s", request.group, e.message)
-            return e
-        return protocol.GroupCredentialsResponse(issued.zookeeper_user, issued.zookeeper_password,
-                                                 list(issued.acl_ids))
 
     def _route(self, client: bytes, header: protocol.RequestHeader, request: Any,
                message: list[zmq.Frame]) -> None:
@@ -618,11 +542,11 @@ class Frontend:
         cluster = self._cluster() if self._cluster is not None else None
         wanted = names or sorted({t.name for t in self._store.topics()} | set(_cluster_topics(cluster)))
         if self._security is not None and not names:
-            wanted = [name for name in wanted if self._describable(principal, name)]
+            wanted = [name for name in wanted if self._security.describable(principal, name)]
         topics = []
         for name in wanted:
             topic = self._store.get(name)
-            if self._security is not None and names and not self._describable(principal, name):
+            if self._security is not None and names and not self._security.describable(principal, name):
                 topics.append(protocol.TopicMetadata(name, AuthorizationError.code))
             elif topic is not None and not topic.deleting:
                 topics.append(protocol.TopicMetadata(

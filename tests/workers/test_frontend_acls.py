@@ -305,7 +305,7 @@ def test_refusals_are_logged_at_most_once_per_interval_with_a_count_of_the_rest(
     now = [100.0]
     r = rig(StandinSecurity(), clock=lambda: now[0])
     r.store.create("orders", 1)
-    caplog.set_level("INFO", logger="hpbroker.workers.frontend")
+    caplog.set_level("INFO", logger="hpbroker.workers.frontend_security")
     for at in (100.0, 101.0, 102.0, 111.0):
         now[0] = at
         assert r.answer(produce())[0].error_code == 28
