@@ -176,8 +176,10 @@ class BrokerSecurity:
     def acls_pending(self, principal: str | None) -> HPBrokerError | None:
         """CoordinationError (retriable: ask again shortly) while the ACLs have not been read from
         ZooKeeper yet (the broker is joining, or the first read failed) and ``principal`` is no
-        super user; else None."""
-        if self.acls_known or not self.enabled or principal in self.super_users:
+        super user; else None (a principal no longer on the allowlist included: its refusal,
+        27, needs no ACL)."""
+        if self.acls_known or not self.enabled or principal in self.super_users \
+                or (principal and principal not in self._principals):
             return None
         return CoordinationError("ACLs not loaded yet: the broker has not read them from ZooKeeper; retry")
 

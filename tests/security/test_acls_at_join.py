@@ -17,7 +17,12 @@ from hpbroker.broker.config import BrokerConfig
 from hpbroker.coord.acl_store import add_acls
 from hpbroker.coord.session import connect
 from hpbroker.coord.zk_security import load_credentials
-from hpbroker.errors import AuthorizationError, CoordinationError, UnknownTopicOrPartitionError
+from hpbroker.errors import (
+    AuthenticationError,
+    AuthorizationError,
+    CoordinationError,
+    UnknownTopicOrPartitionError,
+)
 from hpbroker.security.acls import AclEntry
 from hpbroker.security.broker import BrokerSecurity
 from hpbroker.workers.arbiter import Arbiter
@@ -84,6 +89,7 @@ def test_until_the_acls_are_read_requests_get_a_retriable_error(cluster):
     error = security.authorize("alice", "describe", "topic", "orders")
     assert isinstance(error, CoordinationError) and error.retriable and "ACLs not loaded yet" in error.message
     assert security.authorize("bob", "describe", "topic", "orders") is None  # a super user needs none
+    assert isinstance(security.authorize("mallory", "describe", "topic", "orders"), AuthenticationError)
     security.set_acls([])
     assert isinstance(security.authorize("alice", "describe", "topic", "orders"), AuthorizationError)
     standalone = BrokerSecurity(dataclasses.replace(config, zookeeper="", zookeeper_credentials_file=""))
