@@ -32,7 +32,9 @@ allowed ``consume`` on the group, after :func:`ensure_group_node` has started cr
 group's node with the group ACL (a member cannot: ``/consumers`` is the cluster's).
 
 The credentials file holds one line, ``user:password`` (:func:`load_credentials`).  Keep it
-mode 0600: it is the cluster's write access to ZooKeeper.
+mode 0600: it is the cluster's write access to ZooKeeper.  Anyone who may read a node's ACL sees
+the cluster's digest id, a sha1 of ``user:password``: the password must be long and random (a
+shorter one than :data:`MIN_PASSWORD_CHARS` is warned about).
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GroupCredentials",
+    "MIN_PASSWORD_CHARS",
     "TOKEN_KEY_BYTES",
     "ZkCredentials",
     "cluster_acl",
@@ -89,6 +92,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+# A digest id (visible to anyone who may read a node's ACL) is sha1(user:password): a shorter
+# password may be guessed offline
+MIN_PASSWORD_CHARS = 20
 _TOKEN_KEY_ATTEMPTS = 20  # reads of the key node (each after a race or a replacement) before giving up
 _MAX_FILE_BYTES = 4096  # a credentials file is one short line; anything longer is not one
 _GROUP_USER_PREFIX = "group-"
@@ -131,7 +137,8 @@ class ZkCredentials:
 def load_credentials(path: str | os.PathLike[str]) -> ZkCredentials:
     """The credentials in ``path``: one line ``user:password`` (a trailing newline allowed;
     the password may contain ':').  InvalidConfigError naming the file and what is wrong with
-    it (missing, unreadable, empty, no ':'); a file others may read is logged as a warning."""
+    it (missing, unreadable, empty, no ':'); a file others may read, and a password shorter
+    than :data:`MIN_PASSWORD_CHARS`, are logged as warnings."""
     name = os.fspath(path)
     try:
         with open(name, "rb") as f:
@@ -164,6 +171,11 @@ def load_credentials(path: str | os.PathLike[str]) -> ZkCredentials:
         credentials = ZkCredentials(user, password)
     except InvalidConfigError as e:
         raise InvalidConfigError(f"ZooKeeper credentials file {name}: {e.message}") from None
+    if len(password) < MIN_PASSWORD_CHARS:
+        logger.warning("ZooKeeper credentials file %s: the password has %d characters, fewer than %d: "
+                       "anyone who can read an ACL in ZooKeeper sees sha1(user:password) and can guess a "
+                       "short one offline; use a long random one (openssl rand -base64 32)",
+                       name, len(password), MIN_PASSWORD_CHARS)
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         logger.warning("ZooKeeper credentials file %s is readable by others (mode %o): chmod 600 it",
                        name, stat.S_IMODE(mode))

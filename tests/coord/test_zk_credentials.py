@@ -69,6 +69,35 @@ def test_a_credentials_file_others_may_read_is_warned_about(tmp_path, caplog):
     assert "readable by others" in caplog.text and "secret" not in caplog.text
 
 
+def test_a_short_password_is_warned_about_without_showing_it(tmp_path, caplog):
+    path = tmp_path / "zk.credentials"
+    path.write_text("hpbroker:short-Pa55word1\n")  # 15 characters
+    path.chmod(0o600)
+    with caplog.at_level("WARNING", logger="hpbroker.coord.zk_security"):
+        load_credentials(path)
+    assert "15 characters, fewer than 20" in caplog.text and "openssl rand -base64 32" in caplog.text
+    assert "short-Pa55word1" not in caplog.text
+    caplog.clear()
+    path.write_text("hpbroker:" + "x" * 20 + "\n")
+    with caplog.at_level("WARNING", logger="hpbroker.coord.zk_security"):
+        load_credentials(path)
+    assert caplog.text == ""
+
+
+@pytest.mark.zookeeper
+def test_zookeeper_shows_the_clusters_digest_hash_only_to_a_session_with_admin(sessions):
+    """What docs/SECURITY.md says of the digest id (sha1 of user:password): this ZooKeeper (3.6
+    and later) answers getACL with ``user:x`` to a session without ADMIN on the node; older ones
+    show the hash to anyone who may read the node."""
+    from hpbroker.coord.zk_security import cluster_acl
+
+    cluster = sessions(credentials=CLUSTER)
+    cluster.client.create("/registered", b"", acl=cluster_acl(CLUSTER))
+    ids = lambda session: [(e.id.scheme, e.id.id) for e in session.client.get_acls("/registered")[0]]  # noqa: E731
+    assert ("digest", CLUSTER.id) in ids(cluster)
+    assert ("digest", f"{CLUSTER.user}:x") in ids(sessions())  # no credentials: the hash withheld
+
+
 @pytest.mark.zookeeper
 def test_groups_reset_offsets_needs_the_clusters_credentials_and_keeps_the_group_writable(
         zk_connect, tmp_path):
