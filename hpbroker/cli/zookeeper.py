@@ -1,5 +1,7 @@
 """``hpbroker zookeeper secure``: set the ACLs of an existing tree, for a cluster turning
-ZooKeeper ACLs on (``hpbroker.coord.zk_migration``; docs/SECURITY.md, "ZooKeeper")."""
+ZooKeeper ACLs on, with a fresh token key (``hpbroker.coord.zk_migration``; docs/SECURITY.md,
+"ZooKeeper").  Its output ends with ``note:`` lines for the operator (restart the brokers for
+the fresh key; review the ACLs when their node was open)."""
 
 from __future__ import annotations
 
@@ -18,12 +20,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     actions = zookeeper.add_subparsers(dest="action", required=True)
     secure = actions.add_parser(
         "secure", help="give every existing node the cluster's, a group's or the private ACL",
-        description="Walk the cluster's tree and set each node's ACL as brokers with "
-                    "zookeeper_credentials_file create them: the cluster ACL (all rights to the "
-                    "cluster's user, read to the world), each group's ACL under consumers/<group>, the "
-                    "private ACL on the token key and the ACLs. Needs the cluster's credentials.")
+        description="Replace the token key by a fresh one (restart the brokers one at a time "
+                    "afterwards: outstanding fetch tokens are refused, and every group's ZooKeeper "
+                    "credentials change), then walk the cluster's tree and set each node's ACL as "
+                    "brokers with zookeeper_credentials_file create them: the cluster ACL (all rights "
+                    "to the cluster's user, read to the world), each group's ACL under "
+                    "consumers/<group>, the private ACL on the ACLs' node. Needs the cluster's "
+                    "credentials.")
     secure.add_argument("--unsecure", action="store_true",
-                        help="set ZooKeeper's open ACL everywhere instead (turning ACLs off again)")
+                        help="set ZooKeeper's open ACL everywhere instead (turning ACLs off again) and "
+                             "delete the token key")
     secure.add_argument("--dry-run", action="store_true", help="only list the nodes that would change")
     add_zookeeper(secure)
     add_zookeeper_credentials(secure)
