@@ -47,7 +47,10 @@ ahead of the fetches queued for it, and again before a fetch once two thirds of 
 lifetime have passed, so a long-lived connection never outlives its token.  Responses come in
 request order, so each AuthenticateResponse is read in its place among the fetch responses; a
 refusal (error 27) counts as a connection failure: every fetch on it is lost, and the next
-connect, after the backoff, presents a new token.
+connect, after the backoff, presents a new token.  So does error 15, the leader's worker not
+ready yet (it has not received its broker's security state): logged as such, and retried the
+same way.  Followers authenticate with ``data_port_auth = "loopback"`` too: replica fetches
+always need a token.
 
 **Callbacks** run inside :meth:`~ReplicaFetcher.process`, after the fetcher's state is settled,
 so they may call :meth:`~ReplicaFetcher.fetch` again: ``on_response(topic, partition, header,
@@ -73,7 +76,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpbroker import protocol
-from hpbroker.errors import AuthenticationError, HPBrokerError, InvalidRequestError
+from hpbroker.errors import (
+    AuthenticationError,
+    HPBrokerError,
+    InvalidRequestError,
+    PartitionNotAvailableError,
+)
 
 __all__ = ["BACKOFF_INITIAL_S", "BACKOFF_MAX_S", "READ_BYTES_PER_PROCESS", "RESOLVE_POLL_S", "ReplicaFetcher"]
 
@@ -420,6 +428,9 @@ class ReplicaFetcher:
             except AuthenticationError as e:
                 self._failed(f"the leader refused this broker's fetch token: {e}", now)
                 return
+            except PartitionNotAvailableError as e:
+                self._failed(f"the leader's data port is not ready yet, retrying: {e}", now)
+                return
             except HPBrokerError as e:
                 self._failed(f"unparsable response stream: {e}", now)
                 return
@@ -431,7 +442,7 @@ class ReplicaFetcher:
         """The fetch answered by the message ``frames``: the first one sent (data ports answer
         in order); None for an accepted AuthenticateResponse.  InvalidRequestError when the
         message is not the response expected, AuthenticationError when the leader refused the
-        token."""
+        token, PartitionNotAvailableError when its worker is not ready yet."""
         if not self._answers:
             raise InvalidRequestError("a response arrived with no fetch in flight")
         expected = self._answers[0]
@@ -442,6 +453,8 @@ class ReplicaFetcher:
                                           f"authentication (correlation id {expected.correlation_id}) was "
                                           f"expected")
             self._answers.popleft()
+            if header.error_code == PartitionNotAvailableError.code:  # not ready: no verdict on the token
+                raise PartitionNotAvailableError(f"error {header.error_code}: {header.error_message}")
             if header.error_code:
                 raise AuthenticationError(f"error {header.error_code}: {header.error_message}")
             return None

@@ -241,6 +241,21 @@ def test_replica_fetcher_whose_token_is_refused_loses_its_fetches(secured):
     fetcher.close()
 
 
+def test_replica_fetcher_logs_a_not_ready_leader_as_such_not_as_a_refused_token(start_worker, caplog):
+    worker = start_worker(**SECURE)  # no security state yet: its data port answers 15
+    lost = []
+    fetcher = ReplicaFetcher(-1, "127.0.0.1", worker.port, now=time.monotonic(),
+                             token=lambda: tokens.mint(KEY, "broker-0", 600_000, time.time_ns() // 10**6),
+                             on_response=lambda *a: None, on_lost=lambda t, p: lost.append((t, p)))
+    with caplog.at_level("WARNING", logger="hpbroker.replica.fetcher"):
+        fetcher.fetch("orders", 0, 0, leader_epoch=-1, last_fetched_epoch=-1, max_bytes=1 << 20,
+                      max_wait_ms=0)
+        _pump(fetcher, lambda: lost)
+    fetcher.close()
+    assert "not ready yet, retrying" in caplog.text, caplog.text
+    assert "refused" not in caplog.text
+
+
 # --- the consumer's fetcher (hpbroker.client.fetcher) ---------------------------------------------
 
 
