@@ -57,9 +57,14 @@ and list-offsets of an authenticated connection is checked against the ACLs for 
 a refusal is answered with error 28 and the connection stays.  Until the worker has the
 broker's security state (it just started) an AuthenticateRequest is answered with error 15
 (PartitionNotAvailableError, retriable: connect again shortly) and the connection closed.  A
-connection may authenticate again with a newer token before its own expires.  Without a guard
-an AuthenticateRequest is answered with error 0 and an empty principal, and each request costs
-one attribute check more.
+connection may authenticate again with a newer token before its own expires.  With
+``data_port_auth = "loopback"`` the server holds a guard too (``tokens_required`` False): consumer
+fetches and list-offsets are served without a token or an ACL check, but a replica fetch
+(``replica_id`` >= 0, which moves the leader's high watermark and ISR) is served only on a
+connection authenticated with a token, and checked as above (``cluster_action``): on one that
+is not, it is answered with error 27 and the connection closed; an AuthenticateRequest is
+checked as with tokens.  Without a guard an AuthenticateRequest is answered with error 0 and an
+empty principal, and each request costs one attribute check more.
 
 The listener and every connection sit in one ``epoll`` object, level-triggered, whose own
 descriptor the worker polls with its other sockets: the worker's poll stays four entries long
@@ -436,10 +441,21 @@ class FetchServer:
             conn.principal, conn.expires_at_ms = principal, expires_at_ms
             responder(_authenticated_reply(header, principal, expires_at_ms))
             return
+        if not self._tokens_required and not (api_key == ApiKey.FETCH
+                                              and request.replica_id >= 0):  # type: ignore[attr-defined]
+            # Loopback: consumer requests are served as without a guard, authenticated or not.
+            if api_key not in SERVED_API_KEYS:
+                responder(_not_served_reply(header, request))
+            else:
+                self._handler.dispatch(header, request, responder, conn, SERVED_API_KEYS, "tcp")
+            return
         if conn.principal is None:
             self._refuse(conn, header, AuthenticationError(
                 "the first request on a data port of a secured broker must be AuthenticateRequest with a "
-                "fetch token (FetchTokenRequest on the front-end gives one)"), responder)
+                "fetch token (FetchTokenRequest on the front-end gives one)" if self._tokens_required else
+                "a replica fetch on a data port of a secured broker needs a connection authenticated with "
+                "a fetch token of a principal allowed cluster_action, with data_port_auth = 'loopback' "
+                "too"), responder)
             return
         now_ms = time.time_ns() // 1_000_000
         if now_ms >= conn.expires_at_ms:

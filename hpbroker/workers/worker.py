@@ -207,7 +207,8 @@ class Worker:
                                        max_request_bytes=min(self._config.max_request_bytes,
                                                              protocol.DATA_PORT_MAX_REQUEST_BYTES),
                                        max_idle_s=self._config.connections_max_idle_ms / 1000,
-                                       guard=self._guard if self._config.data_port_auth == "token" else None)
+                                       guard=self._guard,
+                                       tokens_required=self._config.data_port_auth == "token")
         except (zmq.ZMQError, OSError) as e:
             logger.error("cannot connect to the arbiter at %s or serve the data port: %s",
                          self._backend_address, e)
@@ -433,8 +434,9 @@ class Worker:
 
     def _replica_token(self) -> Callable[[], tuple[str, int] | None] | None:
         """What this broker's replica fetches authenticate with on their leaders' data ports: a
-        token the worker mints for the broker's own principal (None: the data ports need none)."""
-        if self._guard is None or self._config.data_port_auth != "token":
+        token the worker mints for the broker's own principal (None: security is off).  With
+        ``data_port_auth = "loopback"`` too: replica fetches always need one."""
+        if self._guard is None:
             return None
         return self._guard.mint_own
 

@@ -24,7 +24,7 @@ def _state(principals=("alice", "bob", "broker-0"), acls=None, **extra):
         acls = [{"principal": "alice", "operation": "consume", "resource_type": "topic",
                  "pattern_type": "literal", "name": "orders"}]
     return {"enabled": True, "token_key": KEY.hex(), "principals": list(principals), "super_users": [],
-            "acls": acls, "data_port_auth": "token", "own_principal": "broker-0", **extra}
+            "acls": acls, "data_port_auth": "token", "own_principal": "broker-0"} | extra
 
 
 def _token(principal="alice", lifetime_ms=600_000, key=KEY, now_ms=None):
@@ -200,8 +200,47 @@ def test_loopback_data_port_serves_without_a_token(start_worker, arbiter):
     client.send(fetch_request("orders", 0, 0), 1)  # before any security state, and without a token
     header, response = client.response(ApiKey.FETCH)
     assert header.error_code == 0 and len(response.payload) > 0
-    header, response = _authenticate(client, "anything", 2)
-    assert (header.error_code, response.principal) == (0, "")
+    client.send(protocol.ListOffsetsRequest("orders", 0, protocol.LATEST_TIMESTAMP), 2)
+    assert client.response(ApiKey.LIST_OFFSETS)[1].offset == 3
+    client.close()
+
+
+def _replica_fetch(client, correlation_id, replica_id=1):
+    request = protocol.FetchRequest("orders", 0, 0, 1 << 20, 0, 1, replica_id=replica_id,
+                                    current_leader_epoch=0)
+    client.send(request, correlation_id)
+    return client.response(ApiKey.FETCH)[0]
+
+
+def test_loopback_data_port_serves_replica_fetches_only_on_authenticated_connections(start_worker, arbiter):
+    worker = start_worker(**SECURE, data_port_auth="loopback")
+    assert arbiter.call(0, produce_request("orders", 0, make_batch("a")))[0].error_code == 0
+    client = TcpClient(worker.port)  # before the state: an AuthenticateRequest is not ready (15)
+    assert _authenticate(client, _token("broker-0"))[0].error_code == PartitionNotAvailableError.code
+    assert client.is_closed_by_peer()
+    assert arbiter.control(0, "security", **_state(data_port_auth="loopback"))["error"] is None
+    client = TcpClient(worker.port)  # a local process posing as follower 1, without a token
+    client.send(fetch_request("orders", 0, 0), 1)
+    assert client.response(ApiKey.FETCH)[0].error_code == 0  # its consumer fetch is served
+    header = _replica_fetch(client, 2)
+    assert header.error_code == AuthenticationError.code and "loopback" in header.error_message, header
+    assert client.is_closed_by_peer()
+    client = TcpClient(worker.port)  # a token the guard refuses is refused here too
+    client.send(protocol.AuthenticateRequest("anything"), 1)
+    _refused_and_closed(client, ApiKey.AUTHENTICATE, "malformed fetch token")
+    client = TcpClient(worker.port)  # a principal without cluster_action: 28, and the connection stays
+    assert _authenticate(client, _token("alice"))[1].principal == "alice"
+    assert _replica_fetch(client, 2).error_code == 28
+    client.send(fetch_request("orders", 0, 0), 3)
+    assert client.response(ApiKey.FETCH)[0].error_code == 0
+    client.close()
+    cluster_action = {"principal": "broker-0", "operation": "cluster_action", "resource_type": "cluster",
+                      "pattern_type": "literal", "name": "cluster"}
+    state = _state(acls=[cluster_action], data_port_auth="loopback")
+    assert arbiter.control(0, "security", **state)["error"] is None
+    client = TcpClient(worker.port)
+    assert _authenticate(client, _token("broker-0"))[0].error_code == 0
+    assert _replica_fetch(client, 2).error_code not in (27, 28)  # allowed (it leads nothing here: 23)
     client.close()
 
 
