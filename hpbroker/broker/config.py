@@ -155,8 +155,8 @@ class BrokerConfig:
     fetch_token_lifetime_ms: int = 600_000
     #: how the TCP data ports are protected with ``security = "curve"``: ``"token"`` (every
     #: connection first presents a fetch token) or ``"loopback"`` (the data ports bind
-    #: 127.0.0.1 and serve without a token: only processes on this host reach them).  Default
-    #: ``"token"``.
+    #: 127.0.0.1 and serve consumers without a token or ACL check: only processes on this host
+    #: reach them; a replica fetch still needs a token).  Default ``"token"``.
     data_port_auth: str = "token"
     #: file holding ``user:password``, the ZooKeeper digest credentials of the cluster: every
     #: znode the broker creates then carries an ACL (all rights to that user, read to the world).
