@@ -5,8 +5,10 @@ each connection's principal.
 (``public-key = "<40 z85 characters>"``; the KEYS tooling's ``hpbroker keys``).  Only files
 directly in it count (``revoked/`` beside them does not).  ``NAME`` is the key's *principal*:
 every message the front-end ROUTER receives on a connection made with that key carries the
-ZeroMQ metadata property ``User-Id`` = ``NAME``.  Two names for one public key: the first in
-sorted order wins (a WARNING says so).
+ZeroMQ metadata property ``User-Id`` = ``NAME#FINGERPRINT``, the fingerprint being the first 16
+z85 characters of the public key (``hpbroker.security.principal``): the broker tells a
+connection of a key from one of the key that replaced it under the same name.  Two names for
+one public key: the first in sorted order wins (a WARNING says so).
 
 **The handler** is pyzmq's ``ThreadAuthenticator``: a thread with a REP socket bound to
 ``inproc://zeromq.zap.01`` in the broker's ZeroMQ context, answering libzmq's ZAP requests (RFC
@@ -21,12 +23,12 @@ malformed request) gets status 400.
 file is logged and skipped and the others apply; a directory that cannot be read keeps the set
 it had (ERROR).  The new set replaces the old one in one assignment, which the handler's thread
 reads once per request: a request is judged against one set, old or new, never a mixture.  A
-key removed is refused on its next connection; connections already made stay (the front-end's
-authorisation denies requests from principals no longer on the list:
-``hpbroker.security.broker``).
+key removed (or replaced under its name) is refused on its next connection; connections already
+made stay, and the front-end answers their requests 27 once their (name, fingerprint) is no
+longer on the list (``hpbroker.security.broker``).
 
 **Threads.**  :meth:`start`, :meth:`reload`, :meth:`stop` are the owner's (the arbiter's loop);
-the handler's thread only reads :attr:`_keys`.  :meth:`alive` tells whether the handler's thread
+the handler's thread only reads :attr:`_user_ids`.  :meth:`alive` tells whether the handler's thread
 still runs: when it has died, no new connection can complete its handshake, and the broker
 halts (``BrokerSecurity.check_alive``).
 """
@@ -45,6 +47,7 @@ from zmq.utils import z85
 
 from hpbroker.errors import InvalidConfigError
 from hpbroker.security.keys import PUBLIC_SUFFIX, check_key_name, load_public_key
+from hpbroker.security.principal import fingerprint, user_id
 
 __all__ = ["ZAP_DOMAIN", "AllowlistAuthenticator", "read_allowlist"]
 
@@ -99,13 +102,14 @@ class AllowlistAuthenticator(ThreadAuthenticator):
         super().__init__(context=context, log=logging.getLogger(__name__ + ".zap"))
         self.allowlist_dir = allowlist_dir
         self._keys: Mapping[bytes, str] = {}  # z85 public key -> name; replaced whole, never mutated
+        self._user_ids: Mapping[bytes, bytes] = {}  # z85 public key -> User-Id; replaced with _keys
         self._refusals = 0  # refused since the last refusal logged (the handler's thread's)
         self._refusal_logged_at = -float("inf")
 
     def start(self) -> None:
         """Read the allowlist (InvalidConfigError when it cannot be), then bind the ZAP endpoint
         and start the handler's thread; returns once the thread serves."""
-        self._keys = read_allowlist(self.allowlist_dir, strict=True)
+        self._set(read_allowlist(self.allowlist_dir, strict=True))
         try:
             super().start()
         except (zmq.ZMQError, RuntimeError) as e:
@@ -125,7 +129,7 @@ class AllowlistAuthenticator(ThreadAuthenticator):
             return frozenset(), frozenset()
         before = {(name, key) for key, name in self._keys.items()}
         after = {(name, key) for key, name in keys.items()}
-        self._keys = keys
+        self._set(keys)
         added = frozenset(name for name, _ in after - before)
         removed = frozenset(name for name, _ in before - after)
         return added, removed
@@ -154,16 +158,25 @@ class AllowlistAuthenticator(ThreadAuthenticator):
             self.zap_socket = None  # type: ignore[assignment]
         return True
 
+    def _set(self, keys: Mapping[bytes, str]) -> None:
+        """Put ``keys`` in force: one assignment the handler's thread reads (module docstring)."""
+        self._keys = {key: name for key, name in keys.items()}
+        self._user_ids = {key: user_id(name, key).encode() for key, name in keys.items()}
+
     def principals(self) -> frozenset[str]:
         """The names on the allowlist now."""
         return frozenset(self._keys.values())
+
+    def fingerprints(self) -> dict[str, str]:
+        """The allowlist now: name -> its key's fingerprint (``hpbroker.security.principal``)."""
+        return {name: fingerprint(key) for key, name in self._keys.items()}
 
     def alive(self) -> bool:
         """Whether the handler's thread runs."""
         return self.is_alive()
 
     async def handle_zap_message(self, msg: list[bytes]) -> None:
-        """Answer one ZAP request (RFC 27): 200 with the key's name as User-Id for a CURVE key on
+        """Answer one ZAP request (RFC 27): 200 with ``NAME#FINGERPRINT`` as User-Id for a CURVE key on
         the allowlist in our domain, 400 for anything else.  Never raises: the thread must live."""
         if len(msg) < 2:
             logger.error("[security] ZAP request of %d frames dropped: cannot be answered", len(msg))
@@ -191,12 +204,12 @@ class AllowlistAuthenticator(ThreadAuthenticator):
         if domain.decode("utf-8", "replace") != ZAP_DOMAIN:
             return b"400", b"unknown domain", b""
         key = z85.encode(credentials[0])
-        name = self._keys.get(key)  # one read: the set in force for this request
-        if name is None:
+        uid = self._user_ids.get(key)  # one read: the set in force for this request
+        if uid is None:
             self._refused(f"key {key.decode('ascii')} from {who}: not on the allowlist")
             return b"400", b"unknown key", b""
-        logger.debug("[security] admitted %r from %s", name, who)
-        return b"200", b"OK", name.encode()
+        logger.debug("[security] admitted %r from %s", uid, who)
+        return b"200", b"OK", uid
 
     def _refused(self, what: str) -> None:
         """Log a refusal: the first at once, then at most one line per

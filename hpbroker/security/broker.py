@@ -18,12 +18,15 @@
   answers rather than admitting it, and the handler is running before the bind anyway: no
   connection is ever admitted without the allowlist's say.
 - **ACLs** (``hpbroker.security.acls``): :meth:`BrokerSecurity.authorize` answers every request
-  the front-end checks.  A principal no longer on the allowlist (its key removed, SIGHUP) is
-  refused with AuthenticationError (27) on the connections it still holds, before any ACL is
-  looked at.  ACLs come from ZooKeeper (:meth:`set_acls`, from the arbiter); standalone there
-  are none, and only ``super_users`` are allowed anything.  With ZooKeeper, until the ACLs are
-  first read (the broker joining, or the read failing), every request but a super user's gets
-  CoordinationError (17, retriable: "ACLs not loaded yet"), never a refusal
+  the front-end checks.  A principal no longer on the allowlist (its key removed, SIGHUP) is refused
+  with AuthenticationError (27) on the connections it still holds, before any ACL is looked at.
+  A connection is identified by its key's name *and* fingerprint
+  (``hpbroker.security.principal``): when a name's key is replaced (a leaked key rotated under
+  the same name), the old key's connections are refused 27 as if the name had been removed, and
+  the new key's are served.  ACLs come from ZooKeeper (:meth:`set_acls`, from the arbiter);
+  standalone there are none, and only ``super_users`` are allowed anything.  With ZooKeeper,
+  until the ACLs are first read (the broker joining, or the read failing), every request but a
+  super user's gets CoordinationError (17, retriable: "ACLs not loaded yet"), never a refusal
   (:meth:`acls_pending`).
 - **the token key** (32 bytes): the HMAC key of fetch tokens (``hpbroker.security.tokens``).
   Random at start; with ZooKeeper the cluster's (:meth:`set_token_key`: the arbiter reads it),
@@ -40,6 +43,7 @@ With ``security = "none"`` (:attr:`enabled` false) every method is a no-op: noth
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -60,6 +64,7 @@ from hpbroker.security import tokens
 from hpbroker.security.acls import AclEntry, Authorizer
 from hpbroker.security.authenticator import ZAP_DOMAIN, AllowlistAuthenticator, read_allowlist
 from hpbroker.security.keys import SECRET_SUFFIX, key_name, read_key_file
+from hpbroker.security.principal import fingerprint, from_user_id
 
 if TYPE_CHECKING:  # only a type: hpbroker.security never imports hpbroker.coord
     from hpbroker.coord.zk_security import GroupCredentials
@@ -114,6 +119,7 @@ class BrokerSecurity:
         self._key: ServerKey | None = None
         self._authenticator: AllowlistAuthenticator | None = None
         self._principals: frozenset[str] = frozenset()
+        self._fingerprints: dict[str, str] = {}  # name -> its key's fingerprint, the allowlist now
         self._acls: tuple[AclEntry, ...] = ()
         self._authorizer = Authorizer((), self.super_users)
         # With ZooKeeper the ACLs live there: until the first read (set_acls) they are not known,
@@ -127,7 +133,8 @@ class BrokerSecurity:
         self.own_principal = self._key.name
         # Read now, strictly, so that a bad directory stops the start before anything is forked;
         # the authenticator reads it again when it starts.
-        self._principals = frozenset(read_allowlist(config.allowlist_dir, strict=True).values())
+        self._take_allowlist({fingerprint(key): name for key, name in
+                              read_allowlist(config.allowlist_dir, strict=True).items()})
         self.token_key = os.urandom(tokens.TOKEN_KEY_BYTES)
         logger.info("[security] CurveZMQ on: broker key %r (%s), allowlist %s with %d keys, super users %s, "
                     "data ports by %s", self.own_principal, self._key.public_key.decode("ascii"),
@@ -145,21 +152,37 @@ class BrokerSecurity:
         authenticator = AllowlistAuthenticator(context, self._config.allowlist_dir)
         authenticator.start()
         self._authenticator = authenticator
-        self._principals = authenticator.principals()
+        self._take_allowlist({fp: name for name, fp in authenticator.fingerprints().items()})
         front.setsockopt(zmq.CURVE_SERVER, 1)
         front.setsockopt(zmq.CURVE_SECRETKEY, self._key.secret_key)
         front.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN.encode())
         front.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
 
+    def _take_allowlist(self, by_fingerprint: dict[str, str]) -> None:
+        """The allowlist in force: fingerprint -> name."""
+        self._fingerprints = {name: fp for fp, name in by_fingerprint.items()}
+        self._principals = frozenset(self._fingerprints)
+
     def principal_of(self, frame: zmq.Frame) -> str | None:
-        """The principal of the connection a message frame came on (its ``User-Id``); None when
-        security is off."""
+        """The principal of the connection a message frame came on: its ``User-Id``
+        (``NAME#FINGERPRINT``) as a :class:`~hpbroker.security.principal.Principal` (the name,
+        carrying the key's fingerprint); None when security is off."""
         if not self.enabled:
             return None
         try:
-            return frame.get("User-Id") or None
+            user_id = frame.get("User-Id")
         except zmq.ZMQError:
             return None
+        return _principal(user_id) if user_id else None
+
+    def admitted(self, principal: str | None) -> bool:
+        """Whether ``principal`` is on the allowlist now: its name with the same key (a
+        :class:`~hpbroker.security.principal.Principal`'s fingerprint; a plain name, given by
+        the broker itself, is judged by its name)."""
+        if not principal:
+            return False
+        expected = self._fingerprints.get(principal)
+        return expected is not None and getattr(principal, "fingerprint", expected) == expected
 
     def authorize(self, principal: str | None, operation: Any, resource_type: Any,
                   name: str) -> HPBrokerError | None:
@@ -168,10 +191,16 @@ class BrokerSecurity:
         allowlist, AuthorizationError (28) for one no ACL allows."""
         if not self.enabled:
             return None
-        if principal and principal not in self._principals:
-            return AuthenticationError(f"key {principal!r} is no longer on the broker's allowlist (revoked)")
-        return self.acls_pending(principal) \
+        return self.revoked(principal) or self.acls_pending(principal) \
             or self._authorizer.check(principal, operation, resource_type, name)
+
+    def revoked(self, principal: str | None) -> AuthenticationError | None:
+        """AuthenticationError (27) for a principal no longer on the allowlist (its name removed,
+        or its key replaced under the name); None otherwise (no principal included: the ACLs
+        refuse that)."""
+        if not self.enabled or not principal or self.admitted(principal):
+            return None
+        return _revoked(principal)
 
     def acls_pending(self, principal: str | None) -> HPBrokerError | None:
         """CoordinationError (retriable: ask again shortly) while the ACLs have not been read from
@@ -179,7 +208,7 @@ class BrokerSecurity:
         super user; else None (a principal no longer on the allowlist included: its refusal,
         27, needs no ACL)."""
         if self.acls_known or not self.enabled or principal in self.super_users \
-                or (principal and principal not in self._principals):
+                or (principal and not self.admitted(principal)):
             return None
         return CoordinationError("ACLs not loaded yet: the broker has not read them from ZooKeeper; retry")
 
@@ -187,8 +216,7 @@ class BrokerSecurity:
         """Whether some ACL allows ``principal`` ``operation`` somewhere (always, security off)."""
         if not self.enabled:
             return True
-        return bool(principal) and principal in self._principals \
-            and self._authorizer.allows_any(principal, operation)
+        return self.admitted(principal) and self._authorizer.allows_any(principal, operation)
 
     # --- changes (the arbiter's loop) ---------------------------------------------------------
 
@@ -196,12 +224,16 @@ class BrokerSecurity:
         """The names on the allowlist now."""
         return self._principals
 
+    def fingerprint_of(self, name: str) -> str | None:
+        """The fingerprint of the key ``name`` is allowlisted with (None: not on the allowlist)."""
+        return self._fingerprints.get(name)
+
     def reload(self) -> tuple[frozenset[str], frozenset[str]]:
         """Read the allowlist again (SIGHUP): the names (added, removed)."""
         if self._authenticator is None:
             return frozenset(), frozenset()
         added, removed = self._authenticator.reload()
-        self._principals = self._authenticator.principals()
+        self._take_allowlist({fp: name for name, fp in self._authenticator.fingerprints().items()})
         return added, removed
 
     def set_acls(self, entries: Iterable[AclEntry]) -> bool:
@@ -246,15 +278,14 @@ class BrokerSecurity:
 
     def mint_token(self, principal: str) -> tuple[str, int]:
         """A fetch token for ``principal``: ``(token, expires_at_ms)``, valid for
-        ``fetch_token_lifetime_ms``.  InvalidRequestError when security is off, AuthenticationError
-        for a principal no longer on the allowlist."""
+        ``fetch_token_lifetime_ms``, bound to its key's fingerprint.  InvalidRequestError when
+        security is off, AuthenticationError for a principal no longer on the allowlist."""
         if not self.enabled or self.token_key is None:
             raise InvalidRequestError("fetch tokens are issued only by a broker with security = 'curve'")
-        if principal not in self._principals:
-            raise AuthenticationError(f"key {principal!r} is no longer on the broker's allowlist (revoked): "
-                                      "no fetch token")
+        if not self.admitted(principal):
+            raise _revoked(principal, ": no fetch token")
         return tokens.mint(self.token_key, principal, self._config.fetch_token_lifetime_ms,
-                           int(time.time() * 1000))
+                           int(time.time() * 1000), fingerprint=self._fingerprints[principal])
 
     def worker_state(self) -> dict[str, Any]:
         """The ``security`` control's body (JSON-able): what a worker checks its data port
@@ -262,9 +293,12 @@ class BrokerSecurity:
         if not self.enabled:
             return {"enabled": False}
         return {"enabled": True, "token_key": self.token_key.hex() if self.token_key is not None else None,
-                "principals": sorted(self._principals), "super_users": sorted(self.super_users),
+                "principals": sorted(self._principals),
+                "fingerprints": dict(sorted(self._fingerprints.items())),
+                "super_users": sorted(self.super_users),
                 "acls": [entry.to_dict() for entry in self._acls],
-                "data_port_auth": self._config.data_port_auth, "own_principal": self.own_principal}
+                "data_port_auth": self._config.data_port_auth, "own_principal": self.own_principal,
+                "own_fingerprint": fingerprint(self._key.public_key) if self._key is not None else ""}
 
     def close(self) -> bool:
         """Stop the ZAP handler; before the ZeroMQ context ends.  False when its thread did not
@@ -275,3 +309,14 @@ class BrokerSecurity:
             stopped = self._authenticator.stop()
             self._authenticator = None
         return stopped
+
+
+@functools.lru_cache(maxsize=1024)
+def _principal(user_id: str) -> str:
+    """A ``User-Id``'s principal (cached: the same few per broker, one per key ever admitted)."""
+    return from_user_id(user_id)
+
+
+def _revoked(principal: str, what: str = "") -> AuthenticationError:
+    return AuthenticationError(f"key {principal!r} is no longer on the broker's allowlist (revoked, or "
+                               f"replaced by another key of that name){what}")

@@ -8,10 +8,12 @@ worker becomes ready and whenever the allowlist, the ACLs or the token key chang
     {"enabled": true,
      "token_key": "<64 hex digits>" | null,   # the cluster's fetch-token HMAC key
      "principals": ["alice", ...],             # the key names on the allowlist now
+     "fingerprints": {"alice": "<16 z85>", ...},  # each name's key (hpbroker.security.principal)
      "super_users": ["admin", ...],
      "acls": [AclEntry.to_dict(), ...],
      "data_port_auth": "token" | "loopback",
-     "own_principal": "broker-1"}              # this broker's key name (its replica fetches)
+     "own_principal": "broker-1",              # this broker's key name (its replica fetches)
+     "own_fingerprint": "<16 z85>"}            # and its key's fingerprint
 
 Until the first state (with the token key) arrives the guard refuses every connection with error
 15 (PartitionNotAvailableError, "not ready"): a worker never serves a data-port connection it
@@ -20,7 +22,10 @@ arrives, and on a broker with ZooKeeper until it has read the cluster's token ke
 retriable, unlike 27: clients back off and connect again, as when the worker is not serving yet.
 
 :meth:`DataPortGuard.authenticate` verifies a connection's fetch token
-(``hpbroker.security.tokens``) and that its principal is still on the allowlist.  Revocation
+(``hpbroker.security.tokens``) and that its principal is still on the allowlist *with the same
+key*: the token carries the fingerprint of the key it was minted for, and a name whose key was
+replaced since (a rotation) is refused as a name removed is.  (A state without
+``fingerprints`` is judged by names alone.)  Revocation
 takes effect at once, even before the token expires, as on the front-end: a revoked key's token
 is refused at its next connection, and :meth:`DataPortGuard.check` refuses the next request of a
 connection authenticated before the revocation with error 27 (the data port then closes it).
@@ -72,8 +77,10 @@ class DataPortGuard:
         self._ready = False
         self._key: bytes | None = None
         self._principals: frozenset[str] = frozenset()
+        self._fingerprints: dict[str, str] | None = None  # name -> its key's; None: names only
         self._authorizer = Authorizer()
         self.own_principal: str | None = None
+        self._own_fingerprint = ""
         self.data_port_auth = "token"
 
     @property
@@ -99,6 +106,10 @@ class DataPortGuard:
         for name, value in (("principals", principals), ("super_users", super_users)):
             if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
                 raise ValueError(f"{name} must be a list of names, got {value!r}")
+        fingerprints = body.get("fingerprints")
+        if fingerprints is not None and (not isinstance(fingerprints, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in fingerprints.items())):
+            raise ValueError(f"fingerprints must map names to key fingerprints, got {fingerprints!r}")
         acls = body.get("acls", [])
         if not isinstance(acls, list):
             raise ValueError(f"acls must be a list, got {acls!r}")
@@ -106,9 +117,14 @@ class DataPortGuard:
         own = body.get("own_principal")
         if own is not None and not isinstance(own, str):
             raise ValueError(f"own_principal must be a name, got {own!r}")
+        own_fingerprint = body.get("own_fingerprint")
+        if own_fingerprint is not None and not isinstance(own_fingerprint, str):
+            raise ValueError(f"own_fingerprint must be a key fingerprint, got {own_fingerprint!r}")
         removed = self._principals - frozenset(principals)
         self._key, self._principals, self._authorizer = key, frozenset(principals), authorizer
+        self._fingerprints = dict(fingerprints) if fingerprints is not None else None
         self.own_principal = own or None
+        self._own_fingerprint = own_fingerprint or (fingerprints or {}).get(own or "", "")
         self.data_port_auth = str(body.get("data_port_auth", "token"))
         self._ready = True
         logger.info("security state: %d principals, %d ACLs, %d super users, token key %s%s",
@@ -124,10 +140,17 @@ class DataPortGuard:
         if not self._ready or key is None:
             raise _not_ready()
         principal, expires_at_ms = tokens.verify(key, token, _now_ms() if now_ms is None else now_ms)
-        if principal not in self._principals:
-            raise AuthenticationError(f"the key of principal {principal!r} is no longer on the broker's "
-                                      f"allowlist (revoked)")
+        if not self._admitted(principal):
+            raise _revoked(principal)
         return principal, expires_at_ms
+
+    def _admitted(self, principal: str) -> bool:
+        """Whether ``principal`` is on the allowlist, with the same key when the state says
+        which (a token's principal carries its key's fingerprint)."""
+        if principal not in self._principals:
+            return False
+        fingerprints = self._fingerprints
+        return fingerprints is None or getattr(principal, "fingerprint", None) == fingerprints.get(principal)
 
     def check(self, principal: str, api_key: int, request: protocol.Message) -> HPBrokerError | None:
         """None when ``principal`` may make ``request``; else the error to answer: 28 when the
@@ -135,9 +158,8 @@ class DataPortGuard:
         the principal's key is no longer on the allowlist."""
         if not self._ready:
             return _not_ready()
-        if principal not in self._principals:
-            return AuthenticationError(f"the key of principal {principal!r} is no longer on the broker's "
-                                       f"allowlist (revoked)")
+        if not self._admitted(principal):
+            return _revoked(principal)
         if api_key not in _SERVED:
             return InvalidRequestError(f"api_key {api_key} is not served on a data port")
         for operation, resource_type, name in required_access(api_key, request):
@@ -152,7 +174,12 @@ class DataPortGuard:
         if self._key is None or not self.own_principal:
             return None
         return tokens.mint(self._key, self.own_principal, self._token_lifetime_ms,
-                           _now_ms() if now_ms is None else now_ms)
+                           _now_ms() if now_ms is None else now_ms, fingerprint=self._own_fingerprint)
+
+
+def _revoked(principal: str) -> AuthenticationError:
+    return AuthenticationError(f"the key of principal {principal!r} is no longer on the broker's allowlist "
+                               f"(revoked, or replaced by another key of that name)")
 
 
 def _not_ready() -> PartitionNotAvailableError:

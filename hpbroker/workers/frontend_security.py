@@ -6,8 +6,10 @@ the broker's security for each request, with ``security = "curve"``.
 principal its connection authenticated:
 
 - :meth:`~FrontendSecurity.check`: None when the request may go on; else the error to answer --
-  17 (CoordinationError, retriable) while the ACLs are not read yet, 27 for a principal no
-  longer on the allowlist, 28 (AuthorizationError) for one no ACL allows.  What each request
+  27 for a principal no longer on the allowlist (its key removed, or replaced by another key of
+  its name: a connection's principal carries its key's fingerprint,
+  ``hpbroker.security.principal``), 17 (CoordinationError, retriable) while the ACLs are not
+  read yet, 28 (AuthorizationError) for one no ACL allows.  What each request
   needs is ``hpbroker.security.request_access``'s; a produce or fetch that would auto-create
   its topic also needs ``create``; an init-producer-id needs ``produce`` on some topic; a
   fetch-token needs only an authenticated connection.  Refusals are logged at INFO, at most one
@@ -78,8 +80,12 @@ class FrontendSecurity:
 
     def check(self, header: protocol.RequestHeader, request: Any, principal: str | None,
               ) -> HPBrokerError | None:
-        """None when the request may go on; else the error to answer (logged, rate-limited)."""
-        error = self.security.acls_pending(principal) or self._denial(header, request, principal)
+        """None when the request may go on; else the error to answer (logged, rate-limited).  A
+        connection whose key is no longer on the allowlist (removed, or replaced under its name)
+        gets 27 for every request, metadata included."""
+        security = self.security
+        error = security.revoked(principal) or security.acls_pending(principal) \
+            or self._denial(header, request, principal)
         if error is not None:
             self._log_denial(error)
         return error

@@ -96,12 +96,16 @@ def test_worker_state_and_tokens(server):
     assert not security.set_acls([AclEntry("alice", "consume", "topic", "literal", "orders")])  # no change
     state = security.worker_state()
     entry = AclEntry("alice", "consume", "topic", "literal", "orders")
+    fingerprints = {name: security.fingerprint_of(name) for name in ("alice", "bob", "broker")}
+    assert all(len(fp) == 16 for fp in fingerprints.values())
     assert state == {"enabled": True, "token_key": security.token_key.hex(),
-                     "principals": ["alice", "bob", "broker"], "super_users": ["root"],
-                     "acls": [entry.to_dict()], "data_port_auth": "token", "own_principal": "broker"}
+                     "principals": ["alice", "bob", "broker"], "fingerprints": fingerprints,
+                     "super_users": ["root"], "acls": [entry.to_dict()], "data_port_auth": "token",
+                     "own_principal": "broker", "own_fingerprint": fingerprints["broker"]}
     token, expires_at_ms = security.mint_token("alice")
     key = bytes.fromhex(state["token_key"])
     assert tokens.verify(key, token, expires_at_ms - 1) == ("alice", expires_at_ms)
+    assert tokens.verify(key, token, expires_at_ms - 1)[0].fingerprint == fingerprints["alice"]
 
 
 def test_security_off_does_nothing(tmp_path):

@@ -11,6 +11,7 @@ import pytest
 
 from hpbroker.errors import AuthenticationError, InvalidConfigError
 from hpbroker.security import tokens
+from hpbroker.security.principal import Principal
 
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))
@@ -34,13 +35,30 @@ def test_minted_token_verifies_to_its_principal_and_expiry():
 
 
 def test_token_layout_is_the_documented_one():
-    token, expires_at_ms = tokens.mint(KEY, "bob", 1000, NOW_MS)
+    token, expires_at_ms = tokens.mint(KEY, "bob", 1000, NOW_MS, fingerprint="abcdefgh12345678")
     raw = _raw(token)
-    assert raw[0] == 1
+    assert raw[0] == 2
     assert struct.unpack_from("<qH", raw, 1) == (expires_at_ms, 3)
     assert raw[11:14] == b"bob"
-    assert len(raw) == 1 + 8 + 2 + 3 + 32
-    assert raw[14:] == hmac.new(KEY, raw[:14], hashlib.sha256).digest()
+    assert raw[14] == 16 and raw[15:31] == b"abcdefgh12345678"
+    assert len(raw) == 1 + 8 + 2 + 3 + 1 + 16 + 32
+    assert raw[31:] == hmac.new(KEY, raw[:31], hashlib.sha256).digest()
+
+
+def test_token_carries_the_key_fingerprint_of_its_principal():
+    principal = Principal("alice", "Q#k^3x!zzzzzzzzz")
+    token, expires_at_ms = tokens.mint(KEY, principal, 1000, NOW_MS)
+    verified, _ = tokens.verify(KEY, token, NOW_MS)
+    assert verified == "alice" and verified.fingerprint == "Q#k^3x!zzzzzzzzz"
+    assert tokens.verify(KEY, tokens.mint(KEY, "alice", 1000, NOW_MS)[0], NOW_MS)[0].fingerprint == ""
+
+
+def test_version_1_tokens_without_a_fingerprint_are_no_longer_served():
+    token, _ = tokens.mint(KEY, "alice", 1000, NOW_MS)
+    raw = bytearray(_raw(token))
+    raw[0] = 1
+    with pytest.raises(AuthenticationError, match="fetch token version 1 is not served"):
+        tokens.verify(KEY, _text(bytes(raw)), NOW_MS)
 
 
 def test_unicode_principal_round_trips():
@@ -97,8 +115,8 @@ def test_extended_token_is_refused_as_malformed():
 def test_wrong_version_is_refused_saying_version():
     token, _ = tokens.mint(KEY, "alice", 1000, NOW_MS)
     raw = bytearray(_raw(token))
-    raw[0] = 2
-    with pytest.raises(AuthenticationError, match="fetch token version 2 is not served"):
+    raw[0] = 3
+    with pytest.raises(AuthenticationError, match="fetch token version 3 is not served"):
         tokens.verify(KEY, _text(bytes(raw)), NOW_MS)
 
 

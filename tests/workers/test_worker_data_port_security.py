@@ -377,3 +377,25 @@ def test_partition_fetcher_connects_again_with_a_new_token_before_the_old_expire
     now[0] += 60  # past two thirds (400 s): connect again, with a new token, before any request
     assert _list_latest(fetcher).offset == 3 and asked == [False, False]  # alice's connection
     fetcher.close()
+
+
+def test_guard_refuses_a_token_of_a_key_replaced_under_its_name_and_mints_with_its_own_key():
+    from hpbroker.security.data_port import DataPortGuard
+    from hpbroker.security.principal import Principal
+
+    guard = DataPortGuard()
+    guard.update({**_state(("alice", "broker-0")), "fingerprints": {"alice": "new-key-alice---",
+                                                                  "broker-0": "broker-key------"},
+                  "own_principal": "broker-0", "own_fingerprint": "broker-key------"})
+    now_ms = time.time_ns() // 1_000_000
+    old = tokens.mint(KEY, Principal("alice", "old-key-alice---"), 600_000, now_ms)[0]
+    with pytest.raises(AuthenticationError, match="replaced by another key of that name"):
+        guard.authenticate(old)
+    new = tokens.mint(KEY, Principal("alice", "new-key-alice---"), 600_000, now_ms)[0]
+    assert guard.authenticate(new)[0] == "alice"
+    # A connection authenticated with the old key is refused at its next request (27).
+    error = guard.check(Principal("alice", "old-key-alice---"), protocol.ApiKey.LIST_OFFSETS,
+                        protocol.ListOffsetsRequest("orders", 0, -1))
+    assert isinstance(error, AuthenticationError)
+    own, _ = guard.mint_own()
+    assert guard.authenticate(own)[0].fingerprint == "broker-key------"
