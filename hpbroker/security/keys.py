@@ -28,6 +28,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,10 +130,13 @@ def _write_new(path: Path, text: str, mode: int) -> None:
 def read_key_file(path: str | os.PathLike[str]) -> tuple[bytes, bytes | None]:
     """``(public_key, secret_key or None)`` of a key file, each checked (40 z85 characters of a
     32-byte key); InvalidConfigError naming the file: missing, unreadable, not a key file, or a
-    key of the wrong length."""
+    key of the wrong length.  A file holding a secret key that its group or others may access
+    is logged as a WARNING naming it (it should be mode 0600)."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            data = f.read()
+            mode = os.fstat(f.fileno()).st_mode
     except FileNotFoundError:
         raise InvalidConfigError(f"key file {path} does not exist") from None
     except IsADirectoryError:
@@ -148,8 +152,14 @@ def read_key_file(path: str | os.PathLike[str]) -> tuple[bytes, bytes | None]:
     if b"public-key" not in found:
         raise InvalidConfigError(f"{path} is not a CURVE key file (no public-key line; make keys with "
                                  f"'hpbroker keys generate NAME')")
-    return (_check_key(path, "public", found[b"public-key"]),
-            None if b"secret-key" not in found else _check_key(path, "secret", found[b"secret-key"]))
+    public = _check_key(path, "public", found[b"public-key"])
+    if b"secret-key" not in found:
+        return public, None
+    secret = _check_key(path, "secret", found[b"secret-key"])
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        logger.warning("secret key file %s is readable by others (mode %o): chmod 600 it", path,
+                       stat.S_IMODE(mode))
+    return public, secret
 
 
 def _check_key(path: Path, kind: str, key: bytes) -> bytes:

@@ -296,8 +296,9 @@ class Arbiter:
         store = self._store = TopicStore(config.data_dir)
         run_dir = config.run_dir or os.path.join(os.path.abspath(config.data_dir), RUN_DIR_NAME)
         if config.run_dir or len(f"{run_dir}/backend.sock".encode()) <= _MAX_IPC_PATH:
-            os.makedirs(run_dir, exist_ok=True)
+            os.makedirs(run_dir, mode=0o700, exist_ok=True)
             self._run_dir = os.path.abspath(run_dir)
+            _make_private(self._run_dir)
             _remove_stale_socket(self._run_dir)
         else:
             self._run_dir = tempfile.mkdtemp(prefix="hpb-")
@@ -1117,6 +1118,18 @@ def _close_inherited_sockets(keep: set[int]) -> None:
                 os.close(fd)
         except OSError:
             pass  # the listing's own descriptor, already gone
+
+
+def _make_private(directory: str) -> None:
+    """Make the run directory 0700 (its backend socket carries the workers' security state, the
+    token key included); a WARNING when it cannot be."""
+    try:
+        mode = stat.S_IMODE(os.stat(directory).st_mode)
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            os.chmod(directory, 0o700)
+            logger.info("[arbiter] run_dir %s was mode %o: made 0700", directory, mode)
+    except OSError as e:
+        logger.warning("[arbiter] run_dir %s cannot be made private (0700): %s", directory, e.strerror or e)
 
 
 def _remove_stale_socket(run_dir: str) -> None:
