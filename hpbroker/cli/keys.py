@@ -3,10 +3,12 @@
 ``generate NAME [--dir DIR]`` writes ``DIR/NAME.key`` (public) and ``DIR/NAME.key_secret``
 (secret, mode 0600) and prints both paths and the public key; an existing key is never
 overwritten.  ``list [--dir DIR]``: a line per key, ``NAME  PUBLIC_KEY  public|public+secret
-PATH``.  ``allow PUBLIC_KEY_FILE --allowlist DIR`` copies a public key onto a broker's
-allowlist; ``revoke NAME --allowlist DIR`` moves ``NAME.key`` into ``DIR/revoked/``.  A broker
-re-reads its allowlist on SIGHUP (``systemctl reload hpbroker``): both commands say so.  DIR
-defaults to ``./keys``.  These commands touch files only, never a broker.
+PATH``.  ``allow PUBLIC_KEY_FILE --allowlist DIR [--name NAME]`` copies a public key onto a
+broker's allowlist as ``NAME.key`` (default: the file's own name) and prints the principal it
+admits; a key the allowlist has under another name is refused; ``revoke NAME --allowlist DIR``
+moves ``NAME.key`` into ``DIR/revoked/``.  A broker re-reads its allowlist on SIGHUP
+(``systemctl reload hpbroker``): both commands say so.  DIR defaults to ``./keys``.  These
+commands touch files only, never a broker.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     allow = actions.add_parser("allow", help="copy a public key file onto a broker's allowlist")
     allow.add_argument("path", help="the public key file, NAME.key")
     allow.add_argument("--allowlist", "-a", required=True, metavar="DIR", help="the broker's allowlist_dir")
+    allow.add_argument("--name", "-n", help="the principal to admit the key as (default: the file's name, "
+                       "NAME of NAME.key)")
     revoke = actions.add_parser("revoke", help="take a key off a broker's allowlist")
     revoke.add_argument("name")
     revoke.add_argument("--allowlist", "-a", required=True, metavar="DIR", help="the broker's allowlist_dir")
@@ -53,8 +57,8 @@ def _run(args: argparse.Namespace) -> int:
             kind = "public+secret" if info.has_secret else "public"
             print(f"{info.name}\t{info.public_key.decode()}\t{kind}\t{info.path}")
     elif args.action == "allow":
-        target = keys.allow_key(args.path, args.allowlist)
-        print(f"allowlisted {keys.key_name(target)!r}: {target}; {_RELOAD_HINT}")
+        target = keys.allow_key(args.path, args.allowlist, args.name)
+        print(f"allowlisted principal {keys.key_name(target)!r}: {target}; {_RELOAD_HINT}")
     else:
         target = keys.revoke_key(args.allowlist, args.name)
         print(f"revoked {args.name!r}: moved to {target}; {_RELOAD_HINT}; then its next connection is "

@@ -7,8 +7,10 @@ directly in it count (``revoked/`` beside them does not).  ``NAME`` is the key's
 every message the front-end ROUTER receives on a connection made with that key carries the
 ZeroMQ metadata property ``User-Id`` = ``NAME#FINGERPRINT``, the fingerprint being the first 16
 z85 characters of the public key (``hpbroker.security.principal``): the broker tells a
-connection of a key from one of the key that replaced it under the same name.  Two names for
-one public key: the first in sorted order wins (a WARNING says so).
+connection of a key from one of the key that replaced it under the same name.  One public key
+under two names is refused: at start (a strict read) the broker does not start, naming both
+files; on a reload the name first in sorted order keeps the key and the later file is skipped
+with an ERROR naming both.
 
 **The handler** is pyzmq's ``ThreadAuthenticator``: a thread with a REP socket bound to
 ``inproc://zeromq.zap.01`` in the broker's ZeroMQ context, answering libzmq's ZAP requests (RFC
@@ -59,10 +61,14 @@ _STOP_TIMEOUT_S = 5.0  # how long stop() waits for the handler's thread
 _REFUSAL_LOG_INTERVAL_S = 10.0  # one WARNING per this long while connections are refused
 
 
-def read_allowlist(directory: str, *, strict: bool) -> dict[bytes, str]:
+def read_allowlist(directory: str, *, strict: bool,
+                   current: Mapping[bytes, str] | None = None) -> dict[bytes, str]:
     """The allowlist in ``directory``: z85 public key -> principal name.  ``strict``: a bad key
-    file is an InvalidConfigError; otherwise it is logged (WARNING) and skipped.  A directory that
-    cannot be listed is always an InvalidConfigError."""
+    file, or a key under two names, is an InvalidConfigError; otherwise a bad file is logged
+    (WARNING) and skipped, and of a key's two names the one it has in ``current`` (the
+    allowlist in force), or else the first in sorted order, keeps it while the other file is
+    skipped with an ERROR: a name added later never takes over a key's connections.  A
+    directory that cannot be listed is always an InvalidConfigError."""
     try:
         entries = sorted(os.listdir(directory))
     except OSError as e:
@@ -88,8 +94,17 @@ def read_allowlist(directory: str, *, strict: bool) -> dict[bytes, str]:
             logger.warning("[security] allowlist: skipped %s: %s", path, e.message)
             continue
         if key in keys:
-            logger.warning("[security] allowlist: %s holds the same public key as %r; the key's "
-                           "principal stays %r", path, keys[key], keys[key])
+            first = os.path.join(directory, keys[key] + PUBLIC_SUFFIX)
+            if strict:
+                raise InvalidConfigError(f"allowlist: {path} and {first} hold the same public key: one key "
+                                         f"has one principal; remove one of them")
+            kept, skipped = keys[key], name
+            if current is not None and current.get(key) == name:
+                kept, skipped = name, keys[key]
+            logger.error("[security] allowlist: skipped %s: it holds the same public key as %s (one key has "
+                         "one principal); the key stays %r", os.path.join(directory, skipped + PUBLIC_SUFFIX),
+                         os.path.join(directory, kept + PUBLIC_SUFFIX), kept)
+            keys[key] = kept
             continue
         keys[key] = name
     return keys
@@ -122,7 +137,7 @@ class AllowlistAuthenticator(ThreadAuthenticator):
         """Read the allowlist again (module docstring): the names (added, removed); a name whose
         public key changed counts in both."""
         try:
-            keys = read_allowlist(self.allowlist_dir, strict=False)
+            keys = read_allowlist(self.allowlist_dir, strict=False, current=self._keys)
         except InvalidConfigError as e:
             logger.error("[security] allowlist not reloaded, the %d keys loaded before stay: %s",
                          len(self._keys), e.message)

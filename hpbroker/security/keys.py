@@ -221,16 +221,20 @@ def list_keys(directory: str | os.PathLike[str]) -> list[KeyInfo]:
     return keys
 
 
-def allow_key(public_path: str | os.PathLike[str], allowlist_dir: str | os.PathLike[str]) -> Path:
-    """Copy a public key file into an allowlist (made if missing) as ``NAME.key``; the path
+def allow_key(public_path: str | os.PathLike[str], allowlist_dir: str | os.PathLike[str],
+              name: str | None = None) -> Path:
+    """Copy a public key file into an allowlist (made if missing) as ``NAME.key``, ``NAME``
+    being ``name`` or else the file's own name (the principal the key will have); the path
     written.  Refused: a file holding a secret key (secrets never go on an allowlist), a name
-    the allowlist has with another key; the same key already there is left as it is."""
+    the allowlist has with another key, a key the allowlist has under another name (one key has
+    one principal: revoke the other name first); the same key already there under the same
+    name is left as it is."""
     public_path = Path(public_path)
     public_key, secret_key = read_key_file(public_path)
     if secret_key is not None:
         raise InvalidConfigError(f"{public_path} holds a secret key: allowlist the public file "
                                  f"NAME{PUBLIC_SUFFIX} instead (a secret key must stay with its owner)")
-    name = check_key_name(key_name(public_path))
+    name = check_key_name(key_name(public_path) if name is None else name)
     directory = Path(allowlist_dir)
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / (name + PUBLIC_SUFFIX)
@@ -239,6 +243,17 @@ def allow_key(public_path: str | os.PathLike[str], allowlist_dir: str | os.PathL
             return target
         raise InvalidConfigError(f"{target} exists with another key: revoke {name!r} first "
                                  f"('hpbroker keys revoke {name} --allowlist {directory}')")
+    for other in sorted(directory.glob("*" + PUBLIC_SUFFIX)):
+        try:
+            same = other.is_file() and read_key_file(other)[0] == public_key
+        except InvalidConfigError:
+            continue  # not a key: the broker skips it too
+        if same:
+            other_name = other.name[:-len(PUBLIC_SUFFIX)]
+            raise InvalidConfigError(f"the key in {public_path} is already on the allowlist as "
+                                     f"{other_name!r} ({other}): one key has one principal; revoke "
+                                     f"{other_name!r} first ('hpbroker keys revoke {other_name} "
+                                     f"--allowlist {directory}') to allow it as {name!r}")
     shutil.copyfile(public_path, target)
     os.chmod(target, 0o644)
     logger.info("allowlisted key %s in %s", name, directory)

@@ -6,6 +6,7 @@ side is pyzmq's CURVE, directly."""
 from __future__ import annotations
 
 import re
+import shutil
 import signal
 import sys
 import time
@@ -183,7 +184,7 @@ def start_failing(tmp_path: Path, env: dict[str, str]) -> str:
 
 
 @pytest.mark.parametrize("case", ["missing allowlist", "bad key in allowlist", "public server key",
-                                  "missing server key", "damaged server key"])
+                                  "missing server key", "damaged server key", "one key under two names"])
 def test_bad_key_files_stop_the_start(tmp_path, keys, case):
     env = keys.env()
     if case == "missing allowlist":
@@ -195,6 +196,10 @@ def test_bad_key_files_stop_the_start(tmp_path, keys, case):
     elif case == "public server key":
         env["HPBROKER_SERVER_KEY_FILE"] = str(keys.secrets / "broker.key")
         expected = "holds no secret-key: give the secret key file"
+    elif case == "one key under two names":
+        shutil.copy(keys.allowlist / "alice.key", keys.allowlist / "aaa-admin.key")
+        expected = (f"allowlist: {keys.allowlist / 'alice.key'} and {keys.allowlist / 'aaa-admin.key'} hold "
+                    f"the same public key")
     elif case == "missing server key":
         env["HPBROKER_SERVER_KEY_FILE"] = str(tmp_path / "none.key_secret")
         expected = f"server_key_file: key file {tmp_path / 'none.key_secret'} does not exist"
