@@ -119,21 +119,40 @@ BROKER_TEST_ENV = {"HPBROKER_HEARTBEAT_INTERVAL_MS": "50", "HPBROKER_WORKER_TIME
                    "HPBROKER_GRACEFUL_TIMEOUT_MS": "5000"}
 
 
+BROKER_START_TIMEOUT_S = 30.0  # process start, recovery, a ZooKeeper join, on a loaded 2-core machine
+PORT_ATTEMPTS = 5  # start_broker's tries with fresh ports when the ones it chose were taken meanwhile
+
+
 def start_broker(data_dir: Path, log_path: Path, *, workers: int = 2, port: int | None = None,
                  env: dict[str, str] | None = None, config: Path | None = None,
                  nofile: tuple[int, int] | None = None) -> tuple[BrokerProcess, int]:
     """A real ``hpbroker serve`` on 127.0.0.1, its front-end on ``port`` (free ports if None) and
     data ports after it, once every worker serves.  Start it again with the same ``port`` and
-    ``data_dir`` to restart it.  ``nofile``: its (soft, hard) file-descriptor limit."""
-    if port is None:
-        port = free_ports(workers + 1)
-    argv = [sys.executable, "-m", "hpbroker.cli", "serve", "--port", str(port), "--fetch-port", str(port + 1),
-            "--workers", str(workers), "--data-dir", str(data_dir), "--host", "127.0.0.1"]
-    if config is not None:
-        argv += ["--config", str(config)]
-    process = BrokerProcess(argv, log_path, {**BROKER_TEST_ENV, **(env or {})}, nofile=nofile)
-    process.wait_for_log(rf"all {workers} workers serving", timeout_s=20)
-    return process, port
+    ``data_dir`` to restart it.  ``nofile``: its (soft, hard) file-descriptor limit.
+
+    Ports chosen here (``port`` None) are only free when asked: until the broker binds them, any
+    process may take one (another test's listener, or the local port of any outgoing connection
+    on the machine).  A broker that could not bind them is started again on fresh ports.  A
+    broker that does not come up is stopped (never left running) and its log is in the error."""
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        chosen = free_ports(workers + 1) if port is None else port
+        argv = [sys.executable, "-m", "hpbroker.cli", "serve", "--port", str(chosen), "--fetch-port",
+                str(chosen + 1), "--workers", str(workers), "--data-dir", str(data_dir),
+                "--host", "127.0.0.1"]
+        if config is not None:
+            argv += ["--config", str(config)]
+        process = BrokerProcess(argv, log_path, {**BROKER_TEST_ENV, **(env or {})}, nofile=nofile)
+        try:
+            process.wait_for_log(rf"all {workers} workers serving", timeout_s=BROKER_START_TIMEOUT_S)
+        except AssertionError as e:
+            status = process.stop()
+            if port is None and attempt < PORT_ATTEMPTS and "Address already in use" in process.log():
+                continue  # a port it was given was taken before it bound it: fresh ones
+            first_line = str(e).splitlines()[0]
+            raise AssertionError(f"the broker did not start ({first_line}; exit status {status}); its log:\n"
+                                 f"{process.log()}") from None
+        return process, chosen
+    raise AssertionError("unreachable")
 
 
 @dataclass
