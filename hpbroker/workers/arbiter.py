@@ -179,6 +179,7 @@ KILL_GRACE_S = 2.0  # between SIGABRT and SIGKILL for a silent worker
 _POLL_MS = 100  # the longest the loop sleeps without looking at heartbeats and deadlines
 _BATCH = 256  # messages taken from one socket before looking at the other
 _MAX_IPC_PATH = 100  # bytes; sun_path is 108 on Linux
+CURVE_IO_THREADS = 2  # the ZeroMQ context's I/O threads with security = "curve"
 RUN_DIR_NAME = ".run"  # the default run directory, inside the data directory
 _PR_SET_PDEATHSIG = 1  # prctl option: signal this process when its parent dies
 _SIGNALS = {signal.SIGTERM: "term", signal.SIGINT: "int", signal.SIGQUIT: "quit", signal.SIGHUP: "hup",
@@ -334,7 +335,9 @@ class Arbiter:
 
     def _open_sockets(self) -> None:
         config = self.config
-        self._context = zmq.Context()
+        # With CurveZMQ the front-end's handshakes and its encryption run on the context's I/O
+        # threads: two, so one busy peer does not hold up every other (docs/SECURITY.md).
+        self._context = zmq.Context(io_threads=CURVE_IO_THREADS if config.security == "curve" else 1)
         self._back = self._context.socket(zmq.ROUTER)
         self._back.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self._back.setsockopt(zmq.ROUTER_MANDATORY, 1)

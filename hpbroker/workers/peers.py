@@ -7,7 +7,10 @@ ROUTER binds (a listener copies the socket's options when it is bound):
 - ``ZMQ_MAXMSGSIZE`` = ``max_request_bytes``: a peer announcing a larger frame is disconnected
   before any of it is buffered;
 - ``ZMQ_HANDSHAKE_IVL`` = ``frontend_heartbeat_timeout_ms``: a peer that connects and never
-  completes its ZMTP handshake is disconnected;
+  completes its ZMTP handshake is disconnected; with ``security = "curve"`` within
+  :data:`CURVE_HANDSHAKE_MS` at most (a CurveZMQ client completes its handshake in one round
+  trip and a ZAP lookup; an unauthenticated peer holds a connection slot, and the I/O thread's
+  Curve25519 work, only that long);
 - ``ZMQ_HEARTBEAT_IVL`` / ``ZMQ_HEARTBEAT_TIMEOUT`` = ``frontend_heartbeat_interval_ms`` /
   ``frontend_heartbeat_timeout_ms``: the broker PINGs every peer and disconnects one from which
   nothing (a request or a PONG, which any libzmq >= 4.2 sends by itself) arrived within the
@@ -40,18 +43,26 @@ from zmq.utils.monitor import recv_monitor_message
 
 from hpbroker.broker.config import BrokerConfig
 
-__all__ = ["FrontendPeers", "configure_front"]
+__all__ = ["CURVE_HANDSHAKE_MS", "FrontendPeers", "configure_front", "handshake_ms"]
 
 logger = logging.getLogger(__name__)
 
 _PEER_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
 _REFUSAL_LOG_INTERVAL_S = 10.0  # one WARNING per this long while connections are refused
+CURVE_HANDSHAKE_MS = 5_000  # the longest a CurveZMQ handshake may take on the front-end
+
+
+def handshake_ms(config: BrokerConfig) -> int:
+    """The front-end's handshake deadline (``ZMQ_HANDSHAKE_IVL``, module docstring)."""
+    if config.security == "curve":
+        return min(CURVE_HANDSHAKE_MS, config.frontend_heartbeat_timeout_ms)
+    return config.frontend_heartbeat_timeout_ms
 
 
 def configure_front(front: zmq.Socket, config: BrokerConfig) -> None:
     """Set the front-end ROUTER's limits (module docstring); call before it binds."""
     front.setsockopt(zmq.MAXMSGSIZE, config.max_request_bytes)
-    front.setsockopt(zmq.HANDSHAKE_IVL, config.frontend_heartbeat_timeout_ms)
+    front.setsockopt(zmq.HANDSHAKE_IVL, handshake_ms(config))
     if config.frontend_heartbeat_interval_ms:
         front.setsockopt(zmq.HEARTBEAT_IVL, config.frontend_heartbeat_interval_ms)
         front.setsockopt(zmq.HEARTBEAT_TIMEOUT, config.frontend_heartbeat_timeout_ms)
