@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import shutil
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import zmq
 import zmq.auth
-from harness import BrokerProcess, credentials_file, start_broker
+from harness import BROKER_START_TIMEOUT_S, BrokerProcess, credentials_file, start_broker, wait_until
 
 from hpbroker import protocol
 
@@ -153,7 +154,8 @@ def secured_broker(root: Path, zookeeper: str | None = None, *, keys: Keys | Non
     ``super_users`` (comma-separated) allowed everything.  With ``zookeeper`` (a connect string,
     a test's chroot) it joins that ZooKeeper with the cluster's credentials (a file in ``root``),
     and the yielded ``session`` holds them too; the nodes, which carry the cluster's ACL, are
-    removed with it at the end (nobody else could).  ``env``: more of the broker's settings."""
+    removed with it at the end (nobody else could).  ``env``: more of the broker's settings.
+    Yielded once every worker holds the security state (its data port serves)."""
     keys = keys or make_keys(root)
     settings = {**keys.env(), **({"HPBROKER_SUPER_USERS": super_users} if super_users else {})}
     credentials = None
@@ -165,6 +167,11 @@ def secured_broker(root: Path, zookeeper: str | None = None, *, keys: Keys | Non
     context = zmq.Context()
     session = None
     try:
+        # Serving is not yet ready: each worker's data port answers 15 ("not ready") until the
+        # arbiter's security state reaches it, just after "all workers serving".
+        def told() -> bool:
+            return len(set(re.findall(r"\[worker=(\d+)\] security state: ", process.log()))) >= workers
+        wait_until(told, BROKER_START_TIMEOUT_S, what="every worker's security state")
         if zookeeper is not None:
             from hpbroker.coord.session import connect
             from hpbroker.coord.zk_security import load_credentials
