@@ -200,7 +200,9 @@ class CoordinationError(HPBrokerError):
     of an operation, or a registration there conflicts with another live process (a broker id
     already registered by a broker at another address).  Raised by ``hpbroker.coord``; sent to an
     InitProducerId request when no producer id can be allocated now (the broker's next block of
-    ids is not yet stored, in ZooKeeper or its data directory)."""
+    ids is not yet stored, in ZooKeeper or its data directory), and by a secured broker with
+    ZooKeeper to every request but a super user's until it has read the ACLs ("ACLs not loaded
+    yet")."""
 
     code = 17
     retriable = True
