@@ -23,8 +23,9 @@ A client message on the front-end ROUTER is ``[client_id, head, payload?]``.  Th
 
 **Security.**  With :attr:`Frontend.security` set to an enabled
 :class:`~hpbroker.security.broker.BrokerSecurity` (``security = "curve"``), each request's
-principal is the key name the CURVE handshake authenticated (its frames' ``User-Id``), and every
-request is checked before anything else is done with it (``hpbroker.workers.frontend_security``
+principal is the key the CURVE handshake authenticated (its frames' ``User-Id``,
+``NAME#fingerprint``, read by ``BrokerSecurity.principal_of``: ACLs and messages use ``NAME``; a
+key replaced under the same name counts as revoked), and every request is checked before anything else is done with it (``hpbroker.workers.frontend_security``
 says what each needs and what a refusal is answered): a refused one gets its error (28 when no
 ACL allows it; an acks=0 produce gets no answer), nothing is relayed, created or changed, and
 the refusal is counted in :attr:`Frontend.error_counts`.  Metadata lists only the topics the
