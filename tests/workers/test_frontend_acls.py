@@ -48,6 +48,9 @@ class StandinSecurity:
     def acls_pending(self, principal):
         return CoordinationError("ACLs not loaded yet") if self.pending else None
 
+    def revoked(self, principal):
+        return None  # the principal stays on the allowlist (revocation: tests/security)
+
     def allows_any(self, principal, operation) -> bool:
         return self.authorizer.allows_any(principal, operation)
 
