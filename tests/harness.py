@@ -125,8 +125,8 @@ PORT_ATTEMPTS = 5  # start_broker's tries with fresh ports when the ones it chos
 
 def start_broker(data_dir: Path, log_path: Path, *, workers: int = 2, port: int | None = None,
                  env: dict[str, str] | None = None, config: Path | None = None,
-                 nofile: tuple[int, int] | None = None) -> tuple[BrokerProcess, int]:
-    """A real ``hpbroker serve`` on 127.0.0.1, its front-end on ``port`` (free ports if None) and
+                 nofile: tuple[int, int] | None = None, host: str = "127.0.0.1") -> tuple[BrokerProcess, int]:
+    """A real ``hpbroker serve`` on ``host``, its front-end on ``port`` (free ports if None) and
     data ports after it, once every worker serves.  Start it again with the same ``port`` and
     ``data_dir`` to restart it.  ``nofile``: its (soft, hard) file-descriptor limit.
 
@@ -138,7 +138,7 @@ def start_broker(data_dir: Path, log_path: Path, *, workers: int = 2, port: int 
         chosen = free_ports(workers + 1) if port is None else port
         argv = [sys.executable, "-m", "hpbroker.cli", "serve", "--port", str(chosen), "--fetch-port",
                 str(chosen + 1), "--workers", str(workers), "--data-dir", str(data_dir),
-                "--host", "127.0.0.1"]
+                "--host", host]
         if config is not None:
             argv += ["--config", str(config)]
         process = BrokerProcess(argv, log_path, {**BROKER_TEST_ENV, **(env or {})}, nofile=nofile)

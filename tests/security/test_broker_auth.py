@@ -219,13 +219,9 @@ def test_loopback_data_ports_bind_127_0_0_1_only(tmp_path, keys, brokers):
     on 127.0.0.1 alone."""
     import socket
 
-    port = free_ports(WORKERS + 1)
-    argv = [sys.executable, "-m", "hpbroker.cli", "serve", "--port", str(port), "--fetch-port", str(port + 1),
-            "--workers", str(WORKERS), "--data-dir", str(tmp_path / "data"), "--host", "127.0.0.2"]
-    broker = BrokerProcess(argv, tmp_path / "broker.log",
-                           {**BROKER_TEST_ENV, **keys.env(), "HPBROKER_DATA_PORT_AUTH": "loopback"})
+    broker, port = start_broker(tmp_path / "data", tmp_path / "broker.log", workers=WORKERS, host="127.0.0.2",
+                                env={**keys.env(), "HPBROKER_DATA_PORT_AUTH": "loopback"})
     brokers.append(broker)
-    broker.wait_for_log(rf"all {WORKERS} workers serving", timeout_s=20)
     for slot in range(WORKERS):
         with socket.create_connection(("127.0.0.1", port + 1 + slot), timeout=5):
             pass

@@ -6,11 +6,10 @@ produced; a principal without ``consume`` is refused (error 28); and with ``data
 from __future__ import annotations
 
 import itertools
-import sys
 import time
 
 import pytest
-from harness import BROKER_TEST_ENV, BrokerProcess, free_ports, start_broker
+from harness import start_broker
 
 from hpbroker import protocol
 from hpbroker.client.admin import Admin
@@ -133,13 +132,9 @@ def test_with_loopback_data_ports_a_consumer_elsewhere_reads_through_the_fronten
     """The front-end on 127.0.0.2, the data ports on 127.0.0.1 alone: the data ports the metadata
     names (on 127.0.0.2) cannot be reached, the front-end can."""
     keydir, env = make_keys(tmp_path)
-    port = free_ports(2)
-    argv = [sys.executable, "-m", "hpbroker.cli", "serve", "--port", str(port), "--fetch-port", str(port + 1),
-            "--workers", "1", "--data-dir", str(tmp_path / "data"), "--host", "127.0.0.2"]
-    broker = BrokerProcess(argv, tmp_path / "broker.log",
-                           {**BROKER_TEST_ENV, **env, "HPBROKER_DATA_PORT_AUTH": "loopback"})
+    broker, port = start_broker(tmp_path / "data", tmp_path / "broker.log", workers=1, host="127.0.0.2",
+                                env={**env, "HPBROKER_DATA_PORT_AUTH": "loopback"})
     try:
-        broker.wait_for_log(r"all 1 workers serving", timeout_s=20)
         bootstrap, alice = f"127.0.0.2:{port}", security(keydir, "alice")
         topic = fill(bootstrap, alice, 1, 50)
         tp = TopicPartition(topic, 0)
