@@ -267,7 +267,10 @@ class ZooKeeperServer:
             self._check_alive(deadline)
             time.sleep(0.05)
         retry = {"max_tries": -1, "delay": 0.05, "backoff": 1.5, "max_delay": 0.5}
-        client = KazooClient(hosts=self.connect_string, timeout=10.0, connection_retry=retry,
+        # A short session timeout, because kazoo waits that long for an answer on each connection:
+        # a server still starting may refuse the session and leave the socket open (ZooKeeper 3.8
+        # fails to close it), and a 10 s wait there made one start in six take 10 s.
+        client = KazooClient(hosts=self.connect_string, timeout=2.0, connection_retry=retry,
                              logger=_PROBE_LOGGER)
         try:
             ready = client.start_async()
