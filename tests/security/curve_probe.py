@@ -46,9 +46,10 @@ class Keys:
     def disallow(self, name: str) -> None:
         os.unlink(self.allowlist / f"{name}.key")
 
-    def env(self) -> dict[str, str]:
+    def env(self, server: str = "broker") -> dict[str, str]:
+        """A broker's security settings, its key pair ``server``'s."""
         return {"HPBROKER_SECURITY": "curve",
-                "HPBROKER_SERVER_KEY_FILE": str(self.secrets / "broker.key_secret"),
+                "HPBROKER_SERVER_KEY_FILE": str(self.secrets / f"{server}.key_secret"),
                 "HPBROKER_ALLOWLIST_DIR": str(self.allowlist)}
 
 
