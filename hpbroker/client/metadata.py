@@ -43,6 +43,7 @@ import zmq
 from hpbroker import protocol
 from hpbroker.client.connection import BrokerAddress, BrokerConnection
 from hpbroker.errors import (
+    AuthorizationError,
     BrokerNotAvailableError,
     HPBrokerError,
     PartitionNotAvailableError,
@@ -70,6 +71,9 @@ def topic_error(topic: str, code: int) -> HPBrokerError:
     ``code``), the message says which topic."""
     if code == UnknownTopicOrPartitionError.code:
         return UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
+    if code == AuthorizationError.code:
+        return AuthorizationError(f"the broker's ACLs do not allow this client's key to describe topic "
+                                  f"{topic!r} (describe, or produce or consume, which imply it)")
     return error_for_code(code, f"metadata of topic {topic!r}")
 
 

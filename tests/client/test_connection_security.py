@@ -198,3 +198,12 @@ def test_monitor_events_a_waiting_send_read_are_still_handed_out(keys, curve_ser
         assert not connection.events_pending
     finally:
         connection.close()
+
+
+def test_a_topic_the_acls_hide_is_an_authorization_error_that_says_so():
+    from hpbroker.client.metadata import topic_error
+    from hpbroker.errors import AuthorizationError
+
+    error = topic_error("orders", AuthorizationError.code)
+    assert isinstance(error, AuthorizationError)
+    assert "ACLs do not allow this client's key to describe topic 'orders'" in error.message
