@@ -299,7 +299,7 @@ class Arbiter:
         if config.run_dir or len(f"{run_dir}/backend.sock".encode()) <= _MAX_IPC_PATH:
             os.makedirs(run_dir, mode=0o700, exist_ok=True)
             self._run_dir = os.path.abspath(run_dir)
-            _make_private(self._run_dir)
+            _make_private(self._run_dir, change=not config.run_dir)
             _remove_stale_socket(self._run_dir)
         else:
             self._run_dir = tempfile.mkdtemp(prefix="hpb-")
@@ -1123,14 +1123,21 @@ def _close_inherited_sockets(keep: set[int]) -> None:
             pass  # the listing's own descriptor, already gone
 
 
-def _make_private(directory: str) -> None:
+def _make_private(directory: str, *, change: bool) -> None:
     """Make the run directory 0700 (its backend socket carries the workers' security state, the
-    token key included); a WARNING when it cannot be."""
+    token key included): the default one (``change``), which is the broker's alone; a
+    ``run_dir`` the operator named is only warned about, as it may be shared (``/run``)."""
     try:
         mode = stat.S_IMODE(os.stat(directory).st_mode)
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        if not mode & (stat.S_IRWXG | stat.S_IRWXO):
+            return
+        if change:
             os.chmod(directory, 0o700)
             logger.info("[arbiter] run_dir %s was mode %o: made 0700", directory, mode)
+        else:
+            logger.warning("[arbiter] run_dir %s is mode %o: others may reach its backend socket, which "
+                           "carries the workers' security state; give the broker a directory of its own "
+                           "with mode 0700", directory, mode)
     except OSError as e:
         logger.warning("[arbiter] run_dir %s cannot be made private (0700): %s", directory, e.strerror or e)
 

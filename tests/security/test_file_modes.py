@@ -58,3 +58,16 @@ def test_the_run_directory_is_private(tmp_path):
         assert stat.S_IMODE(os.stat(existing).st_mode) == 0o700
     finally:
         broker.stop()
+
+
+def test_a_run_directory_the_operator_named_is_warned_about_not_changed(tmp_path):
+    shared = tmp_path / "shared-run"
+    shared.mkdir(mode=0o1777)
+    os.chmod(shared, 0o1777)  # e.g. /tmp: other services use it too
+    broker, _ = start_broker(tmp_path / "data", tmp_path / "broker.log", workers=1,
+                             env={"HPBROKER_RUN_DIR": str(shared)})
+    try:
+        assert stat.S_IMODE(os.stat(shared).st_mode) == 0o1777
+    finally:
+        broker.stop()
+    assert f"run_dir {shared} is mode 1777" in (tmp_path / "broker.log").read_text()
