@@ -55,6 +55,7 @@ logger = logging.getLogger(__name__)
 # Hands a control to a slot's process: (slot index, op, body) -> False when it cannot now.
 SendControl = Callable[[int, str, dict[str, Any]], bool]
 RESEND_AFTER_S = 1.0  # a slot behind on the security state is sent it again at most this often
+RESEND_LOG_INTERVAL_S = 60.0  # one INFO line per slot per this long while it stays behind
 _ID_PREFIX = "security-"  # a security control's id: security-<pid>-<version>
 
 
@@ -96,6 +97,7 @@ class SecurityState:
         self.version = 1  # of the workers' security state: one higher after every change
         self._acked: dict[int, tuple[int, int]] = {}  # slot -> (pid, version) its process acknowledged
         self._sent_at: dict[int, float] = {}  # slot -> when it was last sent the state
+        self._resend_logged_at: dict[int, float] = {}  # slot -> when a resend to it was last logged
         # ACLs as a kazoo thread last saw them, for the loop to take (a deque: append and pop are atomic)
         self._acl_updates: collections.deque[list[AclEntry]] = collections.deque(maxlen=1)
         self._acl_watch: Any = None  # the ACL node's watch (hpbroker.coord.acl_store), once joined
@@ -214,8 +216,11 @@ class SecurityState:
                     and now - self._sent_at.get(slot.index, -float("inf")) >= RESEND_AFTER_S:
                 if state is None:
                     state = self.security.worker_state()
-                logger.info("[arbiter] worker slot=%d has not acknowledged security state %d: sent again",
-                            slot.index, self.version)
+                if now - self._resend_logged_at.get(slot.index, -float("inf")) >= RESEND_LOG_INTERVAL_S:
+                    self._resend_logged_at[slot.index] = now
+                    logger.info("[arbiter] worker slot=%d has not acknowledged security state %d: sent "
+                                "again (said at most every %.0f s)", slot.index, self.version,
+                                RESEND_LOG_INTERVAL_S)
                 self._send(slot, state)
 
     def _send(self, slot: Slot, state: dict[str, Any]) -> None:

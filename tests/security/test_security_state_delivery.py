@@ -108,3 +108,17 @@ def test_a_new_process_in_the_slot_is_sent_the_state_whatever_its_predecessor_ac
     assert state.turn()
     body = received(worker)
     assert body is not None and body["id"] == f"security-4343-{state.version}"
+
+
+def test_a_worker_that_stays_behind_is_logged_once_a_minute_not_once_a_resend(rig, caplog):
+    state, slot, back, worker, now, address = rig
+    worker.connect(address)
+    state.slot_ready(slot)
+    assert received(worker) is not None  # never acknowledged: resent every RESEND_AFTER_S
+    with caplog.at_level("INFO", logger="hpbroker.workers.security_state"):
+        for _ in range(30):
+            now[0] += RESEND_AFTER_S
+            state.turn()
+            assert received(worker) is not None
+    lines = [r for r in caplog.records if "has not acknowledged" in r.getMessage()]
+    assert len(lines) == 1
