@@ -296,7 +296,7 @@ class BrokerSecurity:
                 "principals": sorted(self._principals),
                 "fingerprints": dict(sorted(self._fingerprints.items())),
                 "super_users": sorted(self.super_users),
-                "acls": [entry.to_dict() for entry in self._acls],
+                "acls": [entry.to_dict() for entry in self._acls], "acls_known": self.acls_known,
                 "data_port_auth": self._config.data_port_auth, "own_principal": self.own_principal,
                 "own_fingerprint": fingerprint(self._key.public_key) if self._key is not None else ""}
 

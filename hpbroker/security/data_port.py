@@ -11,6 +11,7 @@ worker becomes ready and whenever the allowlist, the ACLs or the token key chang
      "fingerprints": {"alice": "<16 z85>", ...},  # each name's key (hpbroker.security.principal)
      "super_users": ["admin", ...],
      "acls": [AclEntry.to_dict(), ...],
+     "acls_known": true,                       # false: the broker has not read the ACLs yet
      "data_port_auth": "token" | "loopback",
      "own_principal": "broker-1",              # this broker's key name (its replica fetches)
      "own_fingerprint": "<16 z85>"}            # and its key's fingerprint
@@ -20,6 +21,13 @@ Until the first state (with the token key) arrives the guard refuses every conne
 cannot check.  That happens after every worker start or respawn, until the arbiter's push
 arrives, and on a broker with ZooKeeper until it has read the cluster's token key.  The error is
 retriable, unlike 27: clients back off and connect again, as when the worker is not serving yet.
+
+While the state says ``"acls_known": false`` (a broker with ZooKeeper that has not read the
+ACLs yet: it is joining, or the first read failed or gave a node it cannot parse),
+:meth:`DataPortGuard.check` answers every request but a super user's with error 17
+(CoordinationError, "ACLs not loaded yet", retriable), as the front-end does, never 28: an empty
+ACL list there means "unknown", not "nothing allowed".  A revoked key still gets 27 first.  A
+state without the field (an older broker's) counts as known.
 
 :meth:`DataPortGuard.authenticate` verifies a connection's fetch token
 (``hpbroker.security.tokens``) and that its principal is still on the allowlist *with the same
@@ -46,6 +54,7 @@ from typing import Any
 from hpbroker import protocol
 from hpbroker.errors import (
     AuthenticationError,
+    CoordinationError,
     HPBrokerError,
     InvalidRequestError,
     PartitionNotAvailableError,
@@ -79,6 +88,7 @@ class DataPortGuard:
         self._principals: frozenset[str] = frozenset()
         self._fingerprints: dict[str, str] | None = None  # name -> its key's; None: names only
         self._authorizer = Authorizer()
+        self._acls_known = True
         self.own_principal: str | None = None
         self._own_fingerprint = ""
         self.data_port_auth = "token"
@@ -114,6 +124,9 @@ class DataPortGuard:
         if not isinstance(acls, list):
             raise ValueError(f"acls must be a list, got {acls!r}")
         authorizer = Authorizer([AclEntry.from_dict(entry) for entry in acls], super_users)
+        acls_known = body.get("acls_known", True)
+        if not isinstance(acls_known, bool):
+            raise ValueError(f"acls_known must be true or false, got {acls_known!r}")
         own = body.get("own_principal")
         if own is not None and not isinstance(own, str):
             raise ValueError(f"own_principal must be a name, got {own!r}")
@@ -122,13 +135,15 @@ class DataPortGuard:
             raise ValueError(f"own_fingerprint must be a key fingerprint, got {own_fingerprint!r}")
         removed = self._principals - frozenset(principals)
         self._key, self._principals, self._authorizer = key, frozenset(principals), authorizer
+        self._acls_known = acls_known
         self._fingerprints = dict(fingerprints) if fingerprints is not None else None
         self.own_principal = own or None
         self._own_fingerprint = own_fingerprint or (fingerprints or {}).get(own or "", "")
         self.data_port_auth = str(body.get("data_port_auth", "token"))
         self._ready = True
-        logger.info("security state: %d principals, %d ACLs, %d super users, token key %s%s",
-                    len(self._principals), len(authorizer.entries), len(authorizer.super_users),
+        logger.info("security state: %d principals, %d ACLs%s, %d super users, token key %s%s",
+                    len(self._principals), len(authorizer.entries),
+                    "" if acls_known else " (not loaded yet)", len(authorizer.super_users),
                     "set" if key else "missing",
                     f"; no longer allowed: {sorted(removed)}" if removed else "")
 
@@ -155,15 +170,20 @@ class DataPortGuard:
     def check(self, principal: str, api_key: int, request: protocol.Message) -> HPBrokerError | None:
         """None when ``principal`` may make ``request``; else the error to answer: 28 when the
         ACLs do not allow it, 27 (AuthenticationError: the caller closes the connection) when
-        the principal's key is no longer on the allowlist."""
+        the principal's key is no longer on the allowlist, 17 (CoordinationError, retriable)
+        while the ACLs are not known yet and ``principal`` is no super user."""
         if not self._ready:
             return _not_ready()
         if not self._admitted(principal):
             return _revoked(principal)
         if api_key not in _SERVED:
             return InvalidRequestError(f"api_key {api_key} is not served on a data port")
+        authorizer = self._authorizer
+        if not self._acls_known and principal not in authorizer.super_users:
+            return CoordinationError("ACLs not loaded yet: the broker has not read them from ZooKeeper; "
+                                     "retry")
         for operation, resource_type, name in required_access(api_key, request):
-            error = self._authorizer.check(principal, operation, resource_type, name)
+            error = authorizer.check(principal, operation, resource_type, name)
             if error is not None:
                 return error
         return None

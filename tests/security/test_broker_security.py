@@ -100,12 +100,30 @@ def test_worker_state_and_tokens(server):
     assert all(len(fp) == 16 for fp in fingerprints.values())
     assert state == {"enabled": True, "token_key": security.token_key.hex(),
                      "principals": ["alice", "bob", "broker"], "fingerprints": fingerprints,
-                     "super_users": ["root"], "acls": [entry.to_dict()], "data_port_auth": "token",
+                     "super_users": ["root"], "acls": [entry.to_dict()], "acls_known": True,
+                     "data_port_auth": "token",
                      "own_principal": "broker", "own_fingerprint": fingerprints["broker"]}
     token, expires_at_ms = security.mint_token("alice")
     key = bytes.fromhex(state["token_key"])
     assert tokens.verify(key, token, expires_at_ms - 1) == ("alice", expires_at_ms)
     assert tokens.verify(key, token, expires_at_ms - 1)[0].fingerprint == fingerprints["alice"]
+
+
+def test_worker_state_says_whether_the_acls_are_known(keys, tmp_path):
+    """With ZooKeeper the ACLs are unknown until their first read: the workers are told so (an
+    empty list then means "not read yet", not "nothing allowed")."""
+    credentials = tmp_path / "zookeeper.credentials"
+    credentials.write_text("hpbroker:cluster-secret\n")
+    credentials.chmod(0o600)
+    security = BrokerSecurity(config_for(keys, tmp_path, zookeeper="127.0.0.1:2181",
+                                         zookeeper_credentials_file=str(credentials)))
+    try:
+        state = security.worker_state()
+        assert state["acls"] == [] and state["acls_known"] is False
+        security.set_acls([])
+        assert security.worker_state()["acls_known"] is True
+    finally:
+        security.close()
 
 
 def test_security_off_does_nothing(tmp_path):

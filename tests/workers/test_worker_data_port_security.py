@@ -10,7 +10,12 @@ import pytest
 from worker_harness import TcpClient, fetch_request, make_batch, produce_request
 
 from hpbroker import protocol
-from hpbroker.errors import AuthenticationError, PartitionNotAvailableError
+from hpbroker.errors import (
+    AuthenticationError,
+    AuthorizationError,
+    CoordinationError,
+    PartitionNotAvailableError,
+)
 from hpbroker.protocol import ApiKey
 from hpbroker.replica.fetcher import ReplicaFetcher
 from hpbroker.security import tokens
@@ -399,3 +404,46 @@ def test_guard_refuses_a_token_of_a_key_replaced_under_its_name_and_mints_with_i
     assert isinstance(error, AuthenticationError)
     own, _ = guard.mint_own()
     assert guard.authenticate(own)[0].fingerprint == "broker-key------"
+
+
+def test_guard_answers_a_retriable_17_not_28_while_the_acls_are_not_known():
+    """A broker that has not read its ACLs yet sends an empty list with ``acls_known`` false:
+    the data port answers as its front-end does (17, retriable), super users and revocations
+    aside, and judges by the ACLs once they are known."""
+    from hpbroker.security.data_port import DataPortGuard
+
+    guard = DataPortGuard()
+    guard.update(_state(("alice", "broker-0", "root"), acls=[], super_users=["root"], acls_known=False))
+    fetch = protocol.FetchRequest("orders", 0, 0, 1 << 20, 0, 1)
+    replica_fetch = protocol.FetchRequest("orders", 0, 0, 1 << 20, 0, 1, replica_id=1, current_leader_epoch=0)
+    listing = protocol.ListOffsetsRequest("orders", 0, protocol.LATEST_TIMESTAMP)
+    asked = (("alice", ApiKey.FETCH, fetch), ("alice", ApiKey.LIST_OFFSETS, listing),
+             ("broker-0", ApiKey.FETCH, replica_fetch))
+    for principal, api_key, request in asked:
+        error = guard.check(principal, api_key, request)
+        assert isinstance(error, CoordinationError) and error.code == 17 and error.retriable, error
+        assert "ACLs not loaded yet" in str(error)
+    assert guard.check("root", ApiKey.FETCH, fetch) is None  # super users need no ACL
+    assert isinstance(guard.check("mallory", ApiKey.FETCH, fetch), AuthenticationError)  # 27 first
+    guard.update(_state(("alice", "broker-0", "root"), acls=[], super_users=["root"], acls_known=True))
+    assert isinstance(guard.check("alice", ApiKey.FETCH, fetch), AuthorizationError)  # known: empty is empty
+    guard.update(_state(("alice", "broker-0")))  # a state without the field: known
+    assert guard.check("alice", ApiKey.FETCH, fetch) is None
+    with pytest.raises(ValueError, match="acls_known"):
+        guard.update(_state(acls_known="no"))
+
+
+def test_partition_fetcher_gets_a_retriable_17_while_the_acls_are_unknown_then_its_records(secured, arbiter):
+    """The client fetcher hands 17 on as a retriable error (the consumer backs off and asks
+    again), keeps the connection, and is served once the ACLs are known."""
+    assert arbiter.control(0, "security", **_state(acls=[], acls_known=False))["error"] is None
+    fetcher = _fetcher(secured.port, lambda fresh: _token())
+    completed = _fetch_one(fetcher)
+    assert isinstance(completed.error, CoordinationError) and completed.error.retriable, completed.error
+    assert completed.records == []
+    listed = _list_latest(fetcher)
+    assert isinstance(listed.error, CoordinationError) and listed.error.retriable, listed.error
+    assert arbiter.control(0, "security", **_state())["error"] is None
+    completed = _fetch_one(fetcher)
+    assert completed.error is None and len(completed.records) == 3
+    fetcher.close()
