@@ -29,8 +29,11 @@ byte either way and has no fetch parked for ``connections_max_idle_ms`` is close
 :meth:`FetchServer.close_idle`, which the worker calls on every turn of its loop (which wakes at
 least every heartbeat); TCP keepalive is on, so the kernel also notices a peer that vanished.
 
-**Connection limits** before a connection has shown it is a client (docs/PROTOCOL.md).  A
-connection that has not sent a whole first request within :data:`FIRST_REQUEST_DEADLINE_S` (10 s)
+**Connection limits** before a connection has shown it is a client (docs/PROTOCOL.md), on a
+broker with security (the server holds a guard; without one, a connection counts as shown from
+its accept and only ``connections_max_idle_ms`` applies, as for any connection).  A connection
+that has not sent a whole first request within the first-request deadline
+(:data:`FIRST_REQUEST_DEADLINE_S`, 10 s: what the worker passes as ``first_request_deadline_s``)
 of its accept is closed by :meth:`FetchServer.close_idle`, whatever the bytes it trickles (they
 would reset the idle clock).  With tokens required (``data_port_auth = "token"``) "shown" means
 "authenticated": the deadline runs until its AuthenticateRequest is accepted; it may send at most
@@ -192,11 +195,14 @@ class FetchServer:
 
     def __init__(self, listener: socket.socket, handler: RequestHandler, *, max_connections: int,
                  max_request_bytes: int, max_idle_s: float = 600.0,
-                 guard: DataPortGuard | None = None, tokens_required: bool = True) -> None:
+                 guard: DataPortGuard | None = None, tokens_required: bool = True,
+                 first_request_deadline_s: float = FIRST_REQUEST_DEADLINE_S) -> None:
         """``guard``: set on a broker with ``security = "curve"`` (module docstring, "Security");
         None serves every connection.  ``tokens_required``: with a guard, whether every connection
         authenticates first (``data_port_auth = "token"``) or only those that send replica
-        fetches (``"loopback"``)."""
+        fetches (``"loopback"``).  ``first_request_deadline_s``: with a guard, the seconds a
+        connection has from its accept to show it is a client (module docstring, "Connection
+        limits"); unused without one."""
         self._listener = listener
         self._handler = handler
         self._guard = guard
@@ -204,6 +210,7 @@ class FetchServer:
         # Connections not yet shown to be clients (_Connection.unproven), in accept order.
         self._unproven: OrderedDict[int, _Connection] = OrderedDict()
         self._max_unproven = max(1, min(MAX_UNAUTHENTICATED_CONNECTIONS, max_connections // 2))
+        self._first_request_deadline_s = first_request_deadline_s
         self._max_connections = max_connections
         self._max_request_bytes = max_request_bytes
         self._max_idle_s = max_idle_s
@@ -265,18 +272,18 @@ class FetchServer:
 
     def close_idle(self, now: float) -> None:
         """Close the connections idle for ``connections_max_idle_ms`` (module docstring): no byte
-        moved and no fetch parked; and those that have not sent a whole first request (with
-        tokens: not authenticated) within :data:`FIRST_REQUEST_DEADLINE_S` of their accept.
-        Cheap when none is: the oldest of each kind comes first."""
+        moved and no fetch parked; and, with a guard, those that have not sent a whole first
+        request (with tokens: not authenticated) within the first-request deadline of their
+        accept.  Cheap when none is: the oldest of each kind comes first."""
         unproven = self._unproven
-        deadline = now - FIRST_REQUEST_DEADLINE_S
+        deadline = now - self._first_request_deadline_s
         while unproven:
             conn = next(iter(unproven.values()))
             if conn.accepted_at > deadline:
                 break
             logger.info("data port: closing %r: %s within %.0f s of its connect", conn,
                         "not authenticated" if self._tokens_required else "no whole request",
-                        FIRST_REQUEST_DEADLINE_S)
+                        self._first_request_deadline_s)
             self._close(conn, "no first request in time")
         connections = self._connections
         deadline = now - self._max_idle_s
@@ -326,7 +333,10 @@ class FetchServer:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
             conn = _Connection(sock, peer, self._max_request_bytes, time.monotonic())
             self._connections[conn.fd] = conn
-            self._unproven[conn.fd] = conn
+            if self._guard is None:  # no first-request deadline without security (module docstring)
+                conn.unproven = False
+            else:
+                self._unproven[conn.fd] = conn
             self._epoll.register(conn.fd, conn.mask)
 
     def _set_accepting(self, accepting: bool) -> None:

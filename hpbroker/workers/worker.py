@@ -86,7 +86,7 @@ from hpbroker.io.files import pread_full
 from hpbroker.io.log import monotonic_ms
 from hpbroker.io.producer_state import IssuedProducerIds
 from hpbroker.security.data_port import DataPortGuard
-from hpbroker.workers import backend, heartbeat
+from hpbroker.workers import backend, fetch_server, heartbeat
 from hpbroker.workers.backend import EXIT_BOOT_FAILED, EXIT_OK, PartitionSpec
 from hpbroker.workers.fetch_server import FetchServer
 from hpbroker.workers.handlers import RequestHandler
@@ -208,7 +208,8 @@ class Worker:
                                                              protocol.DATA_PORT_MAX_REQUEST_BYTES),
                                        max_idle_s=self._config.connections_max_idle_ms / 1000,
                                        guard=self._guard,
-                                       tokens_required=self._config.data_port_auth == "token")
+                                       tokens_required=self._config.data_port_auth == "token",
+                                       first_request_deadline_s=fetch_server.FIRST_REQUEST_DEADLINE_S)
         except (zmq.ZMQError, OSError) as e:
             logger.error("cannot connect to the arbiter at %s or serve the data port: %s",
                          self._backend_address, e)
