@@ -324,3 +324,38 @@ def read_partition(bootstrap: str, topic: str, partition: int, end: int,
                 if len(records) >= end:
                     break
         return records
+
+
+# --- records through the public clients, for consumer tests ------------------------------------
+
+
+def create_topic_on(connection, name: str, partitions: int) -> str:
+    """Create ``name`` through a BrokerConnection; returns the name."""
+    from hpbroker import protocol
+
+    connection.call(protocol.CreateTopicRequest(name, partitions))
+    return name
+
+
+def produce_values(connection, topic: str, partition: int, values: list[bytes], **batch) -> int:
+    """Append one batch of ``values`` through a BrokerConnection; the base offset it got."""
+    from hpbroker import protocol
+    from hpbroker.records import build_batch
+
+    request = protocol.ProduceRequest(topic, partition, payload=build_batch(values, **batch))
+    return connection.call(request).base_offset
+
+
+def numbered_values(prefix: str, count: int, start: int = 0) -> list[bytes]:
+    return [f"{prefix}{i}".encode() for i in range(start, start + count)]
+
+
+def poll_records(consumer, count: int, timeout_s: float = 20.0) -> list:
+    """``count`` records by polling ``consumer`` (fails after ``timeout_s``)."""
+    records: list = []
+    deadline = time.monotonic() + timeout_s
+    while len(records) < count:
+        assert time.monotonic() < deadline, f"got {len(records)} of {count} records"
+        for batch in consumer.poll(timeout_ms=500).values():
+            records.extend(batch)
+    return records

@@ -6,57 +6,38 @@ import threading
 import time
 
 import pytest
-from harness import wait_until
+from harness import create_topic_on, numbered_values, poll_records, produce_values, wait_until
 
-from hpbroker import Consumer, TopicPartition, create_message_streams, protocol
+from hpbroker import Consumer, TopicPartition, create_message_streams
 from hpbroker.client import fetcher as fetcher_module
-from hpbroker.client.connection import BrokerConnection
 from hpbroker.errors import InvalidConfigError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
-from hpbroker.records import CODEC_LZ4, build_batch
+from hpbroker.records import CODEC_LZ4
 
 # Short long polls keep the tests quick where they wait for nothing to arrive.
 FAST = {"fetch_max_wait_ms": 200, "consumer_timeout_ms": 2000}
 
 
-def create_topic(connection: BrokerConnection, name: str, partitions: int) -> str:
-    connection.call(protocol.CreateTopicRequest(name, partitions))
-    return name
 
 
-def produce(connection: BrokerConnection, topic: str, partition: int, values: list[bytes], **batch) -> int:
-    """Append one batch of ``values``; the base offset it got."""
-    request = protocol.ProduceRequest(topic, partition, payload=build_batch(values, **batch))
-    return connection.call(request).base_offset
 
 
-def values(prefix: str, count: int, start: int = 0) -> list[bytes]:
-    return [f"{prefix}{i}".encode() for i in range(start, start + count)]
 
 
-def consume(consumer: Consumer, count: int, timeout_s: float = 10.0) -> list:
-    """``count`` records by polling (fails after ``timeout_s``)."""
-    records: list = []
-    deadline = time.monotonic() + timeout_s
-    while len(records) < count:
-        assert time.monotonic() < deadline, f"got {len(records)} of {count} records"
-        for batch in consumer.poll(timeout_ms=500).values():
-            records.extend(batch)
-    return records
 
 
 def test_poll_returns_each_partitions_records_in_offset_order(connection, bootstrap, topic_name):
-    create_topic(connection, topic_name, 3)
+    create_topic_on(connection, topic_name, 3)
     for round_ in range(3):
         for p in range(3):
-            produce(connection, topic_name, p, values(f"p{p}-", 10, round_ * 10))
+            produce_values(connection, topic_name, p, numbered_values(f"p{p}-", 10, round_ * 10))
     with Consumer(bootstrap, auto_offset_reset="earliest", **FAST) as consumer:
         consumer.assign([TopicPartition(topic_name, p) for p in range(3)])
         assert consumer.assignment() == {TopicPartition(topic_name, p) for p in range(3)}
-        records = consume(consumer, 90)
+        records = poll_records(consumer, 90)
         for p in range(3):
             mine = [r for r in records if r.partition == p]
             assert [r.offset for r in mine] == list(range(30))
-            assert [r.value for r in mine] == values(f"p{p}-", 30)
+            assert [r.value for r in mine] == numbered_values(f"p{p}-", 30)
             assert all(r.topic == topic_name for r in mine)
             assert consumer.position(TopicPartition(topic_name, p)) == 30
             assert consumer.highwater(TopicPartition(topic_name, p)) == 30
@@ -64,12 +45,12 @@ def test_poll_returns_each_partitions_records_in_offset_order(connection, bootst
 
 
 def test_records_carry_key_timestamp_headers_and_the_producer_name(connection, bootstrap, topic_name):
-    create_topic(connection, topic_name, 1)
-    produce(connection, topic_name, 0, [b"v0", None], keys=[b"k0", None], timestamps=[1_000, 1_005],
+    create_topic_on(connection, topic_name, 1)
+    produce_values(connection, topic_name, 0, [b"v0", None], keys=[b"k0", None], timestamps=[1_000, 1_005],
             headers=[[("h", b"x"), ("n", None)], None], producer="orders-app", base_sequence=7)
     with Consumer(bootstrap, auto_offset_reset="earliest", **FAST) as consumer:
         consumer.assign([(topic_name, 0)])
-        first, second = consume(consumer, 2)
+        first, second = poll_records(consumer, 2)
     assert (first.topic, first.partition, first.offset, first.timestamp) == (topic_name, 0, 0, 1_000)
     assert (first.key, first.value, first.headers) == (b"k0", b"v0", (("h", b"x"), ("n", None)))
     assert (first.producer, first.sequence) == ("orders-app", 7)
@@ -77,23 +58,23 @@ def test_records_carry_key_timestamp_headers_and_the_producer_name(connection, b
 
 
 def test_compressed_batches_are_decoded_like_plain_ones(connection, bootstrap, topic_name):
-    create_topic(connection, topic_name, 1)
-    produce(connection, topic_name, 0, values("plain", 5))
-    produce(connection, topic_name, 0, [b"x" * 200] * 50, compression=CODEC_LZ4)
-    produce(connection, topic_name, 0, values("plain", 5, 5))
+    create_topic_on(connection, topic_name, 1)
+    produce_values(connection, topic_name, 0, numbered_values("plain", 5))
+    produce_values(connection, topic_name, 0, [b"x" * 200] * 50, compression=CODEC_LZ4)
+    produce_values(connection, topic_name, 0, numbered_values("plain", 5, 5))
     with Consumer(bootstrap, auto_offset_reset="earliest", **FAST) as consumer:
         consumer.assign([(topic_name, 0)])
         consumer.seek(TopicPartition(topic_name, 0), 20)  # into the middle of the compressed batch
-        records = consume(consumer, 40)
+        records = poll_records(consumer, 40)
     assert [r.offset for r in records] == list(range(20, 60))
-    assert [r.value for r in records] == [b"x" * 200] * 35 + values("plain", 5, 5)
+    assert [r.value for r in records] == [b"x" * 200] * 35 + numbered_values("plain", 5, 5)
 
 
 def test_iteration_yields_every_record_in_order_and_position_is_exact_mid_list(connection, bootstrap,
                                                                               topic_name):
-    create_topic(connection, topic_name, 2)
-    produce(connection, topic_name, 0, values("a", 50))
-    produce(connection, topic_name, 1, values("b", 50))
+    create_topic_on(connection, topic_name, 2)
+    produce_values(connection, topic_name, 0, numbered_values("a", 50))
+    produce_values(connection, topic_name, 1, numbered_values("b", 50))
     tp0, tp1 = TopicPartition(topic_name, 0), TopicPartition(topic_name, 1)
     with Consumer(bootstrap, auto_offset_reset="earliest", **FAST) as consumer:
         consumer.assign([tp0, tp1])
@@ -108,8 +89,8 @@ def test_iteration_yields_every_record_in_order_and_position_is_exact_mid_list(c
 
 
 def test_breaking_out_of_iteration_and_iterating_again_loses_nothing(connection, bootstrap, topic_name):
-    create_topic(connection, topic_name, 1)
-    produce(connection, topic_name, 0, values("v", 30))
+    create_topic_on(connection, topic_name, 1)
+    produce_values(connection, topic_name, 0, numbered_values("v", 30))
     with Consumer(bootstrap, auto_offset_reset="earliest", **FAST) as consumer:
         consumer.assign([(topic_name, 0)])
         offsets = []
@@ -119,7 +100,7 @@ def test_breaking_out_of_iteration_and_iterating_again_loses_nothing(connection,
                 break
         assert consumer.position(TopicPartition(topic_name, 0)) == 10
         assert [r.offset for r in consumer.poll()[TopicPartition(topic_name, 0)]] == list(range(10, 30))
-        produce(connection, topic_name, 0, values("v", 5, 30))
+        produce_values(connection, topic_name, 0, numbered_values("v", 5, 30))
         offsets += [next(consumer).offset for _ in range(5)]
         assert offsets == list(range(10)) + list(range(30, 35))
 
@@ -160,10 +141,10 @@ def _break_off_with_the_other_partition_fetched(consumer: Consumer, tps: list[To
 @pytest.fixture
 def two_partitions(connection, topic_name):
     """Two partitions of 300 records each, in batches of 10."""
-    create_topic(connection, topic_name, 2)
+    create_topic_on(connection, topic_name, 2)
     for p in range(2):
         for start in range(0, 300, 10):
-            produce(connection, topic_name, p, values(f"p{p}-", 10, start))
+            produce_values(connection, topic_name, p, numbered_values(f"p{p}-", 10, start))
     return [TopicPartition(topic_name, 0), TopicPartition(topic_name, 1)]
 
 
@@ -227,33 +208,33 @@ def test_a_partition_assigned_away_after_a_break_hands_out_nothing_more(bootstra
 
 
 def test_a_fetch_from_the_middle_of_a_batch_starts_at_the_offset_asked_for(connection, bootstrap, topic_name):
-    create_topic(connection, topic_name, 1)
-    produce(connection, topic_name, 0, values("v", 10))
-    produce(connection, topic_name, 0, values("v", 10, 10))
+    create_topic_on(connection, topic_name, 1)
+    produce_values(connection, topic_name, 0, numbered_values("v", 10))
+    produce_values(connection, topic_name, 0, numbered_values("v", 10, 10))
     with Consumer(bootstrap, **FAST) as consumer:
         consumer.assign([(topic_name, 0)])
         consumer.seek(TopicPartition(topic_name, 0), 7)
-        assert [r.offset for r in consume(consumer, 13)] == list(range(7, 20))
+        assert [r.offset for r in poll_records(consumer, 13)] == list(range(7, 20))
 
 
 def test_seek_rewinds_and_the_records_are_read_again(connection, bootstrap, topic_name):
-    create_topic(connection, topic_name, 1)
-    produce(connection, topic_name, 0, values("v", 20))
+    create_topic_on(connection, topic_name, 1)
+    produce_values(connection, topic_name, 0, numbered_values("v", 20))
     tp = TopicPartition(topic_name, 0)
     with Consumer(bootstrap, auto_offset_reset="earliest", **FAST) as consumer:
         consumer.assign([tp])
-        assert [r.value for r in consume(consumer, 20)] == values("v", 20)
+        assert [r.value for r in poll_records(consumer, 20)] == numbered_values("v", 20)
         consumer.seek(tp, 15)
         assert consumer.position(tp) == 15
-        assert [r.offset for r in consume(consumer, 5)] == list(range(15, 20))
+        assert [r.offset for r in poll_records(consumer, 5)] == list(range(15, 20))
         consumer.seek_to_beginning()
         assert consumer.position(tp) == 0
-        assert [r.value for r in consume(consumer, 20)] == values("v", 20)
+        assert [r.value for r in poll_records(consumer, 20)] == numbered_values("v", 20)
 
 
 def test_seek_while_iterating_drops_the_rest_of_the_fetched_records(connection, bootstrap, topic_name):
-    create_topic(connection, topic_name, 1)
-    produce(connection, topic_name, 0, values("v", 40))
+    create_topic_on(connection, topic_name, 1)
+    produce_values(connection, topic_name, 0, numbered_values("v", 40))
     tp = TopicPartition(topic_name, 0)
     with Consumer(bootstrap, auto_offset_reset="earliest", **FAST) as consumer:
         consumer.assign([tp])
@@ -269,8 +250,8 @@ def test_seek_while_iterating_drops_the_rest_of_the_fetched_records(connection, 
 
 def test_seek_to_end_reads_only_new_records_and_a_long_poll_wakes_for_them(connection, bootstrap, topic_name,
                                                                            monkeypatch):
-    create_topic(connection, topic_name, 1)
-    produce(connection, topic_name, 0, values("old", 10))
+    create_topic_on(connection, topic_name, 1)
+    produce_values(connection, topic_name, 0, numbered_values("old", 10))
     tp = TopicPartition(topic_name, 0)
     fetches = []
     real_fetch = fetcher_module.PartitionFetcher.fetch
@@ -282,7 +263,7 @@ def test_seek_to_end_reads_only_new_records_and_a_long_poll_wakes_for_them(conne
         assert consumer.position(tp) == 10
         assert consumer.poll(timeout_ms=1000) == {}
         assert 1 <= len(fetches) <= 8, f"{len(fetches)} fetches in a second of waiting: not a long poll"
-        producer = threading.Timer(0.3, produce, (connection, topic_name, 0, [b"new"]))
+        producer = threading.Timer(0.3, produce_values, (connection, topic_name, 0, [b"new"]))
         producer.start()
         try:
             record = next(iter(consumer))  # blocks until the record is flushed
@@ -292,10 +273,10 @@ def test_seek_to_end_reads_only_new_records_and_a_long_poll_wakes_for_them(conne
 
 
 def test_offsets_for_times_finds_the_first_record_at_or_after_each_time(connection, bootstrap, topic_name):
-    create_topic(connection, topic_name, 2)
+    create_topic_on(connection, topic_name, 2)
     for stamp in (1_000, 2_000, 3_000):
-        produce(connection, topic_name, 0, values("v", 5), timestamps=stamp)
-    produce(connection, topic_name, 1, values("w", 3), timestamps=[500, 1_500, 2_500])
+        produce_values(connection, topic_name, 0, numbered_values("v", 5), timestamps=stamp)
+    produce_values(connection, topic_name, 1, numbered_values("w", 3), timestamps=[500, 1_500, 2_500])
     tp0, tp1 = TopicPartition(topic_name, 0), TopicPartition(topic_name, 1)
     with Consumer(bootstrap, **FAST) as consumer:
         consumer.assign([tp0, tp1])
@@ -305,27 +286,28 @@ def test_offsets_for_times_finds_the_first_record_at_or_after_each_time(connecti
         assert consumer.beginning_offsets([tp0, tp1]) == {tp0: 0, tp1: 0}
         assert consumer.end_offsets([tp0, tp1]) == {tp0: 15, tp1: 3}
         consumer.seek(tp0, consumer.offsets_for_times({tp0: 2_000})[tp0])
-        assert [r.timestamp for r in consume(consumer, 10) if r.partition == 0][:6] == [2_000] * 5 + [3_000]
+        stamps = [r.timestamp for r in poll_records(consumer, 10) if r.partition == 0]
+        assert stamps[:6] == [2_000] * 5 + [3_000]
         with pytest.raises(ValueError, match="ms since the epoch"):
             consumer.offsets_for_times({tp0: -5})
 
 
 def test_earliest_starts_at_the_log_start_and_resets_there_when_out_of_range(connection, bootstrap,
                                                                              topic_name):
-    create_topic(connection, topic_name, 1)
-    produce(connection, topic_name, 0, values("v", 10))
+    create_topic_on(connection, topic_name, 1)
+    produce_values(connection, topic_name, 0, numbered_values("v", 10))
     tp = TopicPartition(topic_name, 0)
     with Consumer(bootstrap, auto_offset_reset="earliest", **FAST) as consumer:
         consumer.assign([tp])
         assert consumer.position(tp) == 0
         consumer.seek(tp, 1_000)
-        assert [r.offset for r in consume(consumer, 10)] == list(range(10))
+        assert [r.offset for r in poll_records(consumer, 10)] == list(range(10))
 
 
 def test_latest_starts_at_the_high_watermark_and_resets_there_when_out_of_range(connection, bootstrap,
                                                                                topic_name):
-    create_topic(connection, topic_name, 1)
-    produce(connection, topic_name, 0, values("v", 10))
+    create_topic_on(connection, topic_name, 1)
+    produce_values(connection, topic_name, 0, numbered_values("v", 10))
     tp = TopicPartition(topic_name, 0)
     with Consumer(bootstrap, auto_offset_reset="latest", **FAST) as consumer:
         consumer.assign([tp])
@@ -334,13 +316,13 @@ def test_latest_starts_at_the_high_watermark_and_resets_there_when_out_of_range(
         assert consumer.poll(timeout_ms=300) == {}
         wait_until(lambda: consumer.poll(timeout_ms=0) == {} and consumer.position(tp) == 10, 5,
                    what="the position to reset to the high watermark")
-        produce(connection, topic_name, 0, [b"new"])
-        assert [(r.offset, r.value) for r in consume(consumer, 1)] == [(10, b"new")]
+        produce_values(connection, topic_name, 0, [b"new"])
+        assert [(r.offset, r.value) for r in poll_records(consumer, 1)] == [(10, b"new")]
 
 
 def test_error_policy_raises_out_of_range_with_the_log_bounds(connection, bootstrap, topic_name):
-    create_topic(connection, topic_name, 1)
-    produce(connection, topic_name, 0, values("v", 10))
+    create_topic_on(connection, topic_name, 1)
+    produce_values(connection, topic_name, 0, numbered_values("v", 10))
     tp = TopicPartition(topic_name, 0)
     with Consumer(bootstrap, auto_offset_reset="error", **FAST) as consumer:
         consumer.assign([tp])
@@ -355,14 +337,14 @@ def test_error_policy_raises_out_of_range_with_the_log_bounds(connection, bootst
         assert (info.value.log_start_offset, info.value.log_end_offset) == (0, 10)
         assert consumer.position(tp) == 25, "the position stays for the application to decide"
         consumer.seek(tp, 4)
-        assert [r.offset for r in consume(consumer, 6)] == list(range(4, 10))
+        assert [r.offset for r in poll_records(consumer, 6)] == list(range(4, 10))
 
 
 def test_message_streams_spread_partitions_evenly_and_block_when_nothing_is_new(connection, bootstrap,
                                                                                topic_name):
-    create_topic(connection, topic_name, 5)
+    create_topic_on(connection, topic_name, 5)
     for p in range(5):
-        produce(connection, topic_name, p, values(f"p{p}-", 4))
+        produce_values(connection, topic_name, p, numbered_values(f"p{p}-", 4))
     streams = create_message_streams(bootstrap, topic_name, 2, auto_offset_reset="earliest",
                                      fetch_max_wait_ms=200)
     try:
@@ -386,7 +368,7 @@ def test_message_streams_spread_partitions_evenly_and_block_when_nothing_is_new(
         assert sorted(results[1]) == [(p, o) for p in (1, 3) for o in range(4)]
         time.sleep(0.3)
         assert not ended, "a stream ended instead of waiting for new records"
-        produce(connection, topic_name, 3, [b"late"])
+        produce_values(connection, topic_name, 3, [b"late"])
         wait_until(lambda: (3, 4) in results[1], 10, what="the late record")
         for stream in streams:
             stream.close()
@@ -399,7 +381,7 @@ def test_message_streams_spread_partitions_evenly_and_block_when_nothing_is_new(
 
 
 def test_message_streams_take_at_most_one_more_partition_than_another(connection, bootstrap, topic_name):
-    create_topic(connection, topic_name, 7)
+    create_topic_on(connection, topic_name, 7)
     streams = create_message_streams(bootstrap, topic_name, 3)
     try:
         assert sorted(len(s.partitions) for s in streams) == [2, 2, 3]
@@ -418,7 +400,7 @@ def test_message_streams_take_at_most_one_more_partition_than_another(connection
 
 
 def test_wakeup_from_another_thread_ends_a_blocked_iteration(connection, bootstrap, topic_name):
-    create_topic(connection, topic_name, 1)
+    create_topic_on(connection, topic_name, 1)
     with Consumer(bootstrap, fetch_max_wait_ms=5_000) as consumer:
         consumer.assign([(topic_name, 0)])
         threading.Timer(0.3, consumer.wakeup).start()
@@ -427,15 +409,15 @@ def test_wakeup_from_another_thread_ends_a_blocked_iteration(connection, bootstr
 
 
 def test_assignment_changes_keep_the_positions_of_kept_partitions(connection, bootstrap, topic_name):
-    create_topic(connection, topic_name, 2)
-    produce(connection, topic_name, 0, values("a", 5))
-    produce(connection, topic_name, 1, values("b", 5))
+    create_topic_on(connection, topic_name, 2)
+    produce_values(connection, topic_name, 0, numbered_values("a", 5))
+    produce_values(connection, topic_name, 1, numbered_values("b", 5))
     tp0, tp1 = TopicPartition(topic_name, 0), TopicPartition(topic_name, 1)
     with Consumer(bootstrap, auto_offset_reset="earliest", **FAST) as consumer:
         consumer.assign([tp0])
-        assert len(consume(consumer, 5)) == 5
+        assert len(poll_records(consumer, 5)) == 5
         consumer.assign([tp0, tp1])
-        assert [(r.partition, r.offset) for r in consume(consumer, 5)] == [(1, o) for o in range(5)]
+        assert [(r.partition, r.offset) for r in poll_records(consumer, 5)] == [(1, o) for o in range(5)]
         assert consumer.position(tp0) == 5
         consumer.assign([tp1])
         with pytest.raises(ValueError, match="is not assigned"):

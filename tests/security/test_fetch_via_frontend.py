@@ -9,7 +9,7 @@ import itertools
 import time
 
 import pytest
-from harness import start_broker
+from harness import poll_records, start_broker
 
 from hpbroker import protocol
 from hpbroker.client.admin import Admin
@@ -73,14 +73,6 @@ def fill(bootstrap: str, alice: ClientSecurity, partitions: int, per_partition: 
     return topic
 
 
-def read_all(consumer: Consumer, count: int, timeout_s: float = 20.0) -> list:
-    records: list = []
-    deadline = time.monotonic() + timeout_s
-    while len(records) < count:
-        assert time.monotonic() < deadline, f"got {len(records)} of {count} records"
-        for batch in consumer.poll(timeout_ms=500).values():
-            records.extend(batch)
-    return records
 
 
 def test_a_secured_broker_is_read_through_the_frontend_without_a_fetch_token(secured):
@@ -91,7 +83,7 @@ def test_a_secured_broker_is_read_through_the_frontend_without_a_fetch_token(sec
     with Consumer(bootstrap, security=alice, auto_offset_reset="earliest", fetch_via="frontend",
                   fetch_max_wait_ms=200, max_partition_fetch_bytes=4096) as consumer:
         consumer.assign(tps)
-        records = read_all(consumer, 1000)
+        records = poll_records(consumer, 1000)
         assert consumer.poll(timeout_ms=300) == {}
         assert consumer.end_offsets(tps) == {tps[0]: 500, tps[1]: 500}
         assert consumer._fetch_tokens is None  # the data ports were never used
@@ -125,7 +117,7 @@ def test_a_principal_without_consume_is_refused_on_the_frontend(secured):
                   reconnect_timeout_ms=5000) as consumer:
         consumer.assign([TopicPartition(topic, 0)])
         with pytest.raises(AuthorizationError):
-            read_all(consumer, 1, timeout_s=15)
+            poll_records(consumer, 1, timeout_s=15)
 
 
 def test_with_loopback_data_ports_a_consumer_elsewhere_reads_through_the_frontend(tmp_path):
@@ -141,11 +133,11 @@ def test_with_loopback_data_ports_a_consumer_elsewhere_reads_through_the_fronten
         with Consumer(bootstrap, security=alice, auto_offset_reset="earliest", fetch_via="frontend",
                       fetch_max_wait_ms=200) as consumer:
             consumer.assign([tp])
-            assert [r.value for r in read_all(consumer, 50)] == [f"0-{i}".encode() for i in range(50)]
+            assert [r.value for r in poll_records(consumer, 50)] == [f"0-{i}".encode() for i in range(50)]
         with Consumer(bootstrap, security=alice, auto_offset_reset="earliest", reconnect_timeout_ms=1500,
                       fetch_max_wait_ms=200) as consumer:
             consumer.assign([tp])
             with pytest.raises(BrokerNotAvailableError, match="not reachable"):
-                read_all(consumer, 1, timeout_s=15)
+                poll_records(consumer, 1, timeout_s=15)
     finally:
         assert broker.stop() == 0, broker.log()
