@@ -21,8 +21,12 @@ them the nodes carry one of these ACLs:
 private ACL) is the cluster's one secret: the data-port tokens' HMAC key, and the key the group
 credentials are derived from.  :func:`get_or_create_token_key` reads it, or creates it once (the
 first broker wins a race); a key node that has not carried exactly the private ACL since its
-creation may be known to others (planted while the tree was open), so it is replaced by a fresh
-key (:func:`replace_token_key`: delete and create again, never re-ACL), not adopted.
+creation may be known to others (planted while the tree was open), so it is never adopted.  Nor
+is it replaced under running brokers (they keep the key they read at start, and brokers with
+different keys refuse each other's replica fetches): a broker replaces it (:func:`replace_token_key`:
+delete and create again, never re-ACL) only when no other broker is registered; otherwise it, and
+a tool always, stops with CoordinationError telling the operator to run ``hpbroker zookeeper
+secure``, which writes a fresh key.
 
 **Group credentials** are derived, never stored: user ``group-`` + the first 24 hex digits of
 sha256(group), password base64url(HMAC-SHA256(token_key, ``b"zookeeper-group:" + group``)), so
@@ -224,7 +228,7 @@ def world_writable(acl: Iterable[ACL]) -> bool:
 
 
 def get_or_create_token_key(session: Session, paths: ZkPaths | None = None, *,
-                            credentials: ZkCredentials | None = None) -> bytes:
+                            credentials: ZkCredentials | None = None, tool: bool = False) -> bytes:
     """The cluster's token key, created (random, private ACL) if there is none yet.  Blocking:
     call it where the caller may wait on ZooKeeper (a broker's start).  ``credentials``: the
     session's (default ``session.credentials``); without any the key node would be readable by
@@ -232,10 +236,15 @@ def get_or_create_token_key(session: Session, paths: ZkPaths | None = None, *,
     credentials); CoordinationError when the node holds something other than a key.
 
     A key is trusted only when its node has had exactly the private ACL since it was created
-    (ACL version 0): one found otherwise (planted before ZooKeeper ACLs were on, or opened by
-    someone) may be known to others, so it is replaced by a fresh one (:func:`replace_token_key`,
-    conditional on the version read; logged as a WARNING) and the fresh one is used.  The data
-    and the ACL are read as one state of the node (their versions must agree), else read again."""
+    (ACL version 0): one found otherwise (planted before ZooKeeper ACLs were on, opened by
+    someone, or its ACL set again by hand) may be known to others, so it is never used.  A
+    broker (``tool`` false: a broker's start, registered already) replaces it by a fresh one
+    (:func:`replace_token_key`, conditional on the version read; logged as a WARNING) only when no
+    other broker is registered under ``/brokers/ids``: nobody holds the old key then.  With other
+    brokers registered (they keep the key they read at their start), and always for a tool
+    (``tool`` true), CoordinationError telling the operator to run ``hpbroker zookeeper secure``
+    (a broker's start halts on it).  The data and the ACL are read as one state of the node
+    (their versions must agree), else read again."""
     credentials = credentials or getattr(session, "credentials", None)
     if credentials is None:
         raise CoordinationError("the token key lives in ZooKeeper only with the cluster's credentials "
@@ -257,6 +266,17 @@ def get_or_create_token_key(session: Session, paths: ZkPaths | None = None, *,
                 continue  # changed between the two reads
             if sorted(acl) == private and stat_.aversion == 0:
                 break
+            untrusted = (f"the token key at {path} was not private to the cluster since its creation (ACL "
+                         f"{_describe(acl)}, ACL version {stat_.aversion})")
+            if tool:
+                raise CoordinationError(f"{untrusted}: not using it; run `hpbroker zookeeper secure` (it "
+                                        "writes a fresh key), then restart the brokers one at a time")
+            others = _other_brokers(client, paths or ZkPaths())
+            if others:
+                raise CoordinationError(
+                    f"{untrusted}, and brokers {others} are running with it: not replacing it under them; "
+                    "run `hpbroker zookeeper secure` (it writes a fresh key), then restart the brokers one "
+                    "at a time")
             logger.warning("the token key at %s was not private to the cluster since its creation (ACL %s, "
                            "ACL version %d): replacing it with a fresh key; fetch tokens and group "
                            "credentials made with the old one are no longer valid", path,
@@ -307,6 +327,22 @@ def replace_token_key(session: Session, path: str, credentials: ZkCredentials, *
         raise CoordinationError(f"{path} has children: it is not a token key; delete it (and them) with "
                                 "the cluster's credentials") from None
     return _create_token_key(client, path, credentials)
+
+
+def _other_brokers(client: Any, paths: ZkPaths) -> list[str]:
+    """The ids registered under ``/brokers/ids`` by other sessions than ``client``'s (a starting
+    broker registers before it reads the token key), sorted."""
+    own_session = client.client_id[0] if client.client_id else None
+    try:
+        children = client.get_children(paths.broker_ids)
+    except NoNodeError:
+        return []
+    others = []
+    for child in children:
+        stat_ = client.exists(f"{paths.broker_ids}/{child}")
+        if stat_ is not None and stat_.ephemeralOwner != own_session:
+            others.append(child)
+    return sorted(others, key=lambda child: (len(child), child))
 
 
 def _describe(acl: Iterable[ACL]) -> str:
@@ -364,7 +400,7 @@ def tool_group_acl(session: Session, paths: ZkPaths, group: str) -> list[ACL] | 
     credentials = session.credentials
     if credentials is None:
         return None
-    acl = group_acl(get_or_create_token_key(session, paths), group, credentials)
+    acl = group_acl(get_or_create_token_key(session, paths, tool=True), group, credentials)
     try:
         session.client.ensure_path(paths.consumers)
         with contextlib.suppress(NodeExistsError):
