@@ -28,9 +28,15 @@ monitor's pipe is full, stalling every socket of the context (``Context.instance
 the whole process).  Reconnects happen whether anyone reads the events or not (a broker restart
 gives a disconnect and a handshake, a wrong server key a failed handshake every reconnect
 interval), and most owners never read them (an Admin, a consumer's metadata connection).  So the
-monitor's receive HWM is 0 (unbounded: a few hundred bytes per reconnect), and every 1024th
-request drains it, keeping the newest :data:`_KEPT_EVENTS` for :meth:`BrokerConnection.monitor_events`.
-Other connected requests never touch the monitor: the unsecured path costs what it did.
+monitor's receive HWM is 0 (never blocking the I/O thread), and its backlog is kept short
+without a timer: every 1024th request drains it, and so does every :meth:`BrokerConnection.poll`
+and :meth:`BrokerConnection.wait_for` that waited and got nothing (the idle path: at most
+:data:`_DRAIN_MAX_EVENTS` events a call, non-blocking), each keeping the newest
+:data:`_KEPT_EVENTS` for :meth:`BrokerConnection.monitor_events`.  A send that raises the
+broker's refusal of the handshake also disconnects the socket from the broker, so that libzmq
+stops reconnecting (and failing, an event or two each time) until the next send reconnects; so
+an idle connection whose key or server key is wrong gathers no backlog even when nobody polls
+it.  Other connected requests never touch the monitor: the unsecured path costs what it did.
 
 Threads: a connection, like its ZeroMQ socket, belongs to the thread that uses it.
 """
@@ -67,6 +73,7 @@ _MECHANISM_MISMATCH = zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH  # CURVE met NU
 _HANDSHAKE_CHECK_MS = 20  # how often a send waiting for a connection looks for a refused handshake
 _KEPT_EVENTS = 256
 _DRAIN_EVERY_MASK = 1023  # a send whose correlation id is a multiple of 1024 reads the monitor
+_DRAIN_MAX_EVENTS = 1024  # the most an idle poll / wait_for reads off the monitor in one call
 _monitor_numbers = itertools.count()
 
 
@@ -201,9 +208,13 @@ class BrokerConnection:
         then no longer shows them to a poller)."""
         return bool(self._events)
 
-    def _read_monitor(self) -> None:
-        """Read the monitor's events into ``_events``, noting the last handshake's failure."""
-        while self._monitor.poll(0):
+    def _read_monitor(self, limit: int | None = None) -> None:
+        """Read the monitor's events into ``_events`` (at most ``limit``; None: all there are),
+        noting the last handshake's failure.  Never blocks."""
+        monitor = self._monitor
+        count = 0
+        while (limit is None or count < limit) and monitor.poll(0):
+            count += 1
             message = parse_monitor_message(self._monitor.recv_multipart())
             event = int(message["event"])
             self._events.append(event)
@@ -279,6 +290,10 @@ class BrokerConnection:
         while True:
             self._read_monitor()
             if self._refused is not None:
+                # Stop libzmq reconnecting (and failing) until the next send tries again
+                # (_handshake_again): an idle connection then gathers no events.
+                with contextlib.suppress(zmq.ZMQError):
+                    self._socket.disconnect(self._endpoint)
                 raise self._refused
             remaining_ms = int((deadline - time.monotonic()) * 1000)
             if remaining_ms <= 0:
@@ -312,6 +327,7 @@ class BrokerConnection:
         while True:
             remaining_ms = max(0, int((deadline - time.monotonic()) * 1000))
             if not self._socket.poll(remaining_ms):
+                self._read_monitor(_DRAIN_MAX_EVENTS)  # idle: keep the monitor's backlog short
                 return None
             response = self._read_one()
             if response is not None:
@@ -339,6 +355,7 @@ class BrokerConnection:
         while True:
             remaining_ms = int((deadline - time.monotonic()) * 1000)
             if remaining_ms <= 0 or not self._socket.poll(remaining_ms):
+                self._read_monitor(_DRAIN_MAX_EVENTS)  # idle: keep the monitor's backlog short
                 self.forget(correlation_id)
                 raise RequestTimedOutError(f"no response from {self.address} to request {correlation_id} "
                                            f"within {timeout_s} s")

@@ -12,9 +12,12 @@ import socket
 import threading
 import time
 
+import pytest
 import zmq
 
+from hpbroker import protocol
 from hpbroker.client.connection import BrokerAddress, BrokerConnection
+from hpbroker.errors import AuthenticationError
 
 RECONNECTS = 1500  # each one a monitor event or two: well past libzmq's default HWM of 1000
 
@@ -98,4 +101,80 @@ def test_unread_monitor_events_never_stall_other_sockets_of_the_context():
         while with_events.poll(0):  # release an I/O thread blocked on a full monitor pipe
             with_events.recv_multipart()
         connection.close()
+        context.destroy(linger=0)
+
+
+class CurveServer:
+    """A CurveZMQ ROUTER on 127.0.0.1 whose key no client here is given: every handshake fails
+    (the client has a wrong server key), and libzmq keeps reconnecting."""
+
+    def __init__(self, context: zmq.Context) -> None:
+        self.router = context.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.setsockopt(zmq.CURVE_SERVER, 1)
+        self.router.setsockopt(zmq.CURVE_SECRETKEY, zmq.curve_keypair()[1])
+        self.port = self.router.bind_to_random_port("tcp://127.0.0.1")
+
+    def close(self) -> None:
+        self.router.close()
+
+
+def _curve_connection(context: zmq.Context, port: int) -> BrokerConnection:
+    from hpbroker.security.client import ClientSecurity
+
+    public, secret = zmq.curve_keypair()
+    server_public, _ = zmq.curve_keypair()  # not the server's key
+    security = ClientSecurity("alice", public, secret, server_public)
+    connection = BrokerConnection(BrokerAddress("127.0.0.1", port), context=context, connect=False,
+                                  security=security, connect_timeout_s=10.0)
+    connection.socket.setsockopt(zmq.RECONNECT_IVL, 5)  # a failed handshake every few ms
+    connection.socket.setsockopt(zmq.RECONNECT_IVL_MAX, 5)
+    return connection
+
+
+def _backlog(connection: BrokerConnection) -> int:
+    """The events waiting in the connection's monitor pipe (read off, so counted once)."""
+    count = 0
+    while connection.monitor.poll(0):
+        connection.monitor.recv_multipart()
+        count += 1
+    return count
+
+
+def test_an_idle_polled_connection_whose_handshakes_fail_keeps_its_monitor_backlog_short():
+    context = zmq.Context()
+    server = CurveServer(context)
+    connection = _curve_connection(context, server.port)
+    try:
+        connection.connect()
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:  # its owner polls it, never sends
+            assert connection.poll(0.05) is None
+        # At most what came since the last poll (50 ms of failures), not 3 s of them.
+        assert _backlog(connection) < 100
+        assert connection.refused is not None and "not the broker's public key" in str(connection.refused)
+        assert len(connection.monitor_events()) <= 256
+    finally:
+        connection.close()
+        server.close()
+        context.destroy(linger=0)
+
+
+def test_a_connection_refused_at_a_send_stops_reconnecting_until_the_next_send():
+    context = zmq.Context()
+    server = CurveServer(context)
+    connection = _curve_connection(context, server.port)
+    try:
+        connection.connect()
+        with pytest.raises(AuthenticationError, match="not the broker's public key"):
+            connection.send(protocol.MetadataRequest([]))
+        _backlog(connection)
+        time.sleep(1.0)  # idle, nobody reads the monitor: no reconnect, no failed handshake
+        assert _backlog(connection) <= 4
+        # The next send tries again (the key may have been allowlisted since), and is told again.
+        with pytest.raises(AuthenticationError, match="not the broker's public key"):
+            connection.send(protocol.MetadataRequest([]))
+    finally:
+        connection.close()
+        server.close()
         context.destroy(linger=0)
