@@ -77,11 +77,11 @@ def add_client_security(parser: argparse.ArgumentParser) -> None:
     """``--key-file``, ``--server-key-file``, ``--client-config``: a client's CurveZMQ identity for
     a broker with ``security = "curve"`` (read by :func:`client_security`)."""
     parser.add_argument("--key-file", metavar="PATH",
-                        help="this client's secret key file, NAME.key_secret (default $HPBROKER_CLIENT_KEY_FILE, "
-                             "else the client config file's)")
+                        help="this client's secret key file, NAME.key_secret (default "
+                             "$HPBROKER_CLIENT_KEY_FILE, else the client config file's)")
     parser.add_argument("--server-key-file", metavar="PATH",
-                        help="the broker's public key file (default $HPBROKER_CLIENT_SERVER_KEY_FILE, else the "
-                             "client config file's)")
+                        help="the broker's public key file (default $HPBROKER_CLIENT_SERVER_KEY_FILE, "
+                             "else the client config file's)")
     parser.add_argument("--client-config", metavar="PATH",
                         help="a client config file with [security] key_file and server_key_file "
                              "(default $HPBROKER_CLIENT_CONFIG)")

@@ -25,11 +25,12 @@ A client message on the front-end ROUTER is ``[client_id, head, payload?]``.  Th
 :class:`~hpbroker.security.broker.BrokerSecurity` (``security = "curve"``), each request's
 principal is the key the CURVE handshake authenticated (its frames' ``User-Id``,
 ``NAME#fingerprint``, read by ``BrokerSecurity.principal_of``: ACLs and messages use ``NAME``; a
-key replaced under the same name counts as revoked), and every request is checked before anything else is done with it (``hpbroker.workers.frontend_security``
-says what each needs and what a refusal is answered): a refused one gets its error (28 when no
-ACL allows it; an acks=0 produce gets no answer), nothing is relayed, created or changed, and
-the refusal is counted in :attr:`Frontend.error_counts`.  Metadata lists only the topics the
-principal may describe; one named and not describable gets error 28 in its ``TopicMetadata``.
+key replaced under the same name counts as revoked), and every request is checked before
+anything else is done with it (``hpbroker.workers.frontend_security`` says what each needs and
+what a refusal is answered): a refused one gets its error (28 when no ACL allows it; an acks=0
+produce gets no answer), nothing is relayed, created or changed, and the refusal is counted in
+:attr:`Frontend.error_counts`.  Metadata lists only the topics the principal may describe; one
+named and not describable gets error 28 in its ``TopicMetadata``.
 Without security the only cost on a request is one attribute test.
 
 Every response goes out in the version its request was asked in (``api_version``; the nearest
