@@ -17,7 +17,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEBIAN_PACKAGES := zookeeper default-jre-headless faketime nftables
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps build test bench bench-long bench-replication bench-security bench-audit chaos run demo lint clean install
+.PHONY: setup system-deps build test bench bench-long bench-replication bench-security bench-scaling bench-audit chaos run demo lint clean install
 
 setup: system-deps $(INSTALLED) $(EXT)
 
@@ -55,9 +55,12 @@ test: setup
 # bench-security (also a step of bench): scenarios 1 and 3 against a broker with security = "curve"
 # beside one without, interleaved (bench/security.py; bench/results/security.{json,md}).
 # SECURITY_ARGS adds flags, e.g. "--rounds 5".
+# bench-scaling: produce and consume against brokers of 1, 2, 4 and 8 workers (bench/scaling.py;
+# bench/results/scaling.{json,md}); meant for machines with many cores. SCALING_ARGS adds flags.
 SCENARIO_ARGS ?=
 REPLICATION_ARGS ?=
 SECURITY_ARGS ?=
+SCALING_ARGS ?=
 bench: setup
 	mkdir -p bench/results
 	$(PY) -m pytest bench --benchmark-only --benchmark-columns=min,median,mean,ops,rounds \
@@ -69,6 +72,10 @@ bench: setup
 bench-security: setup
 	mkdir -p bench/results
 	$(PY) -m bench.security $(SECURITY_ARGS)
+
+bench-scaling: setup
+	mkdir -p bench/results
+	$(PY) -m bench.scaling $(SCALING_ARGS)
 
 bench-replication: setup
 	mkdir -p bench/results
